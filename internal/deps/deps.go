@@ -1,0 +1,26 @@
+package deps
+
+import (
+	_ "github.com/NVIDIA/go-nvml/pkg/nvml"
+	_ "github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	_ "github.com/shirou/gopsutil/v3/host"
+	_ "github.com/shirou/gopsutil/v3/mem"
+	_ "github.com/shirou/gopsutil/v3/cpu"
+	_ "github.com/urfave/cli/v2"
+	_ "go.etcd.io/etcd/client/v3"
+	_ "go.etcd.io/etcd/client/v3/concurrency"
+	_ "go.etcd.io/etcd/server/v3/embed"
+	_ "go.opentelemetry.io/otel"
+	_ "go.opentelemetry.io/otel/sdk/trace"
+	_ "go.opentelemetry.io/otel/sdk/trace/tracetest"
+	_ "go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	_ "go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	_ "go.opentelemetry.io/otel/propagation"
+	_ "github.com/prometheus/client_golang/prometheus"
+	_ "github.com/prometheus/client_golang/prometheus/promhttp"
+	_ "k8s.io/api/apps/v1"
+	_ "k8s.io/api/rbac/v1"
+	_ "sigs.k8s.io/yaml"
+	_ "gopkg.in/yaml.v3"
+	_ "golang.org/x/sys/unix"
+)
