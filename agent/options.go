@@ -1,0 +1,120 @@
+// Package agent is hyperpodrun's per-node agent: it turns a rendezvous
+// decision into running workers (package launcher), restarts them on
+// failure, and (elastic mode) follows the job through rounds on etcd.
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/launcher"
+)
+
+// Options is everything hyperpodrun's command line decides.
+type Options struct {
+	Spec launcher.Spec
+
+	MinNodes, MaxNodes int
+	RdzvBackend        string // static, etcd (etcd-v2 is an alias: etcd v3 serves it)
+	RdzvEndpoint       string
+	RdzvID             string
+	RdzvConf           string
+	Standalone         bool
+	MaxRestarts        int
+	MonitorInterval    time.Duration
+	NodeRank           int
+	MasterAddr         string
+	MasterPort         int
+	LocalAddr          string
+	BaseLogDir         string // --log-dir; empty means a fresh temporary dir
+
+	ShutdownSignal  syscall.Signal // sent to workers when hyperpodrun stops them itself
+	ShutdownTimeout time.Duration  // then SIGKILL
+	GracefulTimeout time.Duration  // planned changes: wait for workers to checkpoint and exit
+	ElasticSignal   syscall.Signal // announces a planned change (SIGUSR1)
+
+	PreTrain  []string // script and args, run once before the first start
+	PostTrain []string // run after the workers succeed
+
+	// Signals delivers the signals hyperpodrun received (SIGTERM, SIGINT,
+	// SIGHUP, SIGQUIT); they are forwarded to the workers.
+	Signals <-chan os.Signal
+	Logger  *slog.Logger
+	Stderr  io.Writer
+}
+
+// ParseNNodes parses --nnodes: "N" or "MIN:MAX".
+func ParseNNodes(v string) (min, max int, err error) {
+	lo, hi, ranged := strings.Cut(strings.TrimSpace(v), ":")
+	min, err1 := strconv.Atoi(lo)
+	max = min
+	var err2 error
+	if ranged {
+		max, err2 = strconv.Atoi(hi)
+	}
+	switch {
+	case err1 != nil || err2 != nil:
+		return 0, 0, fmt.Errorf("--nnodes %q: want a node count like 2 or a range MIN:MAX like 1:4", v)
+	case min < 1:
+		return 0, 0, fmt.Errorf("--nnodes %q: the minimum must be at least 1", v)
+	case max < min:
+		return 0, 0, fmt.Errorf("--nnodes %q: the maximum %d is below the minimum %d; write MIN:MAX, e.g. %d:%d", v, max, min, max, min)
+	}
+	return min, max, nil
+}
+
+// RunLogDir picks <base>/<run-id>, or <run-id>_<k> when a previous run left
+// that directory: old error files must never be read as this run's.
+func RunLogDir(base, runID string) (string, error) {
+	if base == "" {
+		d, err := os.MkdirTemp("", "torchelastic_")
+		if err != nil {
+			return "", fmt.Errorf("create log dir: %w", err)
+		}
+		base = d
+	}
+	name := filepath.Join(base, runID)
+	for k := 1; ; k++ {
+		err := os.MkdirAll(filepath.Dir(name), 0o755)
+		if err == nil {
+			err = os.Mkdir(name, 0o755)
+		}
+		if err == nil {
+			return name, nil
+		}
+		if !os.IsExist(err) {
+			return "", fmt.Errorf("create log dir %s: %w (choose another --log-dir)", name, err)
+		}
+		name = filepath.Join(base, runID+"_"+strconv.Itoa(k))
+	}
+}
+
+// RandomID returns a random run id for --standalone (torchrun uses a uuid4).
+func RandomID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// FreePort asks the kernel for a free TCP port on addr.
+func FreePort(addr string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,39 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+)
+
+// Run starts the job on this node the way the options say: --standalone and
+// the static backend run RunStatic; the etcd backend runs the elastic agent.
+func Run(ctx context.Context, o Options) error {
+	logDir, err := RunLogDir(o.BaseLogDir, o.Spec.RunID)
+	if err != nil {
+		return err
+	}
+	o.Spec.LogDir = logDir
+	if o.Spec.ShutdownTimeout == 0 {
+		o.Spec.ShutdownTimeout = o.ShutdownTimeout
+	}
+	switch o.RdzvBackend {
+	case "standalone":
+		port, err := FreePort(o.MasterAddr)
+		if err != nil {
+			return err
+		}
+		o.MasterPort = port
+		return RunStatic(ctx, o)
+	case "static":
+		if o.RdzvEndpoint != "" {
+			host, port, err := splitHostPort(o.RdzvEndpoint, o.MasterPort)
+			if err != nil {
+				return &ExitError{2, fmt.Errorf("--rdzv-endpoint: %w", err)}
+			}
+			o.MasterAddr, o.MasterPort = host, port
+		}
+		return RunStatic(ctx, o)
+	default:
+		return RunElastic(ctx, o)
+	}
+}

@@ -1,0 +1,358 @@
+// Package launcher runs one node's training workers the way torchrun does:
+// each worker in its own process group with torchrun's environment, console
+// output line-prefixed ("[default0]:"), redirects and tee to per-attempt log
+// files, torch's error.json files read back for the root cause, and
+// shutdown that escalates to SIGKILL and leaves no process behind.
+package launcher
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Group is the running workers of one attempt on this node.
+type Group struct {
+	spec     Spec
+	asg      Assignment
+	dir      string // attempt dir, "" when no log dir
+	workers  []*worker
+	exited   chan struct{} // closed when every worker has exited
+	failed   chan struct{} // closed at the first failed worker
+	failOnce sync.Once
+
+	mu       sync.Mutex
+	stopping bool // failures after Stop began are not the workers' own
+	failures []Failure
+}
+
+type worker struct {
+	localRank, rank int
+	pid             int
+	errorFile       string
+	done            chan struct{} // closed after exit and output drained
+	exit            exitInfo
+	exitTime        time.Time
+	output          sync.WaitGroup
+	pipes           []*os.File // read ends, closed after drain
+}
+
+// consoleMu serialises console writes so lines from workers never interleave.
+var consoleMu sync.Mutex
+
+// Start spawns spec.NProcPerNode workers for one attempt.
+func Start(spec Spec, a Assignment) (*Group, error) {
+	if err := spec.validate(a); err != nil {
+		return nil, err
+	}
+	if spec.Stdout == nil {
+		spec.Stdout = os.Stdout
+	}
+	if spec.Stderr == nil {
+		spec.Stderr = os.Stderr
+	}
+	if spec.Role == "" {
+		spec.Role = "default"
+	}
+	if spec.Host == "" {
+		spec.Host, _ = os.Hostname()
+	}
+	g := &Group{spec: spec, asg: a, exited: make(chan struct{}), failed: make(chan struct{})}
+	if spec.LogDir != "" {
+		g.dir = filepath.Join(spec.LogDir, "attempt_"+strconv.Itoa(a.Attempt))
+	}
+	base := os.Environ()
+	for k, v := range spec.Env {
+		base = append(base, k+"="+v)
+	}
+	for k, v := range a.Env {
+		base = append(base, k+"="+v)
+	}
+	argv := spec.argv()
+	path, err := lookPath(argv[0])
+	if err != nil {
+		return nil, err
+	}
+	for lr := 0; lr < spec.NProcPerNode; lr++ {
+		w, err := g.startWorker(path, argv, base, lr)
+		if err != nil {
+			g.Stop(syscall.SIGKILL, 0)
+			return nil, err
+		}
+		g.workers = append(g.workers, w)
+	}
+	go g.monitor()
+	return g, nil
+}
+
+func lookPath(name string) (string, error) {
+	if filepath.Base(name) != name {
+		return name, nil
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("cannot run %q: not found on PATH (set PYTHON_EXEC for the Python interpreter, or give a path)", name)
+}
+
+func (g *Group) startWorker(path string, argv, base []string, lr int) (*worker, error) {
+	w := &worker{localRank: lr, rank: g.asg.BaseRank + lr, done: make(chan struct{})}
+	var rankDir string
+	if g.dir != "" {
+		rankDir = filepath.Join(g.dir, strconv.Itoa(lr))
+		if err := os.MkdirAll(rankDir, 0o755); err != nil {
+			return nil, fmt.Errorf("create log dir: %w", err)
+		}
+		w.errorFile = filepath.Join(rankDir, "error.json")
+	}
+	env := base
+	for k, v := range g.spec.WorkerEnv(g.asg, lr, w.errorFile) {
+		env = append(env, k+"="+v)
+	}
+	prefix := []byte("[" + g.spec.Role + strconv.Itoa(lr) + "]:")
+	showConsole := g.spec.RanksFilter == nil || g.spec.RanksFilter[lr]
+	redir, tee := g.spec.Redirects.For(lr), g.spec.Tee.For(lr)
+	if g.dir == "" {
+		redir, tee = StdNone, StdNone
+	}
+
+	var closeAfterStart []*os.File
+	defer func() {
+		for _, f := range closeAfterStart {
+			f.Close()
+		}
+	}()
+	// stream sets up one of stdout (1) / stderr (2): a file passed straight
+	// to the child when redirected, else a pipe we copy from.
+	stream := func(which Std, name string, console io.Writer) (*os.File, error) {
+		var file *os.File
+		if redir.Has(which) || tee.Has(which) {
+			f, err := os.OpenFile(filepath.Join(rankDir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return nil, fmt.Errorf("open worker log: %w", err)
+			}
+			if redir.Has(which) && !tee.Has(which) {
+				closeAfterStart = append(closeAfterStart, f)
+				return f, nil // file only: the child writes it directly
+			}
+			file = f
+		}
+		r, wr, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("create pipe: %w", err)
+		}
+		closeAfterStart = append(closeAfterStart, wr)
+		w.pipes = append(w.pipes, r)
+		var out io.Writer
+		if showConsole {
+			out = console
+		}
+		w.output.Add(1)
+		go func() {
+			defer w.output.Done()
+			copyLines(r, file, out, prefix)
+			if file != nil {
+				file.Close()
+			}
+		}()
+		return wr, nil
+	}
+	stdout, err := stream(StdOut, "stdout.log", g.spec.Stdout)
+	if err != nil {
+		return nil, err
+	}
+	stderr, err := stream(StdErr, "stderr.log", g.spec.Stderr)
+	if err != nil {
+		return nil, err
+	}
+	attr := &syscall.ProcAttr{
+		Env:   env,
+		Files: []uintptr{os.Stdin.Fd(), stdout.Fd(), stderr.Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setpgid: true,
+			// A worker must not outlive its agent: if hyperpodrun dies
+			// (even SIGKILLed), the kernel kills the worker, so a new round
+			// can never meet a stale holder of the same rank.
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	reap.mu.Lock() // hold off the reaper's delivery until we registered
+	pid, err := syscall.ForkExec(path, argv, attr)
+	reap.mu.Unlock()
+	if err != nil {
+		for _, r := range w.pipes {
+			r.Close()
+		}
+		return nil, fmt.Errorf("start worker %d (%s): %w", lr, path, err)
+	}
+	w.pid = pid
+	exitCh := reap.wait(pid)
+	go func() {
+		w.exit = <-exitCh
+		w.exitTime = time.Now()
+		// Whether this exit is the worker's own failure is decided now: once
+		// Stop began, exits are caused by us.
+		g.mu.Lock()
+		ownExit := !g.stopping
+		g.mu.Unlock()
+		// Kill whatever the worker left in its process group (forked
+		// children) so the pipes reach EOF and nothing outlives it.
+		syscall.Kill(-pid, syscall.SIGKILL)
+		drained := make(chan struct{})
+		go func() { w.output.Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(5 * time.Second):
+			// A descendant that left the group still holds the pipe.
+			for _, r := range w.pipes {
+				r.Close()
+			}
+			<-drained
+		}
+		for _, r := range w.pipes {
+			r.Close()
+		}
+		if ownExit && !w.succeeded() {
+			g.recordFailure(w)
+		}
+		close(w.done)
+	}()
+	return w, nil
+}
+
+// copyLines copies r line by line to file (as is) and console (prefixed).
+func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if len(line) > 0 {
+			if file != nil {
+				file.Write(line)
+			}
+			if console != nil {
+				consoleMu.Lock()
+				console.Write(prefix)
+				console.Write(line)
+				if line[len(line)-1] != '\n' && !errors.Is(err, bufio.ErrBufferFull) {
+					console.Write([]byte{'\n'})
+				}
+				consoleMu.Unlock()
+			}
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return
+		}
+	}
+}
+
+func (w *worker) succeeded() bool {
+	return w.exit.status.Exited() && w.exit.status.ExitStatus() == 0
+}
+
+func (g *Group) recordFailure(w *worker) {
+	g.mu.Lock()
+	f := Failure{
+		LocalRank: w.localRank, Rank: w.rank, PID: w.pid, Host: g.spec.Host,
+		Time: w.exitTime, ErrorFile: w.errorFile,
+	}
+	if w.exit.status.Signaled() {
+		f.Signal = w.exit.status.Signal()
+		f.ExitCode = -int(f.Signal)
+	} else {
+		f.ExitCode = w.exit.status.ExitStatus()
+	}
+	f.readErrorFile()
+	g.failures = append(g.failures, f)
+	g.mu.Unlock()
+	g.failOnce.Do(func() { close(g.failed) })
+}
+
+func (g *Group) monitor() {
+	for _, w := range g.workers {
+		<-w.done
+	}
+	close(g.exited)
+}
+
+// PIDs returns the workers' process ids, by local rank.
+func (g *Group) PIDs() []int {
+	out := make([]int, len(g.workers))
+	for i, w := range g.workers {
+		out[i] = w.pid
+	}
+	return out
+}
+
+// Dir is this attempt's log directory ("" when logs are not kept).
+func (g *Group) Dir() string { return g.dir }
+
+// Exited is closed when every worker has exited and its output is drained.
+func (g *Group) Exited() <-chan struct{} { return g.exited }
+
+// Failed is closed when the first worker fails (non-zero exit or signal).
+func (g *Group) Failed() <-chan struct{} { return g.failed }
+
+// Signal sends sig to every live worker's process group.
+func (g *Group) Signal(sig syscall.Signal) {
+	for _, w := range g.workers {
+		select {
+		case <-w.done:
+		default:
+			syscall.Kill(-w.pid, sig)
+		}
+	}
+}
+
+// Stop ends every worker: sig to each process group, then SIGKILL after
+// timeout. It returns when all have exited. Exits caused by Stop are not
+// recorded as failures.
+func (g *Group) Stop(sig syscall.Signal, timeout time.Duration) {
+	g.mu.Lock()
+	g.stopping = true
+	g.mu.Unlock()
+	if len(g.workers) == 0 {
+		return
+	}
+	g.Signal(sig)
+	if sig != syscall.SIGKILL {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-g.exited:
+			return
+		case <-t.C:
+		}
+	}
+	g.Signal(syscall.SIGKILL)
+	<-g.exited
+}
+
+// Result reports how the attempt ended. Call it after Exited is closed.
+func (g *Group) Result() Result {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r := Result{Failures: append([]Failure(nil), g.failures...)}
+	sort.Slice(r.Failures, func(i, j int) bool { return r.Failures[i].Rank < r.Failures[j].Rank })
+	for i := range r.Failures {
+		if r.RootCause == nil || r.Failures[i].Time.Before(r.RootCause.Time) {
+			r.RootCause = &r.Failures[i]
+		}
+	}
+	for _, w := range g.workers {
+		if ru := w.exit.rusage.Maxrss; ru > r.MaxRSSKiB {
+			r.MaxRSSKiB = ru
+		}
+	}
+	return r
+}
