@@ -122,7 +122,7 @@ func TestWorkerEnvironmentMatchesTorchrun(t *testing.T) {
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
 			"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 			"TORCHELASTIC_ERROR_FILE": filepath.Join(logs, "job7", "attempt_0", strconv.Itoa(lr), "error.json"),
-			"OUT": out, // the inherited environment is kept
+			"OUT":                     out, // the inherited environment is kept
 		}
 		for k, v := range want {
 			if env[k] != v {

@@ -1,0 +1,40 @@
+# hyperpodrun: build, test, benchmark and demo.
+GO      ?= go
+BIN     := bin
+PKGS    := ./...
+BINARIES := hyperpodrun hyperpod-agent hyperpod-coordinator elasticctl
+
+.PHONY: build test test-short bench demo lint clean
+
+build:
+	@mkdir -p $(BIN)
+	@for b in $(BINARIES); do \
+		if ls cmd/$$b/*.go >/dev/null 2>&1; then $(GO) build -o $(BIN)/$$b ./cmd/$$b || exit 1; fi; \
+	done
+
+## test: vet, then every test with the race detector (real etcd, real processes,
+## real PyTorch DDP when python3-torch is installed).
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -timeout 25m $(PKGS)
+
+test-short:
+	$(GO) test -short $(PKGS)
+
+## bench: every performance figure as "BENCH <name> <value> <unit> [anchor=] [target=]".
+bench: build
+	@$(GO) run ./bench/launch -hyperpodrun $(BIN)/hyperpodrun
+	@for b in rdzvscale recovery engine kueue fairshare resize; do \
+		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
+	done
+
+## demo: the main demo on an embedded default (no setup).
+demo: build
+	@./examples/demo/run.sh
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet $(PKGS)
+
+clean:
+	rm -rf $(BIN)
