@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// drainTimeout bounds the graceful exit after SIGTERM.
+const drainTimeout = 30 * time.Second
+
+// usageError marks errors that are the caller's (bad flags): exit 2.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func onUsageError(_ *cli.Context, err error, _ bool) error { return usageError{err} }
+
+// run executes the CLI and returns the exit status. sig delivers SIGTERM and
+// SIGINT: the first drains, a second stops at once.
+func run(args []string, stdout, stderr io.Writer, sig <-chan os.Signal) int {
+	unknown := ""
+	app := newApp(stdout, stderr, sig)
+	app.CommandNotFound = func(_ *cli.Context, cmd string) { unknown = cmd }
+	err := app.Run(args)
+	switch {
+	case unknown != "":
+		fmt.Fprintf(stderr, "hyperpod-agent: unknown command %q (commands: run, devices)\n", unknown)
+		return exitUsage
+	case err == nil:
+		return exitOK
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(stderr, "hyperpod-agent: %v\nRun 'hyperpod-agent --help' for usage.\n", err)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "hyperpod-agent: %v\n", err)
+		return exitFailure
+	}
+}
+
+func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
+	discoveryFlags := []cli.Flag{
+		&cli.StringFlag{Name: "node-name", EnvVars: []string{"NODE_NAME"}, Usage: "node name in etcd (default: the hostname; under Kubernetes pass spec.nodeName)"},
+		&cli.StringFlag{Name: "neuron-sysfs-root", Value: devices.DefaultNeuronSysfsRoot, Usage: "the Neuron driver's sysfs directory"},
+		&cli.StringFlag{Name: "dev-root", Value: "/dev", Usage: "where device nodes (/dev/neuron<N>, /dev/nvidia<N>) live"},
+		&cli.BoolFlag{Name: "disable-nvml", Usage: "skip NVIDIA GPU discovery"},
+		&cli.BoolFlag{Name: "disable-neuron", Usage: "skip AWS Neuron discovery"},
+	}
+	return &cli.App{
+		Name:           "hyperpod-agent",
+		Usage:          "report this node's accelerators to hyperpodrun's etcd and run the work placed on it",
+		Writer:         stdout,
+		ErrWriter:      stderr,
+		OnUsageError:   onUsageError,
+		ExitErrHandler: func(*cli.Context, error) {},
+		Commands: []*cli.Command{
+			{
+				Name:         "run",
+				Usage:        "register the node in etcd and keep its inventory current until SIGTERM",
+				OnUsageError: onUsageError,
+				Flags: append([]cli.Flag{
+					&cli.StringSliceFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Usage: "etcd client URLs, e.g. https://etcd-0:2379,https://etcd-1:2379"},
+					&cli.StringFlag{Name: "etcd-prefix", Value: nodeagent.DefaultPrefix, Usage: "etcd key prefix"},
+					&cli.StringFlag{Name: "etcd-cacert", EnvVars: []string{"HYPERPOD_ETCD_CACERT"}, Usage: "CA bundle that signed etcd's server certificate"},
+					&cli.StringFlag{Name: "etcd-cert", EnvVars: []string{"HYPERPOD_ETCD_CERT"}, Usage: "client certificate for etcd (with --etcd-key)"},
+					&cli.StringFlag{Name: "etcd-key", EnvVars: []string{"HYPERPOD_ETCD_KEY"}, Usage: "client key for etcd (with --etcd-cert)"},
+					&cli.DurationFlag{Name: "etcd-dial-timeout", Value: 5 * time.Second, Usage: "etcd connection timeout"},
+					&cli.BoolFlag{Name: "embedded-etcd", Usage: "start an in-process etcd (local try-outs; ignores --etcd-endpoints)"},
+					&cli.StringFlag{Name: "listen", Value: nodeagent.DefaultListen, Usage: "address of /healthz, /metrics and /inventory (empty: none)"},
+					&cli.DurationFlag{Name: "lease-ttl", Value: nodeagent.DefaultLeaseTTL, Usage: "how long a dead agent's node stays in etcd (>= 1s)"},
+					&cli.DurationFlag{Name: "refresh-interval", Value: nodeagent.DefaultRefreshInterval, Usage: "how often health is rediscovered (>= 100ms)"},
+					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
+					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
+				}, discoveryFlags...),
+				Action: func(c *cli.Context) error { return runAgent(c, sig) },
+			},
+			{
+				Name:         "devices",
+				Usage:        "print this node's inventory (like nvidia-smi -L / neuron-ls)",
+				OnUsageError: onUsageError,
+				Flags: append([]cli.Flag{
+					&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table or json"},
+				}, discoveryFlags...),
+				Action: printDevices,
+			},
+		},
+	}
+}
+
+func newLogger(c *cli.Context) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", c.String("log-level"))
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch c.String("log-format") {
+	case "text":
+		return slog.New(slog.NewTextHandler(c.App.ErrWriter, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts)), nil
+	default:
+		return nil, usagef("--log-format %q: want text or json", c.String("log-format"))
+	}
+}
+
+func discoveryOptions(c *cli.Context) (devices.Options, error) {
+	opts := devices.Options{
+		NodeName:        c.String("node-name"),
+		NeuronSysfsRoot: c.String("neuron-sysfs-root"),
+		DevRoot:         c.String("dev-root"),
+		DisableNVML:     c.Bool("disable-nvml"),
+		DisableNeuron:   c.Bool("disable-neuron"),
+	}
+	if opts.NodeName != "" {
+		if err := devices.ValidateNodeName(opts.NodeName); err != nil {
+			return opts, usagef("--node-name: %v", err)
+		}
+	}
+	if c.NArg() > 0 {
+		return opts, usagef("unexpected arguments %q", c.Args().Slice())
+	}
+	return opts, nil
+}
+
+func printDevices(c *cli.Context) error {
+	out := c.String("output")
+	if out != "table" && out != "json" {
+		return usagef("--output %q: want table or json", out)
+	}
+	opts, err := discoveryOptions(c)
+	if err != nil {
+		return err
+	}
+	inv, derr := devices.Discover(c.Context, opts)
+	if inv == nil {
+		return derr
+	}
+	if out == "json" {
+		enc := json.NewEncoder(c.App.Writer)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(inv); err != nil {
+			return err
+		}
+	} else if err := inv.WriteTable(c.App.Writer); err != nil {
+		return err
+	}
+	if derr != nil {
+		return fmt.Errorf("inventory is incomplete: %w", derr)
+	}
+	return nil
+}
+
+// etcdTLS builds the client TLS config from the --etcd-* files; nil when
+// none is given.
+func etcdTLS(cacert, cert, key string) (*tls.Config, error) {
+	if cacert == "" && cert == "" && key == "" {
+		return nil, nil
+	}
+	if (cert == "") != (key == "") {
+		return nil, usagef("--etcd-cert and --etcd-key go together")
+	}
+	for flag, f := range map[string]string{"--etcd-cacert": cacert, "--etcd-cert": cert, "--etcd-key": key} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return nil, usagef("%s: %v", flag, err)
+		}
+	}
+	cfg, err := transport.TLSInfo{CertFile: cert, KeyFile: key, TrustedCAFile: cacert}.ClientConfig()
+	if err != nil {
+		return nil, usagef("etcd TLS (--etcd-cacert %q, --etcd-cert %q, --etcd-key %q): %v", cacert, cert, key, err)
+	}
+	return cfg, nil
+}
+
+func runAgent(c *cli.Context, sig <-chan os.Signal) error {
+	log, err := newLogger(c)
+	if err != nil {
+		return err
+	}
+	opts, err := discoveryOptions(c)
+	if err != nil {
+		return err
+	}
+	ttl, refresh := c.Duration("lease-ttl"), c.Duration("refresh-interval")
+	if ttl < time.Second {
+		return usagef("--lease-ttl %s: must be at least 1s", ttl)
+	}
+	if refresh < 100*time.Millisecond {
+		return usagef("--refresh-interval %s: must be at least 100ms", refresh)
+	}
+	prefix := c.String("etcd-prefix")
+	if !strings.HasPrefix(prefix, "/") || strings.HasSuffix(prefix, "/") && prefix != "/" {
+		return usagef("--etcd-prefix %q: want an absolute key prefix like /hyperpodrun", prefix)
+	}
+	tlsCfg, err := etcdTLS(c.String("etcd-cacert"), c.String("etcd-cert"), c.String("etcd-key"))
+	if err != nil {
+		return err
+	}
+	var endpoints []string
+	for _, e := range c.StringSlice("etcd-endpoints") {
+		for _, p := range strings.Split(e, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				endpoints = append(endpoints, p)
+			}
+		}
+	}
+	if len(endpoints) == 0 && !c.Bool("embedded-etcd") {
+		return usagef("--etcd-endpoints is required (or --embedded-etcd for a local try-out)")
+	}
+
+	ctx, cancel := context.WithCancel(c.Context)
+	defer cancel()
+
+	var etcdCli *clientv3.Client
+	if c.Bool("embedded-etcd") {
+		srv, err := etcdembed.Start(ctx, etcdembed.Options{})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		log.Info("embedded etcd started", "endpoints", srv.Endpoints)
+		if etcdCli, err = srv.Client(); err != nil {
+			return err
+		}
+	} else {
+		etcdCli, err = clientv3.New(clientv3.Config{
+			Endpoints:   endpoints,
+			DialTimeout: c.Duration("etcd-dial-timeout"),
+			TLS:         tlsCfg,
+			Logger:      zap.NewNop(),
+		})
+		if err != nil {
+			return fmt.Errorf("etcd client: %w", err)
+		}
+	}
+	defer etcdCli.Close()
+
+	var health *devices.HealthMonitor
+	if !opts.DisableNVML {
+		health = devices.WatchHealth(ctx, opts, log)
+		defer health.Close()
+		opts.Health = health
+	}
+	nodeName := opts.NodeName
+	if nodeName == "" {
+		h, err := devices.SystemHost{}.HostInfo(ctx)
+		if err != nil || h.Hostname == "" {
+			return usagef("--node-name is required: cannot read the hostname (%v)", err)
+		}
+		nodeName = h.Hostname
+		if err := devices.ValidateNodeName(nodeName); err != nil {
+			return usagef("--node-name is required: hostname: %v", err)
+		}
+		opts.NodeName = nodeName
+	}
+	cfg := nodeagent.Config{
+		NodeName:        nodeName,
+		Prefix:          prefix,
+		LeaseTTL:        ttl,
+		RefreshInterval: refresh,
+		Discover:        nodeagent.DiscoverWith(opts),
+		Listen:          c.String("listen"),
+		Logger:          log,
+	}
+	if health != nil {
+		cfg.HealthEvents = health.Changed()
+	}
+	agent, err := nodeagent.New(etcdCli, cfg)
+	if err != nil {
+		return usageError{err}
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx) }()
+	log.Info("hyperpod-agent running", "node", nodeName, "key", agent.Key(), "lease_ttl", ttl)
+	select {
+	case err := <-done:
+		return err
+	case s := <-sig:
+		log.Info("signal received; draining", "signal", s.String())
+		go func() {
+			dctx, dcancel := context.WithTimeout(ctx, drainTimeout)
+			defer dcancel()
+			if err := agent.Drain(dctx); err != nil {
+				log.Error("drain incomplete; the node expires with its lease", "err", err)
+				cancel()
+			}
+		}()
+	}
+	select {
+	case err := <-done:
+		return err
+	case s := <-sig:
+		log.Warn("second signal; stopping without draining", "signal", s.String())
+		cancel()
+		return <-done
+	}
+}
