@@ -1,0 +1,582 @@
+package checkpoint
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Environment variables shared with workers. Our own additions to torchrun's
+// worker environment are all prefixed HYPERPODRUN_.
+const (
+	// EnvControlDir is the control directory the agent owns.
+	EnvControlDir = "HYPERPODRUN_CONTROL_DIR"
+	// EnvControlSocket is the unix socket workers send reports to.
+	EnvControlSocket = "HYPERPODRUN_CONTROL_SOCKET"
+	// EnvEventFile is the file holding the announced event, if any.
+	EnvEventFile = "HYPERPODRUN_EVENT_FILE"
+	// EnvElasticSignal names the elastic signal ("SIGUSR1", "USR1" or a
+	// number); workers install their handler for it. Unset means SIGUSR1.
+	EnvElasticSignal = "HYPERPODRUN_ELASTIC_SIGNAL"
+	// EnvRound is the rendezvous round the worker was started in. Workers
+	// ignore an event file left from an earlier round.
+	EnvRound = "HYPERPODRUN_ROUND"
+	// EnvCheckpoint is the location of the latest committed checkpoint.
+	EnvCheckpoint = "HYPERPODRUN_CHECKPOINT"
+	// EnvResumeStep is the step of the latest committed checkpoint.
+	EnvResumeStep = "HYPERPODRUN_RESUME_STEP"
+	// EnvCheckpointWorldSize is the world size that wrote that checkpoint.
+	EnvCheckpointWorldSize = "HYPERPODRUN_CHECKPOINT_WORLD_SIZE"
+	// EnvCheckpointRound is the rendezvous round that committed it.
+	EnvCheckpointRound = "HYPERPODRUN_CHECKPOINT_ROUND"
+)
+
+// File names inside the control directory.
+const (
+	SocketName    = "control.sock"
+	EventFileName = "event.json"
+)
+
+// maxMessage bounds one worker message (one line).
+const maxMessage = 1 << 20
+
+// ErrClosed is returned by a Channel that has been closed.
+var ErrClosed = errors.New("checkpoint: control channel closed")
+
+// EventKind says why the agent is asking workers to stop.
+type EventKind string
+
+// Event kinds. Workers treat every kind the same way (checkpoint and exit 0);
+// the kind is for logs and for training code that wants to act differently.
+const (
+	ScaleUp    EventKind = "scale_up"
+	ScaleDown  EventKind = "scale_down"
+	Resize     EventKind = "resize"
+	Preemption EventKind = "preemption"
+	Drain      EventKind = "drain"
+	Shutdown   EventKind = "shutdown"
+)
+
+// Event is a planned change announced to the workers.
+type Event struct {
+	Kind EventKind
+	// NewWorldSize is the world size workers will be restarted at (0 when
+	// the job is not restarted, e.g. preemption to zero).
+	NewWorldSize int
+	// Deadline is when the agent escalates (SIGTERM, then SIGKILL). Zero
+	// means none announced.
+	Deadline time.Time
+	// Round is the rendezvous round being ended.
+	Round int64
+	// TraceParent is the W3C traceparent of the scaling event's trace.
+	TraceParent string
+	// Seq numbers the announcements of one Channel (1, 2, ...); set by
+	// Announce.
+	Seq uint64
+	// AnnouncedAt is set by Announce.
+	AnnouncedAt time.Time
+}
+
+// eventFile is the JSON layout of event.json. Times are given both as
+// RFC 3339 and as float Unix seconds (easier to use from Python).
+type eventFile struct {
+	Kind            EventKind `json:"kind"`
+	NewWorldSize    int       `json:"new_world_size"`
+	Deadline        time.Time `json:"deadline,omitzero"`
+	DeadlineUnix    float64   `json:"deadline_unix,omitempty"`
+	Round           int64     `json:"round"`
+	TraceParent     string    `json:"traceparent,omitempty"`
+	Seq             uint64    `json:"seq"`
+	AnnouncedAt     time.Time `json:"announced_at"`
+	AnnouncedAtUnix float64   `json:"announced_at_unix"`
+}
+
+func unixSeconds(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.UnixNano()) / 1e9
+}
+
+// Report types sent by workers.
+const (
+	// ReportCheckpoint means a checkpoint is complete on every rank
+	// (committed) at Step, stored at Path.
+	ReportCheckpoint = "checkpoint"
+	// ReportStopping means a rank saw the event and is exiting after Step.
+	ReportStopping = "stopping"
+)
+
+// Report is one message from a worker.
+type Report struct {
+	Type      string `json:"type"`
+	Step      int64  `json:"step"`
+	Path      string `json:"path,omitempty"`
+	Rank      int    `json:"rank"`
+	WorldSize int    `json:"world_size,omitempty"`
+	PID       int    `json:"pid,omitempty"`
+	// Received is when the agent read the message.
+	Received time.Time `json:"-"`
+	// Raw is the message as sent, for fields this package does not know.
+	Raw json.RawMessage `json:"-"`
+}
+
+// parseReport decodes and validates one message line.
+func parseReport(line []byte) (Report, error) {
+	var r Report
+	if err := json.Unmarshal(line, &r); err != nil {
+		return Report{}, fmt.Errorf("malformed message: %w", err)
+	}
+	if r.Type == "" {
+		return Report{}, errors.New(`malformed message: missing "type"`)
+	}
+	if r.Step < 0 {
+		return Report{}, fmt.Errorf("malformed %s message: negative step %d", r.Type, r.Step)
+	}
+	if r.Rank < 0 || r.WorldSize < 0 {
+		return Report{}, fmt.Errorf("malformed %s message: negative rank or world_size", r.Type)
+	}
+	if r.Type == ReportCheckpoint && r.Path == "" {
+		return Report{}, errors.New(`malformed checkpoint message: missing "path"`)
+	}
+	r.Raw = append(json.RawMessage(nil), line...)
+	return r, nil
+}
+
+// Handler handles one worker report. Its error is sent back to the worker.
+// Calls are serialised, in arrival order. ctx is cancelled when the Channel
+// is closed; a handler must return soon after.
+type Handler func(ctx context.Context, r Report) error
+
+// Option configures a Channel.
+type Option func(*Channel)
+
+// WithHandler makes the Channel call h for every report and acknowledge the
+// worker after h returns. Reports() then delivers nothing.
+func WithHandler(h Handler) Option { return func(c *Channel) { c.handler = h } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *Channel) { c.log = l } }
+
+// Channel is the agent's side of the control channel of one worker group.
+type Channel struct {
+	dir, sock, eventPath string
+
+	ln      *net.UnixListener
+	handler Handler
+	log     *slog.Logger
+	reports chan Report
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	wg     sync.WaitGroup
+
+	handleMu sync.Mutex // serialises handler calls
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	seq    uint64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NewChannel creates dir (mode 0700) and serves the control socket
+// dir/control.sock. Without WithHandler, reports are delivered on Reports()
+// and acknowledged once queued there.
+func NewChannel(dir string, opts ...Option) (*Channel, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: control dir %q: %w", dir, err)
+	}
+	c := &Channel{
+		dir:       abs,
+		sock:      filepath.Join(abs, SocketName),
+		eventPath: filepath.Join(abs, EventFileName),
+		log:       slog.Default(),
+		reports:   make(chan Report, 256),
+		done:      make(chan struct{}),
+		conns:     make(map[net.Conn]struct{}),
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.handler == nil {
+		c.handler = c.enqueue
+	}
+	// sun_path is 108 bytes on Linux, including the terminating NUL.
+	if len(c.sock) > 107 {
+		return nil, fmt.Errorf("checkpoint: control socket path %q is %d bytes, longer than a unix socket allows (107)", c.sock, len(c.sock))
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("checkpoint: create control dir: %w", err)
+	}
+	if fi, err := os.Lstat(c.sock); err == nil {
+		if fi.Mode()&fs.ModeSocket == 0 {
+			return nil, fmt.Errorf("checkpoint: %s exists and is not a socket", c.sock)
+		}
+		// A socket left by an agent that died: nobody can be serving it
+		// since we own the directory.
+		if err := os.Remove(c.sock); err != nil {
+			return nil, fmt.Errorf("checkpoint: remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: c.sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: listen on control socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(c.sock, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("checkpoint: chmod control socket: %w", err)
+	}
+	c.ln = ln
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.wg.Add(1)
+	go c.acceptLoop()
+	return c, nil
+}
+
+// Dir returns the control directory (absolute).
+func (c *Channel) Dir() string { return c.dir }
+
+// SocketPath returns the path of control.sock.
+func (c *Channel) SocketPath() string { return c.sock }
+
+// EventPath returns the path of event.json.
+func (c *Channel) EventPath() string { return c.eventPath }
+
+// Env returns the variables that tell a worker where the channel is.
+func (c *Channel) Env() map[string]string {
+	return map[string]string{
+		EnvControlDir:    c.dir,
+		EnvControlSocket: c.sock,
+		EnvEventFile:     c.eventPath,
+	}
+}
+
+// Reports delivers worker reports when no handler was given. It is closed by
+// Close.
+func (c *Channel) Reports() <-chan Report { return c.reports }
+
+// Announce atomically replaces event.json with ev. The caller sends the
+// elastic signal afterwards, so that a worker woken by it finds the event.
+func (c *Channel) Announce(ev Event) error {
+	if ev.Kind == "" {
+		return errors.New("checkpoint: announce: event kind is empty")
+	}
+	if ev.NewWorldSize < 0 || ev.Round < 0 {
+		return fmt.Errorf("checkpoint: announce: negative world size (%d) or round (%d)", ev.NewWorldSize, ev.Round)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.seq++
+	seq := c.seq
+	c.mu.Unlock()
+	now := time.Now()
+	data, err := json.Marshal(eventFile{
+		Kind:            ev.Kind,
+		NewWorldSize:    ev.NewWorldSize,
+		Deadline:        ev.Deadline,
+		DeadlineUnix:    unixSeconds(ev.Deadline),
+		Round:           ev.Round,
+		TraceParent:     ev.TraceParent,
+		Seq:             seq,
+		AnnouncedAt:     now,
+		AnnouncedAtUnix: unixSeconds(now),
+	})
+	if err != nil {
+		return fmt.Errorf("checkpoint: announce: encode event: %w", err)
+	}
+	if err := writeFileAtomic(c.eventPath, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("checkpoint: announce: %w", err)
+	}
+	c.log.Debug("elastic event announced", "kind", ev.Kind, "new_world_size", ev.NewWorldSize, "round", ev.Round, "seq", seq)
+	return nil
+}
+
+// ClearEvent removes event.json. Call it before starting the next workers.
+func (c *Channel) ClearEvent() error {
+	if err := os.Remove(c.eventPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("checkpoint: clear event: %w", err)
+	}
+	if err := syncDir(c.dir); err != nil {
+		return fmt.Errorf("checkpoint: clear event: %w", err)
+	}
+	return nil
+}
+
+// ReadEvent reads an event file as written by Announce. It returns nil and
+// no error when the file does not exist.
+func ReadEvent(path string) (*Event, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: read event: %w", err)
+	}
+	var f eventFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("checkpoint: event file %s: malformed: %w", path, err)
+	}
+	if f.Kind == "" {
+		return nil, fmt.Errorf("checkpoint: event file %s: malformed: missing kind", path)
+	}
+	return &Event{
+		Kind:         f.Kind,
+		NewWorldSize: f.NewWorldSize,
+		Deadline:     f.Deadline,
+		Round:        f.Round,
+		TraceParent:  f.TraceParent,
+		Seq:          f.Seq,
+		AnnouncedAt:  f.AnnouncedAt,
+	}, nil
+}
+
+// Close stops serving, closes worker connections, removes the socket and
+// waits for its goroutines (including a running handler) to return. The
+// control directory and event.json are left in place.
+func (c *Channel) Close() error {
+	c.closeOnce.Do(func() {
+		c.mu.Lock()
+		c.closed = true
+		conns := make([]net.Conn, 0, len(c.conns))
+		for conn := range c.conns {
+			conns = append(conns, conn)
+		}
+		c.mu.Unlock()
+		close(c.done)
+		c.cancel()
+		if err := c.ln.Close(); err != nil {
+			c.closeErr = fmt.Errorf("checkpoint: close control socket: %w", err)
+		}
+		for _, conn := range conns {
+			conn.Close()
+		}
+		c.wg.Wait()
+		close(c.reports)
+	})
+	return c.closeErr
+}
+
+func (c *Channel) isClosed() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *Channel) acceptLoop() {
+	defer c.wg.Done()
+	for {
+		conn, err := c.ln.AcceptUnix()
+		if err != nil {
+			if c.isClosed() {
+				return
+			}
+			// Out of file descriptors and the like: back off briefly.
+			c.log.Warn("control socket accept failed", "err", err)
+			select {
+			case <-c.done:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			continue
+		}
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			conn.Close()
+			return
+		}
+		c.conns[conn] = struct{}{}
+		c.wg.Add(1)
+		c.mu.Unlock()
+		go c.serve(conn)
+	}
+}
+
+type ack struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+func (c *Channel) serve(conn *net.UnixConn) {
+	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		delete(c.conns, conn)
+		c.mu.Unlock()
+		conn.Close()
+	}()
+	sc := bufio.NewScanner(conn)
+	sc.Buffer(make([]byte, 0, 4096), maxMessage)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		r, err := parseReport(line)
+		if err == nil {
+			r.Received = time.Now()
+			err = c.handle(r)
+		}
+		a := ack{OK: err == nil}
+		if err != nil {
+			a.Error = err.Error()
+			c.log.Warn("worker report refused", "err", err)
+		}
+		if !c.reply(conn, a) {
+			return
+		}
+	}
+	if err := sc.Err(); err != nil && !c.isClosed() {
+		if errors.Is(err, bufio.ErrTooLong) {
+			c.reply(conn, ack{Error: fmt.Sprintf("message longer than %d bytes", maxMessage)})
+		}
+		c.log.Debug("control connection ended", "err", err)
+	}
+}
+
+func (c *Channel) reply(conn net.Conn, a ack) bool {
+	data, _ := json.Marshal(a) // cannot fail: two plain fields
+	if err := conn.SetWriteDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return false
+	}
+	_, err := conn.Write(append(data, '\n'))
+	return err == nil
+}
+
+func (c *Channel) handle(r Report) error {
+	c.handleMu.Lock()
+	defer c.handleMu.Unlock()
+	if c.isClosed() {
+		return ErrClosed
+	}
+	return c.handler(c.ctx, r)
+}
+
+// enqueue is the default handler: queue on Reports().
+func (c *Channel) enqueue(ctx context.Context, r Report) error {
+	select {
+	case c.reports <- r:
+		return nil
+	case <-ctx.Done():
+		return ErrClosed
+	}
+}
+
+// SendReport sends one report to the control socket and waits for the
+// agent's acknowledgement. It is the Go workers' client; an agent refusal
+// is returned as an error.
+func SendReport(ctx context.Context, socketPath string, r Report) error {
+	if r.PID == 0 {
+		r.PID = os.Getpid()
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("checkpoint: encode report: %w", err)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socketPath)
+	if err != nil {
+		return fmt.Errorf("checkpoint: connect to control socket: %w", err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := conn.SetDeadline(dl); err != nil {
+			return fmt.Errorf("checkpoint: send report: %w", err)
+		}
+	}
+	// Unblock the read below if ctx is cancelled without a deadline.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := conn.Write(append(data, '\n')); err != nil {
+		return fmt.Errorf("checkpoint: send report: %w", err)
+	}
+	line, err := bufio.NewReader(conn).ReadBytes('\n')
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("checkpoint: wait for acknowledgement: %w", ctx.Err())
+		}
+		return fmt.Errorf("checkpoint: wait for acknowledgement: %w", err)
+	}
+	var a ack
+	if err := json.Unmarshal(line, &a); err != nil {
+		return fmt.Errorf("checkpoint: malformed acknowledgement %q: %w", bytes.TrimSpace(line), err)
+	}
+	if !a.OK {
+		return fmt.Errorf("checkpoint: agent refused %s report: %s", r.Type, a.Error)
+	}
+	return nil
+}
+
+// writeFileAtomic writes data to a temporary file beside path, fsyncs it,
+// renames it over path and fsyncs the directory.
+func writeFileAtomic(path string, data []byte, perm fs.FileMode) error {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Chmod(perm); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename into %s: %w", path, err)
+	}
+	ok = true
+	return syncDir(dir)
+}
+
+// syncDir fsyncs a directory so that entries created, renamed or removed in
+// it are durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open dir %s for fsync: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}

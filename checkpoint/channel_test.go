@@ -1,0 +1,404 @@
+package checkpoint
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func newTestChannel(t *testing.T, opts ...Option) *Channel {
+	t.Helper()
+	ch, err := NewChannel(filepath.Join(t.TempDir(), "ctl"), opts...)
+	if err != nil {
+		t.Fatalf("NewChannel: %v", err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	return ch
+}
+
+func TestChannelEnvPointsAtSocketAndEventFile(t *testing.T) {
+	ch := newTestChannel(t)
+	env := ch.Env()
+	if env[EnvControlDir] != ch.Dir() || !filepath.IsAbs(ch.Dir()) {
+		t.Fatalf("%s = %q, want absolute %q", EnvControlDir, env[EnvControlDir], ch.Dir())
+	}
+	fi, err := os.Stat(env[EnvControlSocket])
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("%s = %q is not a socket (err %v)", EnvControlSocket, env[EnvControlSocket], err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v, want 0600", fi.Mode().Perm())
+	}
+	if env[EnvEventFile] != filepath.Join(ch.Dir(), EventFileName) {
+		t.Errorf("%s = %q", EnvEventFile, env[EnvEventFile])
+	}
+}
+
+func TestAnnounceWritesEventFileWorkersCanRead(t *testing.T) {
+	ch := newTestChannel(t)
+	if ev, err := ReadEvent(ch.EventPath()); err != nil || ev != nil {
+		t.Fatalf("before any announcement: %v, %v; want nil, nil", ev, err)
+	}
+	deadline := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	in := Event{Kind: ScaleDown, NewWorldSize: 2, Deadline: deadline, Round: 7, TraceParent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+	if err := ch.Announce(in); err != nil {
+		t.Fatalf("Announce: %v", err)
+	}
+	ev, err := ReadEvent(ch.EventPath())
+	if err != nil || ev == nil {
+		t.Fatalf("ReadEvent: %v, %v", ev, err)
+	}
+	if ev.Kind != ScaleDown || ev.NewWorldSize != 2 || !ev.Deadline.Equal(deadline) || ev.Round != 7 || ev.TraceParent != in.TraceParent || ev.Seq != 1 {
+		t.Fatalf("read back %+v, want %+v with seq 1", ev, in)
+	}
+	// The raw file is what the Python helper reads.
+	raw, err := os.ReadFile(ch.EventPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("event.json is not JSON: %v\n%s", err, raw)
+	}
+	for k, want := range map[string]any{"kind": "scale_down", "new_world_size": 2.0, "round": 7.0, "seq": 1.0, "deadline_unix": float64(deadline.Unix())} {
+		if m[k] != want {
+			t.Errorf("event.json %s = %v, want %v", k, m[k], want)
+		}
+	}
+	if err := ch.Announce(Event{Kind: Preemption}); err != nil {
+		t.Fatal(err)
+	}
+	if ev, _ := ReadEvent(ch.EventPath()); ev == nil || ev.Seq != 2 || ev.Kind != Preemption || !ev.Deadline.IsZero() {
+		t.Fatalf("second announcement read back as %+v", ev)
+	}
+	if err := ch.ClearEvent(); err != nil {
+		t.Fatalf("ClearEvent: %v", err)
+	}
+	if ev, err := ReadEvent(ch.EventPath()); err != nil || ev != nil {
+		t.Fatalf("after ClearEvent: %v, %v", ev, err)
+	}
+	if err := ch.ClearEvent(); err != nil {
+		t.Fatalf("ClearEvent twice: %v", err)
+	}
+}
+
+func TestAnnounceRejectsBadEvents(t *testing.T) {
+	ch := newTestChannel(t)
+	for _, ev := range []Event{{}, {Kind: Resize, NewWorldSize: -1}, {Kind: Resize, Round: -3}} {
+		if err := ch.Announce(ev); err == nil {
+			t.Errorf("Announce(%+v) succeeded", ev)
+		}
+	}
+	if _, err := os.Stat(ch.EventPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a refused event left %s behind (%v)", ch.EventPath(), err)
+	}
+}
+
+// A worker reading event.json while the agent replaces it never sees a
+// partial file.
+func TestAnnounceIsAtomicForConcurrentReaders(t *testing.T) {
+	ch := newTestChannel(t)
+	long := strings.Repeat("x", 64<<10) // makes a torn write likely if not atomic
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var reads, bad int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			data, err := os.ReadFile(ch.EventPath())
+			if err != nil {
+				continue
+			}
+			reads++
+			var f eventFile
+			if json.Unmarshal(data, &f) != nil || f.TraceParent != long {
+				bad++
+			}
+		}
+	}()
+	for i := 0; i < 200; i++ {
+		if err := ch.Announce(Event{Kind: Resize, NewWorldSize: i, TraceParent: long}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if bad > 0 {
+		t.Fatalf("%d of %d reads saw a partial event file", bad, reads)
+	}
+}
+
+func TestReportsDeliveredAndAcknowledged(t *testing.T) {
+	ch := newTestChannel(t)
+	ctx := testCtx(t, 10*time.Second)
+	sent := []Report{
+		{Type: ReportCheckpoint, Step: 120, Path: "/ckpt/step-120", Rank: 0, WorldSize: 3},
+		{Type: ReportStopping, Step: 120, Rank: 2, WorldSize: 3},
+		{Type: "progress", Step: 121, Rank: 1},
+	}
+	for _, r := range sent {
+		if err := SendReport(ctx, ch.SocketPath(), r); err != nil {
+			t.Fatalf("SendReport(%+v): %v", r, err)
+		}
+	}
+	// SendReport returned, so each report is already queued.
+	for _, want := range sent {
+		select {
+		case got := <-ch.Reports():
+			if got.Type != want.Type || got.Step != want.Step || got.Path != want.Path || got.Rank != want.Rank || got.WorldSize != want.WorldSize {
+				t.Fatalf("got %+v, want %+v", got, want)
+			}
+			if got.PID != os.Getpid() || got.Received.IsZero() || len(got.Raw) == 0 {
+				t.Fatalf("report lacks pid/received/raw: %+v", got)
+			}
+		default:
+			t.Fatalf("report %+v acknowledged but not queued", want)
+		}
+	}
+}
+
+// rawExchange sends lines over one connection and returns the replies.
+func rawExchange(t *testing.T, sock string, lines ...string) []ack {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	rd := bufio.NewReader(conn)
+	var out []ack
+	for _, l := range lines {
+		if _, err := conn.Write([]byte(l + "\n")); err != nil {
+			t.Fatal(err)
+		}
+		reply, err := rd.ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("no reply to %q: %v", l, err)
+		}
+		var a ack
+		if err := json.Unmarshal(reply, &a); err != nil {
+			t.Fatalf("reply %q: %v", reply, err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+func TestMalformedMessagesAreRefusedAndConnectionSurvives(t *testing.T) {
+	ch := newTestChannel(t)
+	acks := rawExchange(t, ch.SocketPath(),
+		`not json`,
+		`{"step":3}`,
+		`{"type":"checkpoint","step":3}`,
+		`{"type":"checkpoint","step":-1,"path":"/x"}`,
+		`{"type":"checkpoint","step":"3","path":"/x"}`,
+		`{"type":"checkpoint","step":3,"path":"/ckpt/3","rank":0}`,
+	)
+	for i, a := range acks[:5] {
+		if a.OK || a.Error == "" {
+			t.Errorf("message %d: got %+v, want a refusal with a reason", i, a)
+		}
+	}
+	if !acks[5].OK {
+		t.Fatalf("valid message after refusals: %+v", acks[5])
+	}
+	if got := <-ch.Reports(); got.Step != 3 || got.Path != "/ckpt/3" {
+		t.Fatalf("got %+v", got)
+	}
+	select {
+	case r := <-ch.Reports():
+		t.Fatalf("refused message was delivered: %+v", r)
+	default:
+	}
+}
+
+func TestOverlongMessageIsRefused(t *testing.T) {
+	ch := newTestChannel(t)
+	conn, err := net.Dial("unix", ch.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	go conn.Write([]byte(`{"type":"x","path":"` + strings.Repeat("a", maxMessage+10) + "\"}\n"))
+	reply, err := bufio.NewReader(conn).ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("no reply: %v", err)
+	}
+	var a ack
+	if json.Unmarshal(reply, &a) != nil || a.OK {
+		t.Fatalf("reply %q, want a refusal", reply)
+	}
+}
+
+func TestHandlerErrorReachesWorker(t *testing.T) {
+	ch := newTestChannel(t, WithHandler(func(ctx context.Context, r Report) error {
+		if r.Step < 10 {
+			return errors.New("step too old")
+		}
+		return nil
+	}))
+	ctx := testCtx(t, 10*time.Second)
+	err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 5, Path: "/p"})
+	if err == nil || !strings.Contains(err.Error(), "step too old") {
+		t.Fatalf("SendReport = %v, want the handler's error", err)
+	}
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 10, Path: "/p"}); err != nil {
+		t.Fatalf("SendReport: %v", err)
+	}
+}
+
+// The worker's acknowledgement waits for the handler (e.g. the etcd commit).
+func TestAcknowledgementWaitsForHandler(t *testing.T) {
+	release := make(chan struct{})
+	entered := make(chan struct{})
+	ch := newTestChannel(t, WithHandler(func(ctx context.Context, r Report) error {
+		close(entered)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	ctx := testCtx(t, 10*time.Second)
+	done := make(chan error, 1)
+	go func() { done <- SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 1, Path: "/p"}) }()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("handler never called")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("SendReport returned (%v) before the handler finished", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("SendReport: %v", err)
+	}
+}
+
+func TestCloseStopsEverything(t *testing.T) {
+	entered := make(chan struct{})
+	ch, err := NewChannel(filepath.Join(t.TempDir(), "ctl"), WithHandler(func(ctx context.Context, r Report) error {
+		close(entered)
+		<-ctx.Done() // a handler stuck until Close
+		return ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An idle open connection and one stuck in the handler.
+	idle, err := net.Dial("unix", ch.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	ctx := testCtx(t, 10*time.Second)
+	sendErr := make(chan error, 1)
+	go func() {
+		sendErr <- SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 1, Path: "/p"})
+	}()
+	<-entered
+	if err := ch.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := <-sendErr; err == nil {
+		t.Fatal("report interrupted by Close was acknowledged")
+	}
+	if _, err := os.Stat(ch.SocketPath()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket still there after Close: %v", err)
+	}
+	if _, ok := <-ch.Reports(); ok {
+		t.Fatal("Reports not closed")
+	}
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportStopping}); err == nil {
+		t.Fatal("SendReport after Close succeeded")
+	}
+	if err := ch.Announce(Event{Kind: Resize}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Announce after Close = %v, want ErrClosed", err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	noChannelGoroutines(t)
+}
+
+func TestCloseWithUnreadReports(t *testing.T) {
+	ch, err := NewChannel(filepath.Join(t.TempDir(), "ctl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t, 10*time.Second)
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportStopping, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Queued reports stay readable, then the channel ends.
+	if r, ok := <-ch.Reports(); !ok || r.Type != ReportStopping {
+		t.Fatalf("queued report lost: %+v %v", r, ok)
+	}
+	if _, ok := <-ch.Reports(); ok {
+		t.Fatal("Reports not closed")
+	}
+	noChannelGoroutines(t)
+}
+
+func TestNewChannelReplacesStaleSocket(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ctl")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A socket left behind by an agent that died.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, SocketName), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	ch, err := NewChannel(dir)
+	if err != nil {
+		t.Fatalf("NewChannel over a stale socket: %v", err)
+	}
+	defer ch.Close()
+	if err := SendReport(testCtx(t, 10*time.Second), ch.SocketPath(), Report{Type: ReportStopping}); err != nil {
+		t.Fatalf("SendReport: %v", err)
+	}
+}
+
+func TestNewChannelRefusesBadPaths(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, SocketName), []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if ch, err := NewChannel(dir); err == nil {
+		ch.Close()
+		t.Fatal("NewChannel replaced a regular file named control.sock")
+	}
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 120))
+	if ch, err := NewChannel(long); err == nil {
+		ch.Close()
+		t.Fatal("NewChannel accepted a socket path too long for sun_path")
+	} else if !strings.Contains(err.Error(), "longer than") {
+		t.Fatalf("unclear error for a long path: %v", err)
+	}
+}

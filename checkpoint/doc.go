@@ -1,0 +1,52 @@
+// Package checkpoint implements the scale sync-signal protocol between the
+// hyperpodrun agent and its training workers, the job's committed-checkpoint
+// record in etcd, and an atomic directory commit for Go workers.
+//
+// # Control channel
+//
+// The agent owns one control directory per worker group ([NewChannel]). Every
+// worker gets its paths in the environment ([Channel.Env]):
+//
+//	HYPERPODRUN_CONTROL_DIR     the directory
+//	HYPERPODRUN_CONTROL_SOCKET  <dir>/control.sock, a unix stream socket
+//	HYPERPODRUN_EVENT_FILE      <dir>/event.json
+//
+// A planned change is announced by [Channel.Announce], which replaces
+// event.json atomically, and then by the elastic signal (SIGUSR1 unless
+// HYPERPODRUN_ELASTIC_SIGNAL says otherwise), which the agent sends itself.
+// event.json holds:
+//
+//	{"kind":"scale_down","new_world_size":2,"round":4,"seq":1,
+//	 "deadline":"2025-01-01T00:00:30Z","deadline_unix":1735689630.0,
+//	 "announced_at":"...","announced_at_unix":...,"traceparent":"00-..."}
+//
+// Workers send newline-delimited JSON messages to control.sock; the agent
+// answers every message with one line, {"ok":true} or
+// {"ok":false,"error":"..."}, after the message has been handled. Messages:
+//
+//	{"type":"checkpoint","step":120,"path":"/ckpt/step-120","rank":0,"world_size":3}
+//	{"type":"stopping","step":120,"rank":1,"world_size":3}
+//
+// A checkpoint message means committed: the worker that sends it (rank 0 in
+// the Python helper) does so only after every rank has finished writing its
+// part. With a handler that records it ([Store.ReportHandler]) the
+// acknowledgement is sent after the record is in etcd, so a worker that got
+// {"ok":true} and exits knows a restart will resume from that step.
+//
+// # Checkpoint records
+//
+// [Store] keeps the latest committed checkpoint of a job under
+// <prefix>/jobs/<job>/checkpoint; commits never move it backwards.
+// [Record.Env] turns it into the variables restarted workers read:
+// HYPERPODRUN_CHECKPOINT, HYPERPODRUN_RESUME_STEP and
+// HYPERPODRUN_CHECKPOINT_WORLD_SIZE. Only reported (committed) checkpoints are
+// ever recorded, so one that was being written when a worker died is never
+// handed out.
+//
+// # Atomic directories
+//
+// [WriteDir] and [WriteDirFunc] write a checkpoint directory beside its final
+// name, fsync every file and directory, write a manifest (names, sizes,
+// SHA-256) last and rename the directory into place. [Verify] and [ReadDir]
+// refuse a directory without a valid manifest.
+package checkpoint

@@ -1,0 +1,48 @@
+"""hyperpodrun_elastic: training-side helper of hyperpodrun's elastic protocol.
+
+Stdlib only; torch is used only when the training code has imported it.
+
+    from hyperpodrun_elastic import (elastic_event_detected, event, latest_checkpoint,
+                                     save_and_commit, atomic_save, report_checkpoint)
+
+    ckpt = latest_checkpoint()            # (step, path) to resume from, or None
+    for step in range(start, total):
+        train_one_step()
+        if elastic_event_detected():      # all ranks agree, same step
+            save_and_commit(state, path, step)
+            sys.exit(0)
+
+Importing the package installs the elastic signal handler (SIGUSR1, or
+HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
+"""
+
+from ._control import report_checkpoint, report_stopping, under_hyperpodrun
+from ._events import (
+    Event,
+    elastic_event_detected,
+    event,
+    install_signal_handler,
+    parse_signal,
+    reset,
+)
+from ._save import Checkpoint, atomic_save, latest_checkpoint, save_and_commit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Checkpoint",
+    "Event",
+    "atomic_save",
+    "elastic_event_detected",
+    "event",
+    "install_signal_handler",
+    "latest_checkpoint",
+    "parse_signal",
+    "report_checkpoint",
+    "report_stopping",
+    "reset",
+    "save_and_commit",
+    "under_hyperpodrun",
+]
+
+install_signal_handler()

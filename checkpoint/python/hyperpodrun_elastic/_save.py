@@ -1,0 +1,157 @@
+"""Atomic saves, the commit protocol and the checkpoint handed to restarts."""
+
+import logging
+import os
+import tempfile
+from typing import Callable, Optional
+
+from . import _control, _events
+
+log = logging.getLogger("hyperpodrun_elastic")
+
+ENV_CHECKPOINT = "HYPERPODRUN_CHECKPOINT"
+ENV_RESUME_STEP = "HYPERPODRUN_RESUME_STEP"
+ENV_CHECKPOINT_WORLD_SIZE = "HYPERPODRUN_CHECKPOINT_WORLD_SIZE"
+
+
+class Checkpoint(tuple):
+    """``(step, path)`` of the latest committed checkpoint.
+
+    Unpacks as a pair; ``world_size`` (the world size that wrote it, or
+    None) is an attribute.
+    """
+
+    def __new__(cls, step: int, path: str, world_size: Optional[int] = None):
+        self = tuple.__new__(cls, (step, path))
+        self.world_size = world_size
+        return self
+
+    @property
+    def step(self) -> int:
+        return self[0]
+
+    @property
+    def path(self) -> str:
+        return self[1]
+
+    def __repr__(self):
+        return "Checkpoint(step=%d, path=%r, world_size=%r)" % (self[0], self[1], self.world_size)
+
+
+def latest_checkpoint() -> Optional[Checkpoint]:
+    """The checkpoint this worker should resume from, or None to start fresh.
+
+    Read from ``HYPERPODRUN_CHECKPOINT`` and ``HYPERPODRUN_RESUME_STEP``, which
+    hyperpodrun sets from the job's last committed checkpoint. Malformed values
+    raise ValueError rather than silently starting from scratch.
+    """
+    path = os.environ.get(ENV_CHECKPOINT, "").strip()
+    step_text = os.environ.get(ENV_RESUME_STEP, "").strip()
+    if not path and not step_text:
+        return None
+    if not path or not step_text:
+        raise ValueError("%s and %s must be set together (got %r and %r)"
+                         % (ENV_CHECKPOINT, ENV_RESUME_STEP, path, step_text))
+    try:
+        step = int(step_text)
+    except ValueError:
+        raise ValueError("%s=%r is not an integer" % (ENV_RESUME_STEP, step_text)) from None
+    if step < 0:
+        raise ValueError("%s=%d is negative" % (ENV_RESUME_STEP, step))
+    ws_text = os.environ.get(ENV_CHECKPOINT_WORLD_SIZE, "").strip()
+    world_size = None
+    if ws_text:
+        try:
+            world_size = int(ws_text)
+        except ValueError:
+            log.warning("hyperpodrun_elastic: ignoring malformed %s=%r", ENV_CHECKPOINT_WORLD_SIZE, ws_text)
+    return Checkpoint(step, path, world_size)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save(obj, path, save_fn: Optional[Callable] = None) -> str:
+    """Save ``obj`` to ``path`` so that ``path`` is either the old or the new
+    complete file, whatever happens to the process.
+
+    ``save_fn(obj, file)`` writes to a binary file object; default
+    ``torch.save``. The data goes to a temporary file in the same directory,
+    which is flushed, fsynced and renamed over ``path``; then the directory
+    is fsynced. Returns the absolute path.
+    """
+    path = os.path.abspath(os.fspath(path))
+    directory, base = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    if save_fn is None:
+        import torch  # only needed for the default
+        save_fn = torch.save
+    fd, tmp = tempfile.mkstemp(prefix="." + base + ".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            save_fn(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return path
+
+
+def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Optional[Callable] = None,
+                    timeout: Optional[float] = None) -> bool:
+    """Save a checkpoint of ``step`` on every rank and commit it.
+
+    Not sharded: rank 0 saves ``state`` to the file ``path``. Sharded: every
+    rank saves its ``state`` to ``path/rank-<rank>.pt``. Then all ranks
+    synchronise (a save failure on any rank stops the commit), rank 0 reports
+    the checkpoint to the agent, and every rank learns whether the agent
+    recorded it. Must be called by every rank. Returns True on every rank iff
+    the checkpoint is committed; raises on the rank whose save failed.
+    """
+    step = int(step)
+    dist = _events._distributed()
+    if dist is not None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = _control._env_int("RANK", 0), _control._env_int("WORLD_SIZE", 1)
+    collective = dist is not None and world > 1
+    path = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
+
+    error = None
+    try:
+        if sharded:
+            os.makedirs(path, exist_ok=True)
+            _fsync_dir(os.path.dirname(path))
+            atomic_save(state, os.path.join(path, "rank-%05d.pt" % rank), save_fn)
+        elif rank == 0:
+            atomic_save(state, path, save_fn)
+    except Exception as e:  # agreed on below, then re-raised
+        error = e
+    failed = 1.0 if error is not None else 0.0
+    if collective:
+        # Also the barrier: nobody reports before every rank has saved.
+        failed = _events.all_reduce_max(dist, failed)
+    if failed > 0:
+        if error is not None:
+            raise error
+        log.warning("hyperpodrun_elastic: checkpoint of step %d not committed: another rank failed to save", step)
+        return False
+
+    ok = False
+    if rank == 0:
+        ok = _control.report_checkpoint(step, path, rank=rank, world_size=world, timeout=timeout)
+    if collective:
+        ok = _events.all_reduce_max(dist, 1.0 if ok else 0.0) > 0
+    return ok

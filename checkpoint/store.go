@@ -1,0 +1,163 @@
+package checkpoint
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// DefaultPrefix is the etcd prefix every hyperpodrun key lives under.
+const DefaultPrefix = "/hyperpodrun"
+
+// ErrStale is returned by Store.Commit for a record older than the stored
+// one: the job's checkpoint never moves backwards.
+var ErrStale = errors.New("older than the committed checkpoint")
+
+// Record is a job's latest committed checkpoint, as stored in etcd.
+type Record struct {
+	// Step is the number of optimizer steps the checkpoint holds.
+	Step int64 `json:"step"`
+	// Path is where the checkpoint is (a file, a directory or a URL; the
+	// training code decides).
+	Path string `json:"path"`
+	// WorldSize is the world size that wrote it (0 if unknown).
+	WorldSize int `json:"world_size"`
+	// Round is the rendezvous round that committed it.
+	Round int64 `json:"round"`
+	// Time is when it was committed.
+	Time time.Time `json:"time"`
+}
+
+func (r Record) validate() error {
+	switch {
+	case r.Step < 0:
+		return fmt.Errorf("negative step %d", r.Step)
+	case r.Path == "":
+		return errors.New("empty path")
+	case r.WorldSize < 0:
+		return fmt.Errorf("negative world_size %d", r.WorldSize)
+	case r.Round < 0:
+		return fmt.Errorf("negative round %d", r.Round)
+	}
+	return nil
+}
+
+// Env returns the variables that hand the checkpoint to restarted workers.
+// A nil record gives an empty map (start from scratch).
+func (r *Record) Env() map[string]string {
+	if r == nil {
+		return map[string]string{}
+	}
+	env := map[string]string{
+		EnvCheckpoint:      r.Path,
+		EnvResumeStep:      strconv.FormatInt(r.Step, 10),
+		EnvCheckpointRound: strconv.FormatInt(r.Round, 10),
+	}
+	if r.WorldSize > 0 {
+		env[EnvCheckpointWorldSize] = strconv.Itoa(r.WorldSize)
+	}
+	return env
+}
+
+// Store keeps one job's committed checkpoint record in etcd.
+type Store struct {
+	cli *clientv3.Client
+	key string
+}
+
+// NewStore returns the store of job under prefix ("" means DefaultPrefix).
+func NewStore(cli *clientv3.Client, prefix, job string) *Store {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return &Store{cli: cli, key: strings.TrimRight(prefix, "/") + "/jobs/" + job + "/checkpoint"}
+}
+
+// Key returns the etcd key of the record.
+func (s *Store) Key() string { return s.key }
+
+// Commit records rec as the job's latest committed checkpoint unless the
+// stored one has a higher step, in which case it returns an error wrapping
+// ErrStale. A record with the same step replaces the stored one. A zero Time
+// is set to now.
+func (s *Store) Commit(ctx context.Context, rec Record) error {
+	if err := rec.validate(); err != nil {
+		return fmt.Errorf("checkpoint: commit to %s: %w", s.key, err)
+	}
+	if rec.Time.IsZero() {
+		rec.Time = time.Now().UTC()
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("checkpoint: commit to %s: encode: %w", s.key, err)
+	}
+	for {
+		cur, rev, err := s.get(ctx)
+		if err != nil {
+			return err
+		}
+		if cur != nil && rec.Step < cur.Step {
+			return fmt.Errorf("checkpoint: commit step %d to %s: %w (step %d)", rec.Step, s.key, ErrStale, cur.Step)
+		}
+		// Compare-and-swap on the revision we read: a concurrent commit
+		// makes us re-read and compare steps again.
+		cmp := clientv3.Compare(clientv3.ModRevision(s.key), "=", rev)
+		resp, err := s.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(s.key, string(val))).Commit()
+		if err != nil {
+			return fmt.Errorf("checkpoint: commit to %s: %w", s.key, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
+}
+
+// Latest returns the job's latest committed checkpoint, or nil when there is
+// none. A malformed stored value is an error naming the key.
+func (s *Store) Latest(ctx context.Context) (*Record, error) {
+	rec, _, err := s.get(ctx)
+	return rec, err
+}
+
+// get returns the stored record and its mod revision (0 when absent).
+func (s *Store) get(ctx context.Context) (*Record, int64, error) {
+	resp, err := s.cli.Get(ctx, s.key)
+	if err != nil {
+		return nil, 0, fmt.Errorf("checkpoint: read %s: %w", s.key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, 0, nil
+	}
+	kv := resp.Kvs[0]
+	var rec Record
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		return nil, 0, fmt.Errorf("checkpoint: malformed record at %s: %w", s.key, err)
+	}
+	if err := rec.validate(); err != nil {
+		return nil, 0, fmt.Errorf("checkpoint: malformed record at %s: %w", s.key, err)
+	}
+	return &rec, kv.ModRevision, nil
+}
+
+// ReportHandler returns a Handler that commits every checkpoint report to s
+// (the round comes from round(), read when the report arrives) and accepts
+// every other report. Use it with WithHandler so that a worker's
+// report_checkpoint returns only once the record is in etcd.
+func (s *Store) ReportHandler(round func() int64) Handler {
+	return func(ctx context.Context, r Report) error {
+		if r.Type != ReportCheckpoint {
+			return nil
+		}
+		var rd int64
+		if round != nil {
+			rd = round()
+		}
+		return s.Commit(ctx, Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Round: rd, Time: r.Received.UTC()})
+	}
+}

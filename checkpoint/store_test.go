@@ -1,0 +1,177 @@
+package checkpoint
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestStoreCommitAndLatest(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 20*time.Second)
+	job := uniqueJob("job-basic")
+	s := NewStore(cli, "", job)
+	if s.Key() != "/hyperpodrun/jobs/"+job+"/checkpoint" {
+		t.Fatalf("key %q does not follow docs/internals.md", s.Key())
+	}
+	if rec, err := s.Latest(ctx); err != nil || rec != nil {
+		t.Fatalf("Latest with nothing committed = %+v, %v; want nil, nil", rec, err)
+	}
+	at := time.Date(2025, 5, 1, 12, 0, 0, 0, time.UTC)
+	want := Record{Step: 120, Path: "/ckpt/step-120", WorldSize: 3, Round: 4, Time: at}
+	if err := s.Commit(ctx, want); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	got, err := s.Latest(ctx)
+	if err != nil || got == nil {
+		t.Fatalf("Latest: %+v, %v", got, err)
+	}
+	if got.Step != want.Step || got.Path != want.Path || got.WorldSize != 3 || got.Round != 4 || !got.Time.Equal(at) {
+		t.Fatalf("Latest = %+v, want %+v", got, want)
+	}
+	// A zero time is filled in.
+	if err := s.Commit(ctx, Record{Step: 130, Path: "/ckpt/step-130", WorldSize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Latest(ctx); got.Time.IsZero() || got.Step != 130 {
+		t.Fatalf("Latest = %+v", got)
+	}
+}
+
+func TestStoreNeverGoesBackwards(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 20*time.Second)
+	job := uniqueJob("job-backwards")
+	s := NewStore(cli, "/custom/", job)
+	if s.Key() != "/custom/jobs/"+job+"/checkpoint" {
+		t.Fatalf("key %q", s.Key())
+	}
+	if err := s.Commit(ctx, Record{Step: 50, Path: "/a/50"}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Commit(ctx, Record{Step: 40, Path: "/a/40"})
+	if !errors.Is(err, ErrStale) {
+		t.Fatalf("Commit of an older step = %v, want ErrStale", err)
+	}
+	if got, _ := s.Latest(ctx); got.Step != 50 || got.Path != "/a/50" {
+		t.Fatalf("older commit changed the record: %+v", got)
+	}
+	// The same step may be re-reported (e.g. a retry); it replaces the record.
+	if err := s.Commit(ctx, Record{Step: 50, Path: "/b/50"}); err != nil {
+		t.Fatalf("re-commit of the same step: %v", err)
+	}
+	if got, _ := s.Latest(ctx); got.Path != "/b/50" {
+		t.Fatalf("Latest = %+v", got)
+	}
+}
+
+func TestStoreConcurrentCommitsKeepTheHighestStep(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 30*time.Second)
+	// Several agents (separate clients) racing with steps in random order.
+	job := uniqueJob("job-race")
+	stores := []*Store{NewStore(cli, "", job), NewStore(etcdClient(t), "", job), NewStore(etcdClient(t), "", job)}
+	steps := rand.Perm(40)
+	var wg sync.WaitGroup
+	errs := make(chan error, len(steps))
+	for i, st := range steps {
+		wg.Add(1)
+		go func(s *Store, step int) {
+			defer wg.Done()
+			err := s.Commit(ctx, Record{Step: int64(step), Path: fmt.Sprintf("/c/%d", step)})
+			if err != nil && !errors.Is(err, ErrStale) {
+				errs <- err
+			}
+		}(stores[i%len(stores)], st)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("Commit: %v", err)
+	}
+	got, err := stores[0].Latest(ctx)
+	if err != nil || got.Step != 39 || got.Path != "/c/39" {
+		t.Fatalf("Latest = %+v, %v; want step 39", got, err)
+	}
+}
+
+func TestStoreRejectsInvalidRecordsAndMalformedValues(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 20*time.Second)
+	s := NewStore(cli, "", uniqueJob("job-bad"))
+	for _, r := range []Record{{Step: -1, Path: "/x"}, {Step: 1}, {Step: 1, Path: "/x", WorldSize: -2}} {
+		if err := s.Commit(ctx, r); err == nil {
+			t.Errorf("Commit(%+v) succeeded", r)
+		}
+	}
+	for _, bad := range []string{"garbage", `{"step":"ten","path":"/x"}`, `{"step":3}`, `{"step":-4,"path":"/x"}`} {
+		if _, err := cli.Put(ctx, s.Key(), bad); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := s.Latest(ctx)
+		if err == nil || rec != nil {
+			t.Fatalf("Latest over %q = %+v, %v; want an error", bad, rec, err)
+		}
+		if !strings.Contains(err.Error(), s.Key()) {
+			t.Fatalf("error %q does not name the key", err)
+		}
+		// A malformed record is never overwritten blindly either.
+		if err := s.Commit(ctx, Record{Step: 1, Path: "/x"}); err == nil || !strings.Contains(err.Error(), s.Key()) {
+			t.Fatalf("Commit over %q = %v, want an error naming the key", bad, err)
+		}
+	}
+}
+
+func TestRecordEnv(t *testing.T) {
+	var none *Record
+	if env := none.Env(); len(env) != 0 {
+		t.Fatalf("nil record env = %v", env)
+	}
+	env := (&Record{Step: 42, Path: "/ckpt/step-42", WorldSize: 3, Round: 9}).Env()
+	want := map[string]string{EnvCheckpoint: "/ckpt/step-42", EnvResumeStep: "42", EnvCheckpointWorldSize: "3", EnvCheckpointRound: "9"}
+	if len(env) != len(want) {
+		t.Fatalf("env = %v, want %v", env, want)
+	}
+	for k, v := range want {
+		if env[k] != v {
+			t.Fatalf("env[%s] = %q, want %q", k, env[k], v)
+		}
+	}
+}
+
+// The agent's path: a worker's checkpoint report is recorded in etcd before
+// the worker's report call returns; other reports are accepted; a stale
+// report is refused back to the worker.
+func TestReportHandlerCommitsBeforeAcknowledging(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 20*time.Second)
+	s := NewStore(cli, "", uniqueJob("job-handler"))
+	round := int64(5)
+	ch, err := NewChannel(filepath.Join(t.TempDir(), "ctl"), WithHandler(s.ReportHandler(func() int64 { return round })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 20, Path: "/ckpt/20", Rank: 0, WorldSize: 3}); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	rec, err := s.Latest(ctx)
+	if err != nil || rec == nil || rec.Step != 20 || rec.Path != "/ckpt/20" || rec.WorldSize != 3 || rec.Round != 5 || rec.Time.IsZero() {
+		t.Fatalf("after acknowledged report Latest = %+v, %v", rec, err)
+	}
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportStopping, Step: 20, Rank: 1}); err != nil {
+		t.Fatalf("stopping report: %v", err)
+	}
+	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 10, Path: "/ckpt/10"})
+	if err == nil || !strings.Contains(err.Error(), "older than") {
+		t.Fatalf("stale report = %v, want a refusal", err)
+	}
+	if rec, _ := s.Latest(ctx); rec.Step != 20 {
+		t.Fatalf("stale report moved the record to %+v", rec)
+	}
+}
