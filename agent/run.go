@@ -3,6 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 )
 
 // Run starts the job on this node the way the options say: --standalone and
@@ -13,6 +16,21 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Spec.LogDir = logDir
+	// The Python helper (hyperpodrun_elastic, and HyperPod's
+	// hyperpod_elastic_agent import path) is importable without an install.
+	pyRoot, err := checkpoint.ExtractPython(logDir)
+	if err != nil {
+		return &ExitError{1, err}
+	}
+	env := map[string]string{}
+	for k, v := range o.Spec.Env {
+		env[k] = v
+	}
+	env["PYTHONPATH"] = pyRoot
+	if pp := os.Getenv("PYTHONPATH"); pp != "" {
+		env["PYTHONPATH"] = pyRoot + string(os.PathListSeparator) + pp
+	}
+	o.Spec.Env = env
 	if o.Spec.ShutdownTimeout == 0 {
 		o.Spec.ShutdownTimeout = o.ShutdownTimeout
 	}

@@ -117,6 +117,11 @@ func (g *Group) startWorker(path string, argv, base []string, lr int) (*worker, 
 		w.errorFile = filepath.Join(rankDir, "error.json")
 	}
 	env := base
+	if g.spec.RankEnv != nil {
+		for k, v := range g.spec.RankEnv(lr) {
+			env = append(env, k+"="+v)
+		}
+	}
 	for k, v := range g.spec.WorkerEnv(g.asg, lr, w.errorFile) {
 		env = append(env, k+"="+v)
 	}

@@ -44,6 +44,9 @@ type Spec struct {
 	// Env is extra environment given to every worker (after the inherited
 	// environment, before the torchrun variables).
 	Env map[string]string
+	// RankEnv, when set, adds environment for one local rank (device
+	// pinning: CUDA_VISIBLE_DEVICES or NEURON_RT_VISIBLE_CORES).
+	RankEnv func(localRank int) map[string]string
 	// Stdout and Stderr receive the prefixed console output (default os.Stdout/os.Stderr).
 	Stdout, Stderr io.Writer
 	// Host is reported in failure summaries (default: the hostname).

@@ -1,11 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/agent"
+	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -78,6 +79,7 @@ func flags() []cli.Flag {
 		str("master-addr", "127.0.0.1", "address of the master node (static rendezvous)"),
 		integer("master-port", 29500, "port of the master node (static rendezvous)"),
 		str("local-addr", "", "address of this node, used as MASTER_ADDR when it is rank 0"),
+		boolean("pin-devices", "give each local rank its own device: CUDA_VISIBLE_DEVICES (GPUs) or NEURON_RT_VISIBLE_CORES (Neuron), with --nproc-per-node gpu or auto"),
 		// HyperPod-style extras.
 		str("shutdown-signal", "SIGTERM", "signal sent to workers when hyperpodrun stops them"),
 		float("shutdown-timeout", 30, "seconds between the shutdown signal and SIGKILL"),
@@ -152,7 +154,7 @@ func optionsFrom(c *cli.Context) (agent.Options, error) {
 	if o.MinNodes, o.MaxNodes, err = agent.ParseNNodes(c.String("nnodes")); err != nil {
 		return bad("%v", err)
 	}
-	nproc, err := parseNProc(c.String("nproc-per-node"))
+	nproc, devKind, err := parseNProc(c.String("nproc-per-node"))
 	if err != nil {
 		return bad("%v", err)
 	}
@@ -256,27 +258,29 @@ func optionsFrom(c *cli.Context) (agent.Options, error) {
 		Tee:          tee,
 		RanksFilter:  filter,
 	}
+	if c.Bool("pin-devices") {
+		if devKind == "" || devKind == devices.ProcCPU {
+			return bad("--pin-devices needs --nproc-per-node gpu or auto on a node with GPUs or Neuron devices (got %q)", c.String("nproc-per-node"))
+		}
+		o.Spec.RankEnv = func(lr int) map[string]string { return devices.PinEnv(devKind, lr, nproc) }
+	}
 	return o, nil
 }
 
-// resolveDeviceProcs counts local accelerators for --nproc-per-node gpu|auto.
-var resolveDeviceProcs = func(mode string) (int, error) {
-	if mode == "auto" {
-		return 1, nil
+// parseNProc resolves --nproc-per-node: a number, or gpu, cpu, auto through
+// device discovery (GPUs, else Neuron cores, else 1 for auto).
+func parseNProc(v string) (int, string, error) {
+	if n, err := strconv.Atoi(v); err == nil {
+		if n < 1 {
+			return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu or auto", v)
+		}
+		return n, "", nil
 	}
-	return 0, errors.New("--nproc-per-node gpu: no GPU found on this node")
-}
-
-func parseNProc(v string) (int, error) {
 	switch v {
-	case "cpu":
-		return runtime.NumCPU(), nil
-	case "gpu", "auto":
-		return resolveDeviceProcs(v)
+	case "gpu", "cpu", "auto":
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		return devices.LocalProcs(ctx, v)
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu or auto", v)
-	}
-	return n, nil
+	return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu or auto", v)
 }

@@ -484,3 +484,16 @@ func TestPreAndPostTrainScripts(t *testing.T) {
 		t.Errorf("failing pre-train script: exit %d, %s", r.code, r.stderr)
 	}
 }
+
+func TestPythonHelperImportableWithoutInstall(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	p := filepath.Join(t.TempDir(), "imp.py")
+	os.WriteFile(p, []byte("import hyperpodrun_elastic\nfrom hyperpod_elastic_agent.elastic_event_handler import elastic_event_detected\nprint('imported', elastic_event_detected())\n"), 0o644)
+	r := hpr(t, []string{"PYTHON_EXEC=" + py, "PYTHONPATH=/some/user/path"}, p)
+	if r.code != 0 || !strings.Contains(r.stdout, "[default0]:imported False") {
+		t.Errorf("exit %d\nstdout %s\nstderr %s", r.code, r.stdout, r.stderr)
+	}
+}
