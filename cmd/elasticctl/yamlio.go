@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// doc is one YAML document with its node tree, for field line lookups.
+type doc struct {
+	file  string
+	data  []byte
+	index int
+	node  *yaml.Node
+}
+
+// readDocs splits a (multi-document) YAML file. "-" reads standard input.
+func readDocs(file string) ([]doc, error) {
+	var data []byte
+	var err error
+	if file == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var out []doc
+	for {
+		var n yaml.Node
+		if err := dec.Decode(&n); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %s", file, strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+		if len(n.Content) == 0 {
+			continue
+		}
+		out = append(out, doc{file, data, len(out), &n})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no YAML document found", file)
+	}
+	return out, nil
+}
+
+// decode decodes strictly from the file's own bytes (so line numbers are
+// the file's): unknown fields and wrong types are errors naming file, line
+// and field.
+func (d doc) decode(v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(d.data))
+	dec.KnownFields(true)
+	for i := 0; i < d.index; {
+		var skip yaml.Node
+		if err := dec.Decode(&skip); err != nil {
+			return err
+		}
+		if len(skip.Content) > 0 {
+			i++
+		}
+	}
+	for {
+		err := dec.Decode(v)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, io.EOF) {
+			return fmt.Errorf("%s: document %d is missing", d.file, d.index+1)
+		}
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			var msgs []string
+			for _, e := range te.Errors {
+				msgs = append(msgs, d.file+":"+strings.TrimPrefix(e, "line "))
+			}
+			return errors.New(strings.Join(msgs, "\n"))
+		}
+		return fmt.Errorf("%s: %s", d.file, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+}
+
+// findKey finds the first mapping key named k anywhere in the tree.
+func findKey(n *yaml.Node, k string) *yaml.Node {
+	if n == nil {
+		return nil
+	}
+	if n.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == k {
+				return n.Content[i]
+			}
+		}
+	}
+	for _, c := range n.Content {
+		if f := findKey(c, k); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+// fieldLine finds the line of a dotted field path ("perNode.accelerators").
+func (d doc) fieldLine(path string) int {
+	n := d.node
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := n.Line
+	for _, part := range strings.Split(path, ".") {
+		if n.Kind != yaml.MappingNode {
+			break
+		}
+		found := false
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == part {
+				line = n.Content[i].Line
+				n = n.Content[i+1]
+				found = true
+				break
+			}
+		}
+		if !found {
+			break
+		}
+	}
+	return line
+}
+
+// located turns "field: message" validation errors into "file:line: field: message".
+func (d doc) located(err error) error {
+	var lines []string
+	for _, msg := range strings.Split(err.Error(), "\n") {
+		field, _, ok := strings.Cut(msg, ":")
+		line := d.node.Line
+		if ok && !strings.Contains(field, " ") {
+			line = d.fieldLine(field)
+		}
+		lines = append(lines, fmt.Sprintf("%s:%d: %s", d.file, line, msg))
+	}
+	return errors.New(strings.Join(lines, "\n"))
+}
+
+// loadJobs reads and validates job specs.
+func loadJobs(file string) ([]fleet.JobSpec, error) {
+	docs, err := readDocs(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []fleet.JobSpec
+	for _, d := range docs {
+		var j fleet.JobSpec
+		if err := d.decode(&j); err != nil {
+			return nil, err
+		}
+		if err := j.Validate(policy.Config{}); err != nil {
+			return nil, d.located(err)
+		}
+		if j.Run.Script == "" {
+			return nil, fmt.Errorf("%s:%d: run.script: must be set: the training script each node runs under hyperpodrun", d.file, d.fieldLine("run"))
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+// loadTeams reads and validates team specs: documents that are one team,
+// or a document with a "teams:" list.
+func loadTeams(file string) ([]policy.Team, error) {
+	docs, err := readDocs(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []policy.Team
+	for _, d := range docs {
+		root := d.node
+		if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
+			root = root.Content[0]
+		}
+		var teams []policy.Team
+		if findTop(root, "teams") {
+			var list struct {
+				Teams []policy.Team `yaml:"teams"`
+			}
+			if err := d.decode(&list); err != nil {
+				return nil, err
+			}
+			teams = list.Teams
+		} else {
+			var t policy.Team
+			if err := d.decode(&t); err != nil {
+				return nil, err
+			}
+			teams = []policy.Team{t}
+		}
+		for _, t := range teams {
+			if err := t.Validate(); err != nil {
+				return nil, d.located(fmt.Errorf("team %s: %w", t.Name, err))
+			}
+		}
+		out = append(out, teams...)
+	}
+	return out, nil
+}
+
+func findTop(n *yaml.Node, k string) bool {
+	if n.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == k {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,124 @@
+// Command hyperpod-coordinator runs quota-aware fair-share admission and
+// elastic sizing over the fleet registered in etcd. Run two for HA: one is
+// elected leader, the other takes over when it goes away.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v2"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
+)
+
+func main() { os.Exit(run(os.Args, os.Stderr)) }
+
+type usageError struct{ error }
+
+func run(args []string, stderr io.Writer) int {
+	app := &cli.App{
+		Name:  "hyperpod-coordinator",
+		Usage: "quota-aware fair-share admission and elastic sizing",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Value: "127.0.0.1:2379"},
+			&cli.StringFlag{Name: "etcd-prefix", Value: "/hyperpodrun"},
+			&cli.StringFlag{Name: "etcd-cacert"}, &cli.StringFlag{Name: "etcd-cert"}, &cli.StringFlag{Name: "etcd-key"},
+			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
+			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
+			&cli.DurationFlag{Name: "resync", Value: 2 * time.Second, Usage: "run a scheduling cycle at least this often"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9401", Usage: "address for /healthz and /metrics (empty: none)"},
+			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
+		},
+		ErrWriter:      stderr,
+		OnUsageError:   func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
+		ExitErrHandler: func(*cli.Context, error) {},
+		Action:         serve,
+	}
+	if err := app.Run(args); err != nil {
+		fmt.Fprintf(stderr, "hyperpod-coordinator: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+func serve(c *cli.Context) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	endpoints := strings.Split(c.String("etcd-endpoints"), ",")
+	if c.Bool("embedded-etcd") {
+		srv, err := etcdembed.Start(ctx, etcdembed.Options{})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		endpoints = srv.Endpoints
+		log.Info("embedded etcd", "endpoints", strings.Join(endpoints, ","))
+	}
+	eps, err := rendezvous.ParseEndpoints(endpoints, "")
+	if err != nil {
+		return usageError{fmt.Errorf("--etcd-endpoints: %w", err)}
+	}
+	cli, err := rendezvous.NewClient(eps, rendezvous.ClientOptions{CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+
+	reg := prometheus.NewRegistry()
+	cycles := prometheus.NewCounter(prometheus.CounterOpts{Name: "hyperpod_coordinator_cycles_total", Help: "Scheduling cycles run."})
+	running := prometheus.NewGauge(prometheus.GaugeOpts{Name: "hyperpod_coordinator_running_jobs", Help: "Jobs holding an allocation."})
+	pending := prometheus.NewGauge(prometheus.GaugeOpts{Name: "hyperpod_coordinator_pending_jobs", Help: "Jobs waiting for capacity."})
+	used := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hyperpod_coordinator_team_used_accelerators", Help: "Accelerators held by a team's jobs."}, []string{"team", "flavor"})
+	reg.MustRegister(cycles, running, pending, used)
+	if addr := c.String("listen"); addr != "" {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return usageError{fmt.Errorf("--listen %s: %w", addr, err)}
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(l)
+		defer hs.Close()
+	}
+	co := coordinator.New(cli, coordinator.Config{
+		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Logger: log,
+		Engine: policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
+		OnDecision: func(d policy.Decision) {
+			cycles.Inc()
+			running.Set(float64(len(d.Allocations)))
+			n := 0
+			for _, r := range d.Reasons {
+				if r.Kind == policy.KindPending {
+					n++
+				}
+			}
+			pending.Set(float64(n))
+			for _, u := range d.Teams {
+				used.WithLabelValues(u.Team, u.Flavor).Set(float64(u.Used))
+			}
+		},
+	})
+	return co.Run(ctx)
+}

@@ -1,0 +1,325 @@
+// Package coordinator is the daemon around the policy engine: it watches
+// the fleet, teams and jobs in etcd, runs policy.Schedule, and writes the
+// allocations (size and placement), each job's target size for the
+// rendezvous, a status and an event for every decision. Two coordinators
+// can run for HA: leadership is an etcd election, and every write is a
+// transaction that only succeeds while this coordinator is the leader.
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// Config tunes the coordinator.
+type Config struct {
+	// Prefix is the etcd prefix ("" = /hyperpodrun).
+	Prefix string
+	// Identity names this coordinator in the election (default: hostname-pid).
+	Identity string
+	// Resync runs a cycle at least this often even without changes, for the
+	// time-based rules (default 2s).
+	Resync time.Duration
+	// Debounce batches bursts of changes into one cycle (default 50ms).
+	Debounce time.Duration
+	// SessionTTL is the leader lease TTL in seconds (default 5).
+	SessionTTL int
+	// Engine tunes the policy engine.
+	Engine policy.Config
+	// Now is the clock (default time.Now); the engine itself never reads it.
+	Now    func() time.Time
+	Logger *slog.Logger
+	// OnDecision, when set, sees every decision (tests, the demo's timeline).
+	OnDecision func(policy.Decision)
+}
+
+// Coordinator is one coordinator instance.
+type Coordinator struct {
+	cfg   Config
+	cli   *clientv3.Client
+	store *fleet.Store
+	log   *slog.Logger
+}
+
+// New returns a coordinator; Run starts it.
+func New(cli *clientv3.Client, cfg Config) *Coordinator {
+	if cfg.Resync <= 0 {
+		cfg.Resync = 2 * time.Second
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = 50 * time.Millisecond
+	}
+	if cfg.SessionTTL <= 0 {
+		cfg.SessionTTL = 5
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Identity == "" {
+		cfg.Identity = defaultIdentity()
+	}
+	st := fleet.New(cli, cfg.Prefix)
+	cfg.Prefix = st.Prefix
+	return &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity)}
+}
+
+// Run campaigns for leadership and, while leader, schedules on every
+// change. It returns when ctx ends (resigning) or on an unrecoverable error.
+func (c *Coordinator) Run(ctx context.Context) error {
+	for {
+		err := c.lead(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.log.Warn("lost leadership; campaigning again", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (c *Coordinator) lead(ctx context.Context) error {
+	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("coordinator session: %w", err)
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, c.store.Key("coordinator", "leader"))
+	if err := el.Campaign(ctx, c.cfg.Identity); err != nil {
+		return fmt.Errorf("campaign: %w", err)
+	}
+	c.log.Info("elected leader")
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		el.Resign(rctx)
+		cancel()
+	}()
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
+
+	// Watch what the engine reads: nodes, teams, job specs.
+	wch := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithFilterDelete())
+	del := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+	tick := time.NewTicker(c.cfg.Resync)
+	defer tick.Stop()
+	dirty := true
+	var debounce <-chan time.Time
+	for {
+		if dirty && debounce == nil {
+			debounce = time.After(c.cfg.Debounce)
+		}
+		select {
+		case <-lctx.Done():
+			return lctx.Err()
+		case <-sess.Done():
+			return errors.New("leader session expired")
+		case w, ok := <-wch:
+			if !ok || w.Err() != nil {
+				return fmt.Errorf("watch: %v", w.Err())
+			}
+			dirty = dirty || c.relevant(w.Events)
+		case w, ok := <-del:
+			if !ok || w.Err() != nil {
+				return fmt.Errorf("watch: %v", w.Err())
+			}
+			dirty = dirty || c.relevant(w.Events)
+		case <-tick.C:
+			dirty = true
+		case <-debounce:
+			debounce = nil
+			dirty = false
+			if err := c.Cycle(lctx, leader); err != nil {
+				if errors.Is(err, errNotLeader) {
+					return err
+				}
+				c.log.Warn("cycle failed; retrying", "err", err)
+				dirty = true
+			}
+		}
+	}
+}
+
+func (c *Coordinator) relevant(evs []*clientv3.Event) bool {
+	for _, e := range evs {
+		k := string(e.Kv.Key)
+		for _, p := range []string{"/nodes/", "/teams/", "/specs/"} {
+			if strings.HasPrefix(k, c.cfg.Prefix+p) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var errNotLeader = errors.New("not the leader any more")
+
+// NodeFromInventory is how the engine sees a registered node.
+func NodeFromInventory(inv devices.Inventory) policy.Node {
+	n := policy.Node{Name: inv.Node, Flavor: inv.Flavor, VCPUs: inv.VCPUs, Memory: policy.ByteSize(inv.MemoryBytes),
+		Draining: inv.State == devices.StateDraining}
+	for _, a := range inv.Accelerators {
+		if a.Flavor != inv.Flavor {
+			continue
+		}
+		n.Accelerators++
+		if !a.Healthy {
+			n.UnhealthyAccelerators++
+		}
+	}
+	if n.Flavor == devices.FlavorCPU {
+		// CPU nodes are scheduled in whole nodes: one unit each.
+		n.Accelerators = 1
+	}
+	return n
+}
+
+// State reads the engine's input from etcd.
+func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
+	st := policy.State{Now: c.cfg.Now(), Config: c.cfg.Engine}
+	invs, bad, err := c.store.Nodes(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, b := range bad {
+		c.log.Warn("ignoring node", "err", b)
+	}
+	for _, inv := range invs {
+		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
+	}
+	if st.Teams, bad, err = c.store.Teams(ctx); err != nil {
+		return st, err
+	}
+	for _, b := range bad {
+		c.log.Warn("ignoring team", "err", b)
+	}
+	specs, bad, err := c.store.Jobs(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, b := range bad {
+		c.log.Warn("ignoring job", "err", b)
+	}
+	finished, err := c.store.Finished(ctx)
+	if err != nil {
+		return st, err
+	}
+	for _, s := range specs {
+		if _, done := finished[s.Name]; done {
+			continue // succeeded or failed: its capacity is released
+		}
+		st.Jobs = append(st.Jobs, s.Job)
+	}
+	if st.Allocations, bad, err = c.store.Allocations(ctx); err != nil {
+		return st, err
+	}
+	for _, b := range bad {
+		c.log.Warn("ignoring allocation", "err", b)
+	}
+	return st, nil
+}
+
+// Cycle runs the engine once and writes what changed, guarded by leader.
+func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
+	st, err := c.State(ctx)
+	if err != nil {
+		return err
+	}
+	d := policy.Schedule(st)
+	for _, p := range d.Problems {
+		c.log.Warn("invalid input ignored", "object", p.Object, "name", p.Name, "err", p.Error)
+	}
+	statuses, err := c.store.Statuses(ctx)
+	if err != nil {
+		return err
+	}
+	old := map[string]policy.Allocation{}
+	for _, a := range st.Allocations {
+		old[a.Job] = a
+	}
+	var ops []clientv3.Op
+	put := func(key string, v any) {
+		b, _ := json.Marshal(v)
+		ops = append(ops, clientv3.OpPut(key, string(b)))
+	}
+	now := d.Now
+	for _, a := range d.Allocations {
+		if prev, ok := old[a.Job]; !ok || !reflect.DeepEqual(prev, a) {
+			put(c.store.AllocationKey(a.Job), a)
+			ops = append(ops, clientv3.OpPut(c.store.TargetKey(a.Job), strconv.Itoa(a.Size)))
+			put(c.store.PlacementKey(a.Job), a.Nodes)
+		}
+		delete(old, a.Job)
+	}
+	for job := range old { // preempted, suspended or deleted
+		ops = append(ops, clientv3.OpDelete(c.store.AllocationKey(job)),
+			clientv3.OpPut(c.store.TargetKey(job), "0"), clientv3.OpDelete(c.store.PlacementKey(job)))
+	}
+	for _, job := range d.Released {
+		ops = append(ops, clientv3.OpDelete(c.store.StatusKey(job)))
+	}
+	for _, r := range d.Reasons {
+		prev, had := statuses[r.Job]
+		s := fleet.Status{Reason: r, Time: now, Since: now}
+		changed := !had || prev.Kind != r.Kind || prev.Code != r.Code || prev.FromSize != r.FromSize || prev.ToSize != r.ToSize || prev.Message != r.Message
+		if had && prev.Kind == r.Kind && prev.Code == r.Code {
+			s.Since = prev.Since
+		}
+		if changed {
+			put(c.store.StatusKey(r.Job), s)
+		}
+		if event(r, prev.Reason, had) {
+			e := fleet.Event{Time: now, Reason: r}
+			put(c.store.EventKey(e), e)
+		}
+	}
+	put(c.store.Key("coordinator", "usage"), d.Teams)
+	if c.cfg.OnDecision != nil {
+		c.cfg.OnDecision(d)
+	}
+	// etcd caps a transaction at 128 operations by default; write in
+	// chunks, each still guarded by leadership.
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		r, err := c.cli.Txn(ctx).If(leader).Then(ops[:n]...).Commit()
+		if err != nil {
+			return fmt.Errorf("write decision: %w", err)
+		}
+		if !r.Succeeded {
+			return errNotLeader
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+// event says whether a decision is worth an event: every change of size or
+// kind, and pending reasons when their cause changes.
+func event(r, prev policy.Reason, had bool) bool {
+	switch r.Kind {
+	case policy.KindRunning:
+		return false
+	case policy.KindPending, policy.KindSuspended, policy.KindInvalid:
+		return !had || prev.Kind != r.Kind || prev.Code != r.Code
+	}
+	return true
+}
