@@ -644,4 +644,3 @@ func printEvent(c *cli.Context, e fleet.Event) {
 	}
 	fmt.Fprintf(c.App.Writer, "%s  %s\n", e.Time.Format(time.RFC3339), eventLine(e, ""))
 }
-
