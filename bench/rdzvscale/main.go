@@ -1,0 +1,224 @@
+// Command rdzvscale measures the etcd rendezvous at scale: N in-process
+// participants, each its own rendezvous.Node with its own lease (sharing a
+// small pool of etcd clients), against one embedded etcd, timed from the
+// first Join until every participant holds the closed round.
+//
+//	go run ./bench/rdzvscale -n 1000,10000
+//
+// It prints one line per size, e.g.
+//
+//	BENCH rdzv_close_1000_nodes 0.42 s anchor=torch-etcd-256-nodes:97s target=1
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func main() { os.Exit(benchMain()) }
+
+func benchMain() int {
+	sizes := flag.String("n", "1000,10000", "comma-separated participant counts")
+	clients := flag.Int("clients", 16, "etcd clients shared by the participants")
+	ttl := flag.Duration("lease-ttl", rendezvous.DefaultLeaseTTL, "lease TTL of every participant")
+	nproc := flag.Int("nproc", 8, "local world size of every participant")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured runs here")
+	memprofile := flag.String("memprofile", "", "write an allocation profile here at exit")
+	flag.StringVar(&goroutineDump, "goroutines", "", "dump every goroutine here once all participants joined")
+	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
+	flag.Parse()
+
+	var ns []int
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			fatalf("bad -n entry %q", s)
+		}
+		ns = append(ns, n)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fatalf("%v", err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	level := slog.LevelError + 1
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	fmt.Printf("# rdzvscale: one embedded etcd per size with UnsafeNoFsync (no fsync: benchmark only), %d shared clients, lease TTL %s, GOMAXPROCS %d\n",
+		*clients, *ttl, runtime.GOMAXPROCS(0))
+	failed := false
+	baseline := runtime.NumGoroutine()
+	for _, n := range ns {
+		secs, err := run(n, *clients, *ttl, *nproc, logger)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes: %v\n", n, err)
+			failed = true
+			continue
+		}
+		fmt.Printf("BENCH rdzv_close_%d_nodes %.2f s anchor=torch-etcd-256-nodes:97s target=%s\n", n, secs, strconv.FormatFloat(float64(n)/1000, 'f', -1, 64))
+	}
+	// Everything run started must be gone: nodes, clients, the server.
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > baseline {
+		fmt.Fprintf(os.Stderr, "rdzvscale: %d goroutines still running after cleanup (started with %d)\n", g, baseline)
+		failed = true
+	}
+	if *memprofile != "" {
+		f, err := os.Create(*memprofile)
+		if err != nil {
+			fatalf("%v", err)
+		}
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			fatalf("%v", err)
+		}
+		f.Close()
+	}
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+var goroutineDump string
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "rdzvscale: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+// run measures one size and frees everything it started.
+func run(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (secs float64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	srv, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
+	if err != nil {
+		return 0, err
+	}
+	defer srv.Close()
+	clis := make([]*clientv3.Client, min(nclients, n))
+	for i := range clis {
+		if clis[i], err = srv.Client(); err != nil {
+			return 0, err
+		}
+	}
+	defer func() {
+		for _, c := range clis {
+			c.Close()
+		}
+	}()
+	job := fmt.Sprintf("bench-%d", n)
+	nodes := make([]*rendezvous.Node, n)
+	for i := range nodes {
+		nodes[i], err = rendezvous.New(clis[i%len(clis)], rendezvous.Config{
+			JobID: job, NodeID: fmt.Sprintf("node-%05d", i), Addr: "127.0.0.1", LocalWorldSize: nproc,
+			MinNodes: n, MaxNodes: n, LeaseTTL: ttl, JoinTimeout: 4 * time.Minute, Logger: logger,
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	defer closeAll(nodes)
+
+	rounds := make([]*rendezvous.Round, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	var joined atomic.Int64
+	cpu0 := cpuTime()
+	start := time.Now()
+	logger.Info("rdzvscale: start", "nodes", n)
+	for i, nd := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rounds[i], errs[i] = nd.Join(ctx)
+			joined.Add(1)
+		}()
+	}
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if time.Since(start) > 30*time.Second {
+					continue
+				}
+				logger.Info("rdzvscale: progress", "elapsed", time.Since(start).Round(time.Millisecond), "joined", joined.Load(), "goroutines", runtime.NumGoroutine())
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	elapsed := time.Since(start)
+	if goroutineDump != "" {
+		if f, err := os.Create(goroutineDump); err == nil {
+			_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+			f.Close()
+		}
+	}
+	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", (cpuTime() - cpu0).Round(time.Millisecond))
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	// Every participant must hold the same round with a distinct rank.
+	seen := make([]bool, n)
+	for _, r := range rounds {
+		if r.Number != rounds[0].Number || r.NumNodes != n || r.WorldSize != n*nproc || r.MasterPort != rounds[0].MasterPort || seen[r.Rank] {
+			return 0, fmt.Errorf("inconsistent round: %+v vs %+v", r, rounds[0])
+		}
+		seen[r.Rank] = true
+	}
+	return elapsed.Seconds(), nil
+}
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// closeAll revokes every participant's lease, a few at a time.
+func closeAll(nodes []*rendezvous.Node) {
+	sem := make(chan struct{}, 256)
+	var wg sync.WaitGroup
+	for _, nd := range nodes {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			_ = nd.Close()
+			<-sem
+		}()
+	}
+	wg.Wait()
+}

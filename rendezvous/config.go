@@ -1,0 +1,423 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Defaults for the Config fields left zero.
+const (
+	DefaultPrefix          = "/hyperpodrun"
+	DefaultLeaseTTL        = 3 * time.Second
+	DefaultLastCallTimeout = 1 * time.Second
+	DefaultJoinTimeout     = 600 * time.Second
+	DefaultAckTimeout      = 1 * time.Second
+	DefaultMemberListLimit = 256
+	// DefaultDialTimeout bounds how long NewClient waits for etcd to answer.
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// Config configures one node's participation in a job's rendezvous.
+type Config struct {
+	// Prefix is the etcd key prefix (default "/hyperpodrun"). The rendezvous
+	// keeps its private keys under <Prefix>/jobs/<JobID>/rdzv/ and reads
+	// <Prefix>/jobs/<JobID>/target (decimal node count; absent means none)
+	// and <Prefix>/jobs/<JobID>/restarts (decimal global failure restarts).
+	Prefix string
+	// JobID identifies the job (torchrun's --rdzv-id). Required.
+	JobID string
+	// NodeID is unique per agent. Default: hostname-pid-random.
+	NodeID string
+	// Addr is the address other nodes reach this node at; it becomes
+	// MASTER_ADDR when this node has group rank 0. Default: the hostname if
+	// it resolves, else 127.0.0.1.
+	Addr string
+	// LocalWorldSize is the number of workers on this node (nodes may differ).
+	LocalWorldSize int
+	// MinNodes and MaxNodes are torchrun's --nnodes MIN:MAX.
+	MinNodes, MaxNodes int
+	// LeaseTTL is this node's liveness lease (default 3s). etcd rounds it
+	// up to whole seconds and to its own minimum (2s with default timings).
+	LeaseTTL time.Duration
+	// LastCallTimeout: once at least MinNodes (but fewer than the size
+	// wanted) are present, wait this long for more before closing a round
+	// (default 1s). Shrinking after a loss or failure never waits.
+	LastCallTimeout time.Duration
+	// JoinTimeout bounds Join: it fails if no round includes this node by
+	// then (default 600s).
+	JoinTimeout time.Duration
+	// AckTimeout: a proposed round closes once every member acknowledged it;
+	// members whose agent has not acknowledged it after AckTimeout without
+	// any acknowledgement progress are left out (they may be dead with a
+	// lease not yet expired) and rejoin as spares if alive (default 1s).
+	AckTimeout time.Duration
+	// FenceMargin: LeaseLost fires at last-confirmed-keepalive-send + TTL -
+	// FenceMargin, strictly before the server may expire the lease
+	// (default TTL/4, at least 250ms).
+	FenceMargin time.Duration
+	// MemberListLimit: Round.Members is filled when the round has at most
+	// this many nodes (default 256); larger rounds fill only Round.Self to
+	// keep every node's reads O(1); Node.Members fetches the whole list.
+	// A negative value always fills Members.
+	MemberListLimit int
+	// Logger receives structured logs (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	c.Prefix = strings.TrimRight(c.Prefix, "/")
+	if c.Prefix == "" || !strings.HasPrefix(c.Prefix, "/") {
+		return fmt.Errorf("rendezvous: prefix %q must start with '/' and name a key path", c.Prefix)
+	}
+	if c.JobID == "" {
+		return errors.New("rendezvous: JobID (--rdzv-id) is required")
+	}
+	if err := checkToken("job id", c.JobID); err != nil {
+		return err
+	}
+	if c.NodeID == "" {
+		c.NodeID = defaultNodeID()
+	}
+	if err := checkToken("node id", c.NodeID); err != nil {
+		return err
+	}
+	if c.Addr == "" {
+		c.Addr = defaultAddr()
+	}
+	if err := checkToken("addr", c.Addr); err != nil {
+		return err
+	}
+	if c.LocalWorldSize <= 0 {
+		return fmt.Errorf("rendezvous: LocalWorldSize must be positive, got %d", c.LocalWorldSize)
+	}
+	if c.MinNodes <= 0 || c.MaxNodes < c.MinNodes {
+		return fmt.Errorf("rendezvous: invalid --nnodes %d:%d (need 1 <= MIN <= MAX)", c.MinNodes, c.MaxNodes)
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.LastCallTimeout == 0 {
+		c.LastCallTimeout = DefaultLastCallTimeout
+	}
+	if c.JoinTimeout == 0 {
+		c.JoinTimeout = DefaultJoinTimeout
+	}
+	if c.AckTimeout == 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.MemberListLimit == 0 {
+		c.MemberListLimit = DefaultMemberListLimit
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"LeaseTTL", c.LeaseTTL}, {"LastCallTimeout", c.LastCallTimeout}, {"JoinTimeout", c.JoinTimeout}, {"AckTimeout", c.AckTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("rendezvous: %s must not be negative, got %s", d.name, d.v)
+		}
+	}
+	if c.FenceMargin < 0 {
+		return fmt.Errorf("rendezvous: FenceMargin must not be negative, got %s", c.FenceMargin)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// checkToken rejects values that cannot live in a key segment or in the
+// whitespace-separated round record.
+func checkToken(what, v string) error {
+	if len(v) > 512 {
+		return fmt.Errorf("rendezvous: %s is longer than 512 bytes", what)
+	}
+	for _, r := range v {
+		if r <= ' ' || r == 0x7f || r == '/' && what != "addr" {
+			return fmt.Errorf("rendezvous: %s %q must not contain whitespace, control characters or '/'", what, v)
+		}
+	}
+	return nil
+}
+
+func defaultNodeID() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "node"
+	}
+	h = strings.Map(func(r rune) rune {
+		if r <= ' ' || r == '/' || r == 0x7f {
+			return '_'
+		}
+		return r
+	}, h)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%d-%s", h, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+func defaultAddr() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if addrs, err := net.DefaultResolver.LookupHost(ctx, h); err == nil && len(addrs) > 0 {
+		return h
+	}
+	return "127.0.0.1"
+}
+
+// ClientOptions are the etcd client settings carried by --rdzv-conf.
+type ClientOptions struct {
+	// CACert, Cert and Key are PEM file paths for TLS (cacert, cert, key).
+	CACert, Cert, Key string
+	// User and Password enable etcd authentication.
+	User, Password string
+	// Protocol is "http" or "https" (torch's protocol key); it applies to
+	// endpoints given without a scheme. TLS files imply https.
+	Protocol string
+	// DialTimeout bounds the reachability check (default 5s; dial_timeout).
+	DialTimeout time.Duration
+	// Logger receives the client's own logs (default: discarded).
+	Logger *zap.Logger
+}
+
+var confKeys = []string{
+	"ack_timeout", "cacert", "cert", "dial_timeout", "join_timeout", "key",
+	"last_call_timeout", "lease_ttl", "password", "prefix", "protocol", "timeout", "user",
+}
+
+// ParseConf parses torchrun's --rdzv-conf value ("k=v,k2=v2") into cfg and
+// returns the etcd client options it carries. Durations are seconds (float
+// allowed, e.g. "2.5") or Go durations ("1500ms"). Keys: lease_ttl,
+// last_call_timeout, join_timeout (torch's "timeout" is an alias),
+// ack_timeout, prefix, and for the client cacert, cert, key, user, password,
+// protocol, dial_timeout. An unknown key is an error naming it and the valid
+// ones.
+func ParseConf(conf string, cfg *Config) (ClientOptions, error) {
+	var opts ClientOptions
+	for _, kv := range strings.Split(conf, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" {
+			return ClientOptions{}, fmt.Errorf("rendezvous: --rdzv-conf entry %q is not key=value", kv)
+		}
+		var err error
+		switch k {
+		case "lease_ttl":
+			cfg.LeaseTTL, err = parseSeconds(k, v)
+		case "last_call_timeout":
+			cfg.LastCallTimeout, err = parseSeconds(k, v)
+		case "join_timeout", "timeout":
+			cfg.JoinTimeout, err = parseSeconds(k, v)
+		case "ack_timeout":
+			cfg.AckTimeout, err = parseSeconds(k, v)
+		case "dial_timeout":
+			opts.DialTimeout, err = parseSeconds(k, v)
+		case "prefix":
+			if !strings.HasPrefix(v, "/") {
+				err = fmt.Errorf("rendezvous: --rdzv-conf prefix=%q must start with '/'", v)
+			}
+			cfg.Prefix = v
+		case "cacert":
+			opts.CACert = v
+		case "cert":
+			opts.Cert = v
+		case "key":
+			opts.Key = v
+		case "user":
+			opts.User = v
+		case "password":
+			opts.Password = v
+		case "protocol":
+			v = strings.ToLower(v)
+			if v != "http" && v != "https" {
+				err = fmt.Errorf("rendezvous: --rdzv-conf protocol=%q: want http or https", v)
+			}
+			opts.Protocol = v
+		default:
+			return ClientOptions{}, fmt.Errorf("rendezvous: unknown --rdzv-conf key %q (valid keys: %s)", k, strings.Join(confKeys, ", "))
+		}
+		if err != nil {
+			return ClientOptions{}, err
+		}
+	}
+	if (opts.Cert == "") != (opts.Key == "") {
+		return ClientOptions{}, errors.New("rendezvous: --rdzv-conf cert and key must be given together")
+	}
+	if opts.Password != "" && opts.User == "" {
+		return ClientOptions{}, errors.New("rendezvous: --rdzv-conf password given without user")
+	}
+	return opts, nil
+}
+
+func parseSeconds(k, v string) (time.Duration, error) {
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		if f <= 0 || math.IsNaN(f) || math.IsInf(f, 0) || f > 1e9 {
+			return 0, fmt.Errorf("rendezvous: --rdzv-conf %s=%s: want a positive number of seconds", k, v)
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("rendezvous: --rdzv-conf %s=%s: want a positive number of seconds (e.g. 2.5) or a duration (e.g. 1500ms)", k, v)
+	}
+	return d, nil
+}
+
+// ParseEndpoints splits --rdzv-endpoint values ("host:port", URLs, several
+// comma-separated) into etcd client URLs. scheme applies to bare host:port
+// entries ("http" when empty).
+func ParseEndpoints(endpoints []string, scheme string) ([]string, error) {
+	if scheme == "" {
+		scheme = "http"
+	}
+	var out []string
+	for _, e := range endpoints {
+		for _, ep := range strings.Split(e, ",") {
+			ep = strings.TrimSpace(ep)
+			if ep == "" {
+				continue
+			}
+			if !strings.Contains(ep, "://") {
+				if _, _, err := net.SplitHostPort(ep); err != nil {
+					// torchrun accepts a bare host; etcd's default client port.
+					ep = net.JoinHostPort(strings.Trim(ep, "[]"), "2379")
+				}
+				ep = scheme + "://" + ep
+			}
+			u, err := url.Parse(ep)
+			if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "unix" && u.Scheme != "unixs") {
+				return nil, fmt.Errorf("rendezvous: bad etcd endpoint %q: want host:port or http(s)://host:port", ep)
+			}
+			out = append(out, ep)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("rendezvous: no etcd endpoint given (--rdzv-endpoint host:port[,host:port...])")
+	}
+	return slices.Compact(out), nil
+}
+
+// NewClient connects to etcd and checks that it answers. endpoints may hold
+// "host:port" or URLs, several comma-separated. It fails with a clear error
+// ("cannot reach etcd at ...") when no endpoint answers within the dial
+// timeout.
+func NewClient(endpoints []string, opts ClientOptions) (*clientv3.Client, error) {
+	scheme := opts.Protocol
+	var tlsCfg *tls.Config
+	if opts.CACert != "" || opts.Cert != "" {
+		if scheme == "" {
+			scheme = "https"
+		}
+		var err error
+		if tlsCfg, err = loadTLS(opts); err != nil {
+			return nil, err
+		}
+	} else if scheme == "https" {
+		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	eps, err := ParseEndpoints(endpoints, scheme)
+	if err != nil {
+		return nil, err
+	}
+	timeout := opts.DialTimeout
+	if timeout <= 0 {
+		timeout = DefaultDialTimeout
+	}
+	lg := opts.Logger
+	if lg == nil {
+		lg = zap.NewNop()
+	}
+	joined := strings.Join(eps, ",")
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            eps,
+		DialTimeout:          timeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		TLS:                  tlsCfg,
+		Username:             opts.User,
+		Password:             opts.Password,
+		Logger:               lg,
+		MaxCallSendMsgSize:   4 << 20,
+		MaxCallRecvMsgSize:   64 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach etcd at %s: %w; check --rdzv-endpoint", joined, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := probe(ctx, cli, eps); err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("cannot reach etcd at %s within %s: %w; check --rdzv-endpoint (and TLS/auth in --rdzv-conf)", joined, timeout, err)
+	}
+	return cli, nil
+}
+
+// probe succeeds when any endpoint answers a Status call.
+func probe(ctx context.Context, cli *clientv3.Client, eps []string) error {
+	errc := make(chan error, len(eps))
+	for _, ep := range eps {
+		go func() {
+			_, err := cli.Status(ctx, ep)
+			errc <- err
+		}()
+	}
+	var errs []error
+	for range eps {
+		err := <-errc
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errs[0]
+}
+
+func loadTLS(opts ClientOptions) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if opts.CACert != "" {
+		pem, err := os.ReadFile(opts.CACert)
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous: read cacert: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("rendezvous: cacert %s holds no PEM certificate", opts.CACert)
+		}
+		cfg.RootCAs = pool
+	}
+	if opts.Cert != "" {
+		cert, err := tls.LoadX509KeyPair(opts.Cert, opts.Key)
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous: load cert/key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}

@@ -1,0 +1,134 @@
+package rendezvous
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConf(t *testing.T) {
+	var cfg Config
+	opts, err := ParseConf(" lease_ttl=2.5, last_call_timeout=1500ms,join_timeout=900,ack_timeout=0.25,prefix=/x/y,cacert=/ca.pem,cert=/c.pem,key=/k.pem,user=u,password=p,protocol=HTTPS,dial_timeout=2", &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.LeaseTTL != 2500*time.Millisecond || cfg.LastCallTimeout != 1500*time.Millisecond ||
+		cfg.JoinTimeout != 900*time.Second || cfg.AckTimeout != 250*time.Millisecond || cfg.Prefix != "/x/y" {
+		t.Fatalf("cfg: %+v", cfg)
+	}
+	if opts.CACert != "/ca.pem" || opts.Cert != "/c.pem" || opts.Key != "/k.pem" || opts.User != "u" ||
+		opts.Password != "p" || opts.Protocol != "https" || opts.DialTimeout != 2*time.Second {
+		t.Fatalf("opts: %+v", opts)
+	}
+	// torch's etcd backend calls the join timeout "timeout".
+	if _, err := ParseConf("timeout=30", &cfg); err != nil || cfg.JoinTimeout != 30*time.Second {
+		t.Fatalf("timeout alias: %v %v", cfg.JoinTimeout, err)
+	}
+	if _, err := ParseConf("", &cfg); err != nil {
+		t.Fatalf("empty conf: %v", err)
+	}
+	for conf, want := range map[string]string{
+		"read_timeout=5":      `unknown --rdzv-conf key "read_timeout" (valid keys: ack_timeout,`,
+		"lease_ttl=abc":       "lease_ttl=abc: want a positive number of seconds",
+		"lease_ttl=-1":        "lease_ttl=-1: want a positive",
+		"join_timeout=0":      "join_timeout=0: want a positive",
+		"lease_ttl":           `entry "lease_ttl" is not key=value`,
+		"prefix=rel":          "must start with '/'",
+		"cert=/c.pem":         "cert and key must be given together",
+		"password=p":          "password given without user",
+		"protocol=ftp":        "want http or https",
+		"last_call_timeout=x": "last_call_timeout=x",
+	} {
+		if _, err := ParseConf(conf, &cfg); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseConf(%q) = %v; want error containing %q", conf, err, want)
+		}
+	}
+}
+
+func TestParseEndpoints(t *testing.T) {
+	got, err := ParseEndpoints([]string{"h1:2379,https://h2:2380", " 10.0.0.1:1 ", "h3"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "http://h1:2379 https://h2:2380 http://10.0.0.1:1 http://h3:2379"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("got %v want %s", got, want)
+	}
+	if got, _ := ParseEndpoints([]string{"h:1"}, "https"); got[0] != "https://h:1" {
+		t.Fatalf("scheme: %v", got)
+	}
+	if _, err := ParseEndpoints([]string{" , "}, ""); err == nil || !strings.Contains(err.Error(), "--rdzv-endpoint") {
+		t.Fatalf("empty: %v", err)
+	}
+	if _, err := ParseEndpoints([]string{"ftp://h:1"}, ""); err == nil {
+		t.Fatal("ftp endpoint accepted")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	base := Config{JobID: "j", NodeID: "n", Addr: "a", LocalWorldSize: 1, MinNodes: 1, MaxNodes: 1}
+	for name, mut := range map[string]func(*Config){
+		"no job":      func(c *Config) { c.JobID = "" },
+		"bad job":     func(c *Config) { c.JobID = "a/b" },
+		"space node":  func(c *Config) { c.NodeID = "a b" },
+		"nproc 0":     func(c *Config) { c.LocalWorldSize = 0 },
+		"min > max":   func(c *Config) { c.MinNodes = 3; c.MaxNodes = 2 },
+		"min 0":       func(c *Config) { c.MinNodes = 0 },
+		"neg ttl":     func(c *Config) { c.LeaseTTL = -time.Second },
+		"bad prefix":  func(c *Config) { c.Prefix = "x" },
+		"addr spaces": func(c *Config) { c.Addr = "a b" },
+	} {
+		c := base
+		mut(&c)
+		if err := c.setDefaults(); err == nil {
+			t.Errorf("%s: accepted %+v", name, c)
+		}
+	}
+	c := Config{JobID: "j", LocalWorldSize: 2, MinNodes: 1, MaxNodes: 4}
+	if err := c.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	if c.NodeID == "" || c.Addr == "" || c.Prefix != DefaultPrefix || c.LeaseTTL != DefaultLeaseTTL ||
+		c.LastCallTimeout != DefaultLastCallTimeout || c.JoinTimeout != DefaultJoinTimeout || c.Logger == nil {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+// A wrong endpoint fails fast with a message that says what to check.
+func TestNewClientUnreachable(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	start := time.Now()
+	cli, err := NewClient([]string{addr}, ClientOptions{DialTimeout: time.Second})
+	if err == nil {
+		cli.Close()
+		t.Fatal("NewClient succeeded against a closed port")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "cannot reach etcd at http://"+addr) || !strings.Contains(msg, "check --rdzv-endpoint") {
+		t.Fatalf("unclear error: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("NewClient took %s to fail", took)
+	}
+}
+
+func TestNewClientReachable(t *testing.T) {
+	t.Parallel()
+	hostPort := strings.TrimPrefix(etcd.Endpoints[0], "http://")
+	// A dead endpoint next to a live one is fine.
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := ln.Addr().String()
+	ln.Close()
+	cli, err := NewClient([]string{dead + "," + hostPort}, ClientOptions{DialTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+}

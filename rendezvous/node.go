@@ -1,0 +1,609 @@
+package rendezvous
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Reason says why a round ended (and why the next one formed).
+type Reason string
+
+// Reasons reported by Next and recorded in Round.Reason.
+const (
+	// MemberLost: a member left (Leave, lease revoked), its lease expired,
+	// or its agent did not acknowledge a proposed round in time.
+	MemberLost Reason = "MemberLost"
+	// MemberFailed: a member reported a worker failure (ReportFailure).
+	MemberFailed Reason = "MemberFailed"
+	// NodeWaiting: a node is waiting while the round is below its size
+	// (MaxNodes, or the target when one is set).
+	NodeWaiting Reason = "NodeWaiting"
+	// TargetChanged: the job's target size changed the round's size.
+	TargetChanged Reason = "TargetChanged"
+)
+
+// ErrLeaseLost is wrapped by the errors of a node whose lease can no longer
+// be proven alive (see Node.LeaseLost).
+var ErrLeaseLost = errors.New("rendezvous: lease lost")
+
+// ErrClosed is wrapped by the errors of a node after Close, Leave or Finish.
+var ErrClosed = errors.New("rendezvous: node closed")
+
+// Member is one node of a round.
+type Member struct {
+	NodeID         string
+	Addr           string
+	LocalWorldSize int
+	// GroupRank is the node's rank in the round (GROUP_RANK).
+	GroupRank int
+	// BaseRank is the global rank of the node's local rank 0.
+	BaseRank int
+}
+
+// Round is a closed round that includes this node.
+type Round struct {
+	// Number increases with every round of the job.
+	Number int64
+	// Members lists every member in rank order when the round has at most
+	// Config.MemberListLimit nodes; otherwise it is nil (see Node.Members).
+	Members []Member
+	// Self is this node's entry.
+	Self Member
+	// Rank is this node's group rank (GROUP_RANK).
+	Rank int
+	// NumNodes is the number of nodes in the round (GROUP_WORLD_SIZE).
+	NumNodes int
+	// WorldSize is the sum of the members' LocalWorldSize (WORLD_SIZE).
+	WorldSize int
+	// MasterAddr and MasterPort are rank 0's address and the free port it
+	// chose for this round (MASTER_ADDR, MASTER_PORT).
+	MasterAddr string
+	MasterPort int
+	// Target is the job's target node count the round honoured (clamped to
+	// [MinNodes, MaxNodes]); 0 means none was set.
+	Target int
+	// Reason and Detail say why this round formed (empty for the first).
+	Reason Reason
+	Detail string
+
+	headRev int64
+}
+
+// Change says why a round was superseded.
+type Change struct {
+	Reason Reason
+	Detail string
+	// Round is the number of the round record that superseded it.
+	Round int64
+}
+
+// Node is one agent's participation in a job's rendezvous. Its methods are
+// safe for concurrent use.
+type Node struct {
+	cli *clientv3.Client
+	cfg Config
+	k   keys
+	log *slog.Logger
+
+	ctx    context.Context // node lifetime; cancelled by Close/Leave/Finish
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	regMu sync.Mutex // serialises registration
+
+	mu         sync.Mutex
+	registered bool
+	lease      clientv3.LeaseID
+	ttl        time.Duration
+	memberRev  int64
+	queueKey   string
+	leaseCtx   context.Context // cancelled when the lease is lost
+	leaseStop  context.CancelFunc
+	closed     bool
+	lost       chan struct{}
+	lostErr    error
+	changed    chan struct{} // closed and replaced on every state change
+	head       *header
+	headRev    int64
+	headErr    error
+	joined     *Round // latest closed round including this node
+	assigned   assignment
+	returned   int64 // latest round number Join returned
+	lastPort   int
+	fenceAt    time.Time
+	fenceTimer *time.Timer
+	kaDone     <-chan struct{} // closed when the client's keepalive stream stopped
+	ackDelay   time.Duration   // tests: a slow agent
+	kaErr      error           // latest keepalive error
+	kaErrAt    time.Time
+}
+
+// assignment caches this node's entry of a proposal.
+type assignment struct {
+	round   int64
+	nonce   string
+	in      bool
+	self    Member
+	members []Member
+	port    int
+}
+
+// New validates cfg, fills its defaults and returns a node. It does no I/O:
+// the node registers (lease, member key) on its first Join.
+func New(cli *clientv3.Client, cfg Config) (*Node, error) {
+	if cli == nil {
+		return nil, errors.New("rendezvous: nil etcd client")
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &Node{
+		cli:     cli,
+		cfg:     cfg,
+		k:       newKeys(cfg.Prefix, cfg.JobID),
+		log:     cfg.Logger.With("job", cfg.JobID, "node", cfg.NodeID),
+		ctx:     ctx,
+		cancel:  cancel,
+		lost:    make(chan struct{}),
+		changed: make(chan struct{}),
+	}
+	return n, nil
+}
+
+// ID returns the node's id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// LeaseLost is closed when this node can no longer prove its lease alive:
+// keepalives were not confirmed for TTL minus the fence margin, etcd
+// reported the lease gone, or the node was closed (Close, Leave, Finish).
+// It fires strictly before the server can expire the lease, so an agent
+// that stops its workers at once never overlaps with a new round reusing
+// its rank. After it fires the node is done (its methods return errors
+// wrapping ErrLeaseLost or ErrClosed): Close it and create a new Node to
+// rejoin; the same NodeID is accepted again once the old lease expired.
+func (n *Node) LeaseLost() <-chan struct{} { return n.lost }
+
+// registerTimeout bounds registration (lease grant and member keys),
+// including retries of transient errors.
+const registerTimeout = time.Minute
+
+// opTimeout bounds single etcd requests made on the node's behalf.
+func (n *Node) opTimeout() time.Duration { return max(5*time.Second, 2*n.cfg.LeaseTTL) }
+
+// goTracked starts a goroutine tracked by Close, labelled with the job and node
+// (the labels let tests find leaked goroutines).
+func (n *Node) goTracked(name string, f func()) {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.wg.Add(1)
+	n.mu.Unlock()
+	go func() {
+		defer n.wg.Done()
+		pprof.Do(n.ctx, pprof.Labels("rdzv-job", n.cfg.JobID, "rdzv-node", n.cfg.NodeID, "rdzv-task", name), func(context.Context) { f() })
+	}()
+}
+
+func (n *Node) broadcastLocked() {
+	close(n.changed)
+	n.changed = make(chan struct{})
+}
+
+// register grants the lease and writes the member and queue keys, once.
+func (n *Node) register(ctx context.Context) error {
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	n.mu.Lock()
+	done, closed := n.registered, n.closed
+	n.mu.Unlock()
+	if closed {
+		return n.closedErr()
+	}
+	if done {
+		return nil
+	}
+	// Registration retries transient errors (an overloaded etcd answers
+	// "too many requests" when thousands of nodes join at once) for at most
+	// a minute, logging while it does.
+	ctx, cancel := context.WithTimeout(ctx, min(n.cfg.JoinTimeout, registerTimeout))
+	defer cancel()
+	ttlSec := int64((n.cfg.LeaseTTL + time.Second - 1) / time.Second)
+	var (
+		g    *clientv3.LeaseGrantResponse
+		sent time.Time
+	)
+	// One write slot for the whole registration: the queue entry must follow
+	// the member key closely (see election.go).
+	release, err := acquireSlot(ctx, n.cli)
+	if err != nil {
+		return fmt.Errorf("rendezvous: job %q node %q: register: %w", n.cfg.JobID, n.cfg.NodeID, err)
+	}
+	defer release()
+	err = n.retry(ctx, "grant lease", false, func(ctx context.Context) error {
+		sent = time.Now()
+		var err error
+		g, err = n.cli.Grant(ctx, ttlSec)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("rendezvous: job %q node %q: grant a %ds lease at etcd %v: %w", n.cfg.JobID, n.cfg.NodeID, ttlSec, n.cli.Endpoints(), err)
+	}
+	ttl := time.Duration(g.TTL) * time.Second
+	leaseCtx, leaseStop := context.WithCancel(n.ctx)
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		leaseStop()
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_, _ = n.cli.Revoke(rctx, g.ID)
+		return n.closedErr()
+	}
+	n.lease, n.ttl, n.leaseCtx, n.leaseStop = g.ID, ttl, leaseCtx, leaseStop
+	if n.cfg.FenceMargin == 0 {
+		n.cfg.FenceMargin = max(ttl/4, 250*time.Millisecond)
+	}
+	if n.cfg.FenceMargin >= ttl {
+		n.cfg.FenceMargin = ttl / 2
+	}
+	n.renewedLocked(sent.Add(ttl))
+	n.mu.Unlock()
+	n.startKeepAlive(g.ID, ttl, sent)
+
+	// A failed registration leaves the node fenced: its lease is revoked.
+	fail := func(err error) error {
+		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer rcancel()
+		_, _ = n.cli.Revoke(rctx, g.ID)
+		n.mu.Lock()
+		n.fenceLocked(fmt.Errorf("%w: registration failed: %w", ErrLeaseLost, err))
+		n.mu.Unlock()
+		return err
+	}
+	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
+	mk := n.k.member(n.cfg.NodeID)
+	// The member write also reads the round header (the head watcher
+	// starts from it) and the queue write also looks for the predecessor in
+	// the election: one round trip each.
+	var (
+		rev  int64
+		head *mvccpb.KeyValue
+	)
+	// A node id still held by a lease is either a second agent with the same
+	// id or this agent's previous incarnation, fenced but not yet expired on
+	// the server; waiting out one TTL tells them apart.
+	busyUntil := time.Now().Add(ttl + time.Second)
+	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
+		tr, err := n.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
+			Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(g.ID)), clientv3.OpGet(n.k.head)).
+			Else(clientv3.OpGet(mk), clientv3.OpGet(n.k.head)).
+			Commit()
+		if err != nil {
+			return err
+		}
+		if hk := tr.Responses[1].GetResponseRange().Kvs; len(hk) > 0 {
+			head = hk[0]
+		}
+		if tr.Succeeded {
+			rev = tr.Header.Revision
+			return nil
+		}
+		// Ours already, when an earlier attempt's answer was lost.
+		if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && clientv3.LeaseID(kvs[0].Lease) == g.ID {
+			rev = kvs[0].CreateRevision
+			return nil
+		}
+		err = fmt.Errorf("node id %q is already registered at %s (two agents with the same node id?)", n.cfg.NodeID, mk)
+		if time.Now().Before(busyUntil) {
+			return fmt.Errorf("%w: %w", errRetry, err)
+		}
+		return err
+	})
+	if err != nil {
+		return fail(fmt.Errorf("rendezvous: job %q node %q: write member key %s: %w", n.cfg.JobID, n.cfg.NodeID, mk, err))
+	}
+	qk := n.k.queueKey(rev)
+	var pred predResult
+	err = n.retry(ctx, "write queue key", false, func(ctx context.Context) error {
+		from, to, last := n.window(rev-1, firstWindow)
+		tr, err := n.cli.Txn(ctx).Then(
+			clientv3.OpPut(qk, n.cfg.NodeID, clientv3.WithLease(g.ID)),
+			clientv3.OpGet(from, clientv3.WithRange(to), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
+		).Commit()
+		if err != nil {
+			return err
+		}
+		pred = predResult{rev: tr.Header.Revision, done: last}
+		if kvs := tr.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			pred.key, pred.done = string(kvs[0].Key), true
+		}
+		return nil
+	})
+	if err != nil {
+		return fail(fmt.Errorf("rendezvous: job %q node %q: write queue key %s: %w", n.cfg.JobID, n.cfg.NodeID, qk, err))
+	}
+	n.mu.Lock()
+	n.registered, n.memberRev, n.queueKey = true, rev, qk
+	n.mu.Unlock()
+	n.goTracked("head", func() { n.watchHead(leaseCtx, head, rev) })
+	n.goTracked("campaign", func() { n.campaign(leaseCtx, pred) })
+	n.log.Debug("rendezvous: registered", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", ttl, "rev", rev)
+	return nil
+}
+
+func (n *Node) closedErr() error {
+	return fmt.Errorf("%w (job %q node %q)", ErrClosed, n.cfg.JobID, n.cfg.NodeID)
+}
+
+// stateErrLocked reports why the node cannot take part any more, if so.
+func (n *Node) stateErrLocked() error {
+	if n.closed {
+		return n.closedErr()
+	}
+	if n.lostErr != nil {
+		return n.lostErr
+	}
+	return nil
+}
+
+// Join blocks until this node is a member of a closed round newer than any
+// round Join returned before, and returns it. Nodes beyond the round's size
+// wait as spares. It fails after Config.JoinTimeout, when ctx ends, when
+// the lease is lost, or when the round record in etcd is malformed.
+func (n *Node) Join(ctx context.Context) (*Round, error) {
+	start := time.Now()
+	if err := n.register(ctx); err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(n.cfg.JoinTimeout)
+	defer timer.Stop()
+	for {
+		n.mu.Lock()
+		if err := n.stateErrLocked(); err != nil {
+			n.mu.Unlock()
+			return nil, err
+		}
+		if n.headErr != nil {
+			err := n.headErr
+			n.mu.Unlock()
+			return nil, err
+		}
+		if r := n.joined; r != nil && r.Number > n.returned && n.head != nil && n.head.Round == r.Number && n.head.State == stateClosed {
+			n.returned = r.Number
+			n.mu.Unlock()
+			n.log.Debug("rendezvous: joined round", "round", r.Number, "rank", r.Rank, "nodes", r.NumNodes,
+				"world", r.WorldSize, "master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "took", time.Since(start))
+			return r.clone(), nil
+		}
+		ch, h := n.changed, n.head
+		n.mu.Unlock()
+		select {
+		case <-ch:
+		case <-n.lost:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rendezvous: job %q node %q: join: %w", n.cfg.JobID, n.cfg.NodeID, ctx.Err())
+		case <-timer.C:
+			latest := "no round record yet"
+			if h != nil {
+				latest = fmt.Sprintf("latest round %d is %s with %d node(s)", h.Round, h.State, h.Nodes)
+			}
+			return nil, fmt.Errorf("rendezvous: job %q node %q: no round included this node within the join timeout %s (--nnodes %d:%d; %s); raise join_timeout in --rdzv-conf or start more nodes",
+				n.cfg.JobID, n.cfg.NodeID, n.cfg.JoinTimeout, n.cfg.MinNodes, n.cfg.MaxNodes, latest)
+		}
+	}
+}
+
+func (r *Round) clone() *Round {
+	c := *r
+	c.Members = slices.Clone(r.Members)
+	return &c
+}
+
+// Next blocks until round r is superseded and says why. Rounds are
+// superseded when a member is lost, a member reports a failure, a node waits
+// while the round is below its size, or the target size changes it.
+func (n *Node) Next(ctx context.Context, r *Round) (Change, error) {
+	if r == nil {
+		return Change{}, errors.New("rendezvous: Next needs the round returned by Join")
+	}
+	for {
+		n.mu.Lock()
+		if err := n.stateErrLocked(); err != nil {
+			n.mu.Unlock()
+			return Change{}, err
+		}
+		if n.headErr != nil {
+			err := n.headErr
+			n.mu.Unlock()
+			return Change{}, err
+		}
+		if h := n.head; h != nil && h.Round > r.Number {
+			n.mu.Unlock()
+			return Change{Reason: h.Reason, Detail: h.Detail, Round: h.Round}, nil
+		}
+		ch := n.changed
+		n.mu.Unlock()
+		select {
+		case <-ch:
+		case <-n.lost:
+		case <-ctx.Done():
+			return Change{}, fmt.Errorf("rendezvous: job %q node %q: waiting for round %d to change: %w", n.cfg.JobID, n.cfg.NodeID, r.Number, ctx.Err())
+		}
+	}
+}
+
+// ReportFailure records that this node's workers failed in round r and
+// asks for a new round. It returns the job's restart count so far. The
+// count (key <prefix>/jobs/<job>/restarts) grows by one when the round that
+// follows a failure closes with every member of the failed round (reason
+// MemberFailed); a failure that comes with a lost member (a node died and
+// its peers' collectives broke) is a membership change and is not counted,
+// nor is a report for a round that was already superseded.
+func (n *Node) ReportFailure(ctx context.Context, r *Round, detail string) (int, error) {
+	if r == nil {
+		return 0, errors.New("rendezvous: ReportFailure needs the round returned by Join")
+	}
+	n.mu.Lock()
+	err := n.stateErrLocked()
+	n.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+	defer cancel()
+	fk := n.k.failure(r.Number)
+	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail})
+	t, err := n.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(n.k.head), "=", r.headRev),
+		clientv3.Compare(clientv3.CreateRevision(fk), "=", 0),
+	).Then(
+		clientv3.OpPut(fk, string(rec)),
+	).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("rendezvous: job %q node %q: report failure of round %d: %w", n.cfg.JobID, n.cfg.NodeID, r.Number, err)
+	}
+	if t.Succeeded {
+		n.log.Info("rendezvous: reported worker failure", "round", r.Number, "detail", detail)
+	}
+	return n.Restarts(ctx)
+}
+
+// Restarts returns the job's global failure-restart count.
+func (n *Node) Restarts(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+	defer cancel()
+	g, err := n.cli.Get(ctx, n.k.restarts)
+	if err != nil {
+		return 0, fmt.Errorf("rendezvous: job %q: read %s: %w", n.cfg.JobID, n.k.restarts, err)
+	}
+	if len(g.Kvs) == 0 {
+		return 0, nil
+	}
+	return parseCount(n.k.restarts, g.Kvs[0].Value, "restart count", 0)
+}
+
+// Members returns every member of round r in rank order (Round.Members is
+// nil for rounds above Config.MemberListLimit). It fails once r has been
+// superseded and its record removed.
+func (n *Node) Members(ctx context.Context, r *Round) ([]Member, error) {
+	if r == nil {
+		return nil, errors.New("rendezvous: Members needs a round")
+	}
+	if r.Members != nil {
+		return slices.Clone(r.Members), nil
+	}
+	n.mu.Lock()
+	h := n.head
+	n.mu.Unlock()
+	if h == nil || h.Round != r.Number {
+		return nil, fmt.Errorf("rendezvous: job %q: round %d was superseded; its member list is gone", n.cfg.JobID, r.Number)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+	defer cancel()
+	return n.readAll(ctx, h)
+}
+
+// Finish leaves after this node's workers succeeded in round r, without
+// starting a new round for the others: the round is marked finishing, so
+// members leaving it are not treated as lost. The node is closed afterwards.
+func (n *Node) Finish(ctx context.Context, r *Round) error {
+	if r == nil {
+		return errors.New("rendezvous: Finish needs the round returned by Join")
+	}
+	n.mu.Lock()
+	reg, qk := n.registered, n.queueKey
+	err := n.stateErrLocked()
+	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if reg {
+		tctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+		dk := n.k.doneKey(r.Number)
+		mine := []clientv3.Op{
+			clientv3.OpDelete(n.k.member(n.cfg.NodeID)),
+			clientv3.OpDelete(qk),
+			clientv3.OpDelete(n.k.ack(n.cfg.NodeID)),
+		}
+		_, err = n.cli.Txn(tctx).
+			If(clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)).
+			Then(append([]clientv3.Op{clientv3.OpPut(dk, n.cfg.NodeID)}, mine...)...).
+			Else(mine...).
+			Commit()
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("rendezvous: job %q node %q: mark round %d finished: %w", n.cfg.JobID, n.cfg.NodeID, r.Number, err)
+		}
+	}
+	return errors.Join(err, n.shutdown(ctx, true, "finished"))
+}
+
+// Leave revokes the node's lease: its keys vanish and the others notice at
+// once. The node is closed afterwards (LeaseLost fires).
+func (n *Node) Leave(ctx context.Context) error {
+	return n.shutdown(ctx, true, "left")
+}
+
+// Close stops the node and revokes its lease (best effort, bounded to 2s),
+// like Leave; it is safe to call more than once and after Leave or Finish.
+func (n *Node) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return n.shutdown(ctx, true, "closed")
+}
+
+// crash stops the node without revoking its lease, as if its process died:
+// the lease expires on the server after its TTL. For tests.
+func (n *Node) crash() { _ = n.shutdown(context.Background(), false, "crashed") }
+
+func (n *Node) shutdown(ctx context.Context, revoke bool, why string) error {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil
+	}
+	n.closed = true
+	n.fenceLocked(fmt.Errorf("%w: node %s", ErrClosed, why))
+	reg, lease, kaDone := n.registered || n.lease != 0, n.lease, n.kaDone
+	n.mu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+	if kaDone != nil {
+		<-kaDone
+	}
+	if !reg || !revoke {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := n.cli.Revoke(ctx, lease); err != nil {
+		return fmt.Errorf("rendezvous: job %q node %q: revoke lease %x: %w", n.cfg.JobID, n.cfg.NodeID, int64(lease), err)
+	}
+	n.log.Debug("rendezvous: lease revoked", "why", why)
+	return nil
+}
+
+// newNonce names one proposal's chunks.
+func newNonce() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
