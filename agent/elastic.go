@@ -5,22 +5,580 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
+
+// ElasticDeps lets tests and embedders supply what RunElastic would
+// otherwise build from the options.
+type ElasticDeps struct {
+	// Client is an etcd client to use instead of dialling --rdzv-endpoint.
+	Client *clientv3.Client
+	// Tracer replaces the one configured from OTEL_* variables.
+	Tracer trace.TracerProvider
+	// NodeID names this agent in the rendezvous (default: generated).
+	NodeID string
+}
 
 // RunElastic runs the elastic agent on the etcd rendezvous.
 func RunElastic(ctx context.Context, o Options) error {
-	return &ExitError{2, errors.New("the etcd rendezvous is not built yet")}
+	return RunElasticWith(ctx, o, ElasticDeps{})
 }
 
-func splitHostPort(ep string, defPort int) (string, int, error) {
-	host, p, err := net.SplitHostPort(ep)
+// RunElasticWith is RunElastic with injected dependencies.
+func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
+	log := o.Logger
+	var cfg rendezvous.Config
+	copts, err := rendezvous.ParseConf(o.RdzvConf, &cfg)
 	if err != nil {
-		return ep, defPort, nil
+		return &ExitError{2, fmt.Errorf("--rdzv-conf: %w", err)}
 	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 0 || port > 65535 {
-		return "", 0, fmt.Errorf("%q: the port must be a number 0-65535", ep)
+	cfg.JobID = o.RdzvID
+	cfg.NodeID = deps.NodeID
+	if cfg.NodeID == "" {
+		// The node agent names the rendezvous member after its node, so
+		// the coordinator's placement can be matched.
+		cfg.NodeID = os.Getenv("HYPERPODRUN_NODE_ID")
 	}
-	return host, port, nil
+	cfg.Addr = o.LocalAddr
+	cfg.LocalWorldSize = o.Spec.NProcPerNode
+	cfg.MinNodes, cfg.MaxNodes = o.MinNodes, o.MaxNodes
+	cfg.Logger = log
+	if cfg.Prefix == "" {
+		cfg.Prefix = "/hyperpodrun"
+	}
+	if cfg.JobID == "" || cfg.JobID == "none" {
+		return &ExitError{2, errors.New("--rdzv-id: an elastic job needs an id shared by all its nodes, e.g. --rdzv-id my-job")}
+	}
+	cli := deps.Client
+	if cli == nil {
+		if o.RdzvEndpoint == "" {
+			return &ExitError{2, errors.New("--rdzv-endpoint: give the etcd endpoint(s), e.g. --rdzv-endpoint etcd-0:2379,etcd-1:2379")}
+		}
+		eps, err := rendezvous.ParseEndpoints(strings.Split(o.RdzvEndpoint, ","), "")
+		if err != nil {
+			return &ExitError{2, fmt.Errorf("--rdzv-endpoint: %w", err)}
+		}
+		if cli, err = rendezvous.NewClient(eps, copts); err != nil {
+			return &ExitError{1, err}
+		}
+		defer cli.Close()
+	}
+	tp := deps.Tracer
+	if tp == nil {
+		var shutdown func(context.Context) error
+		if tp, shutdown, err = telemetry.Setup(ctx, "hyperpodrun"); err != nil {
+			log.Warn("tracing disabled", "err", err)
+			tp = noop.NewTracerProvider()
+		} else {
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				shutdown(sctx)
+			}()
+		}
+	}
+	e := &elastic{o: o, cfg: cfg, cli: cli, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent")}
+	return e.run(ctx)
+}
+
+type elastic struct {
+	o   Options
+	cfg rendezvous.Config
+	cli *clientv3.Client
+	log interface {
+		Info(string, ...any)
+		Warn(string, ...any)
+		Error(string, ...any)
+	}
+	tracer trace.Tracer
+	node   *rendezvous.Node
+	// roundNo is the running round; stopping is the round in which a
+	// worker reported it is stopping for a planned change.
+	roundNo, stopping atomic.Int64
+	store             *checkpoint.Store
+	ch                *checkpoint.Channel
+	round             *rendezvous.Round
+}
+
+// scaleEvent is the trace of one scaling event, carried from the moment a
+// round is superseded until the workers run at the new size.
+type scaleEvent struct {
+	ctx  context.Context
+	span trace.Span
+}
+
+func (e *elastic) run(ctx context.Context) (err error) {
+	o := e.o
+	e.store = checkpoint.NewStore(e.cli, e.cfg.Prefix, e.cfg.JobID)
+	// A short path: unix socket paths are limited to 107 bytes.
+	ctlDir, err := os.MkdirTemp("", "hyperpodrun-ctl-")
+	if err != nil {
+		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+	}
+	defer os.RemoveAll(ctlDir)
+	commit := e.store.ReportHandler(func() int64 { return e.roundNo.Load() })
+	e.ch, err = checkpoint.NewChannel(ctlDir,
+		checkpoint.WithHandler(func(ctx context.Context, r checkpoint.Report) error {
+			if r.Type == checkpoint.ReportStopping {
+				// A worker saw a planned change (possibly announced on
+				// another node) and exits 0: not the end of training.
+				e.stopping.Store(e.roundNo.Load())
+			}
+			return commit(ctx, r)
+		}))
+	if err != nil {
+		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+	}
+	defer e.ch.Close()
+	if err := e.newNode(); err != nil {
+		return err
+	}
+	defer func() { e.node.Close() }()
+	if err := runHook(ctx, "pre-train", o.PreTrain); err != nil {
+		return err
+	}
+
+	var event *scaleEvent
+	attempt := 0
+	for {
+		round, sig, err := e.join(ctx, event)
+		if sig != 0 {
+			e.node.Leave(context.Background())
+			return &ExitError{1, fmt.Errorf("hyperpodrun received %s while waiting for a round", launcher.SignalName(sig))}
+		}
+		if errors.Is(err, rendezvous.ErrLeaseLost) {
+			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
+			if err := e.newNode(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return &ExitError{1, err}
+		}
+		e.round = round
+		e.roundNo.Store(round.Number)
+		restarts, err := e.node.Restarts(ctx)
+		if err != nil {
+			return &ExitError{1, err}
+		}
+		if restarts > o.MaxRestarts {
+			e.node.Leave(context.Background())
+			return &ExitError{1, fmt.Errorf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", e.cfg.JobID, restarts, o.MaxRestarts)}
+		}
+		// No node starts the round's workers until every member has
+		// stopped its previous ones: the resume checkpoint is final then.
+		if change, err := e.barrier(ctx, round, event); err != nil {
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				if err := e.newNode(); err != nil {
+					return err
+				}
+				continue
+			}
+			e.node.Leave(context.Background())
+			return &ExitError{1, err}
+		} else if change != nil {
+			e.log.Info("round superseded before it started", "round", round.Number, "reason", change.Reason, "detail", change.Detail)
+			continue
+		}
+		g, err := e.start(ctx, round, restarts, attempt, event)
+		event = nil
+		if err != nil {
+			e.node.Leave(context.Background())
+			return &ExitError{1, err}
+		}
+		attempt++
+
+		done, next, err := e.watch(ctx, g, round)
+		if done {
+			return err
+		}
+		event = next
+	}
+}
+
+// newNode (re)creates this agent's rendezvous participant.
+func (e *elastic) newNode() error {
+	if e.node != nil {
+		e.node.Close()
+	}
+	n, err := rendezvous.New(e.cli, e.cfg)
+	if err != nil {
+		return &ExitError{2, err}
+	}
+	e.node = n
+	return nil
+}
+
+// join waits for the next round, or a signal.
+func (e *elastic) join(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	spanCtx := jctx
+	if event != nil {
+		spanCtx = event.ctx
+	}
+	_, span := e.tracer.Start(spanCtx, "rendezvous")
+	defer span.End()
+	type res struct {
+		r   *rendezvous.Round
+		err error
+	}
+	out := make(chan res, 1)
+	go func() {
+		r, err := e.node.Join(jctx)
+		out <- res{r, err}
+	}()
+	select {
+	case r := <-out:
+		if r.err != nil {
+			span.SetStatus(codes.Error, r.err.Error())
+			return nil, 0, r.err
+		}
+		span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
+			attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
+			attribute.String("reason", string(r.r.Reason)))
+		return r.r, 0, nil
+	case s := <-e.o.Signals:
+		cancel()
+		<-out
+		sig, _ := s.(syscall.Signal)
+		return nil, sig, nil
+	}
+}
+
+// barrier marks this node ready for round r (its previous workers are gone)
+// and waits until every member is. It returns the change instead when the
+// round is superseded first (a member died before it got ready).
+func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scaleEvent) (*rendezvous.Change, error) {
+	parent := ctx
+	if event != nil {
+		parent = event.ctx
+	}
+	_, span := e.tracer.Start(parent, "barrier", trace.WithAttributes(attribute.Int64("round", r.Number), attribute.Int("nodes", r.NumNodes)))
+	defer span.End()
+	base := fmt.Sprintf("%s/jobs/%s/ready/", e.cfg.Prefix, e.cfg.JobID)
+	dir := fmt.Sprintf("%s%016x/", base, r.Number)
+	if _, err := e.cli.Put(ctx, dir+e.node.ID(), "1"); err != nil {
+		return nil, fmt.Errorf("mark ready for round %d: %w", r.Number, err)
+	}
+	if r.Rank == 0 && r.Number > 1 {
+		// Old rounds' markers are garbage now.
+		e.cli.Delete(ctx, base, clientv3.WithRange(fmt.Sprintf("%s%016x/", base, r.Number-1)))
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changed := make(chan rendezvous.Change, 1)
+	failed := make(chan error, 1)
+	go func() {
+		c, err := e.node.Next(bctx, r)
+		if err != nil {
+			failed <- err
+			return
+		}
+		changed <- c
+	}()
+	resp, err := e.cli.Get(bctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
+	}
+	ready := int(resp.Count)
+	wch := e.cli.Watch(bctx, dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete())
+	for ready < r.NumNodes {
+		select {
+		case w, ok := <-wch:
+			if !ok || w.Err() != nil {
+				return nil, fmt.Errorf("round %d barrier: watch ended: %v", r.Number, w.Err())
+			}
+			for _, ev := range w.Events {
+				if ev.IsCreate() {
+					ready++
+				}
+			}
+		case c := <-changed:
+			return &c, nil
+		case err := <-failed:
+			return nil, err
+		case <-e.node.LeaseLost():
+			return nil, rendezvous.ErrLeaseLost
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return nil, nil
+}
+
+// start launches this node's workers for a round.
+func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, attempt int, event *scaleEvent) (*launcher.Group, error) {
+	parent := ctx
+	if event != nil {
+		parent = event.ctx
+	}
+	sctx, span := e.tracer.Start(parent, "restart")
+	defer span.End()
+	env := map[string]string{
+		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
+		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
+	}
+	for k, v := range e.ch.Env() {
+		env[k] = v
+	}
+	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
+	rec, err := e.store.Latest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		for k, v := range rec.Env() {
+			env[k] = v
+		}
+	}
+	if tp := telemetry.TraceParent(sctx); tp != "" {
+		env["TRACEPARENT"] = tp
+	}
+	if err := e.ch.ClearEvent(); err != nil {
+		return nil, err
+	}
+	a := launcher.Assignment{
+		GroupRank:      r.Rank,
+		GroupWorldSize: r.NumNodes,
+		BaseRank:       r.Self.BaseRank,
+		WorldSize:      r.WorldSize,
+		MasterAddr:     r.MasterAddr,
+		MasterPort:     r.MasterPort,
+		RestartCount:   restarts,
+		Attempt:        attempt,
+		Env:            env,
+	}
+	span.SetAttributes(attribute.Int64("round", r.Number), attribute.Int("world_size", r.WorldSize),
+		attribute.Int("restart_count", restarts))
+	if rec != nil {
+		span.SetAttributes(attribute.Int64("resume_step", rec.Step))
+	}
+	e.log.Info("starting workers", "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
+		"world_size", r.WorldSize, "base_rank", r.Self.BaseRank, "restart_count", restarts,
+		"master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "resume_step", resumeStep(rec))
+	g, err := launcher.Start(e.o.Spec, a)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	if event != nil {
+		event.span.End()
+	}
+	return g, nil
+}
+
+func resumeStep(r *checkpoint.Record) int64 {
+	if r == nil {
+		return -1
+	}
+	return r.Step
+}
+
+// watch waits while the round's workers run. done says the agent is
+// finished (err is the outcome); otherwise next is the scaling event that
+// ended the round and the loop joins the next one.
+func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Round) (done bool, next *scaleEvent, err error) {
+	o := e.o
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes := make(chan rendezvous.Change, 1)
+	nextErr := make(chan error, 1)
+	go func() {
+		c, err := e.node.Next(nctx, r)
+		if err != nil {
+			nextErr <- err
+			return
+		}
+		changes <- c
+	}()
+	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
+
+	select {
+	case <-g.Exited():
+		res := g.Result()
+		if res.OK() && e.stopping.Load() == r.Number {
+			// The workers checkpointed and stopped for a planned change
+			// announced elsewhere; the new round follows.
+			e.log.Info("workers stopped for a planned change", "round", r.Number)
+			ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+				trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
+			return false, &scaleEvent{ectx, span}, nil
+		}
+		if res.OK() {
+			e.log.Info("workers succeeded", "round", r.Number)
+			if err := e.node.Finish(context.Background(), r); err != nil {
+				e.log.Warn("finish rendezvous", "err", err)
+			}
+			return true, nil, runHook(ctx, "post-train", o.PostTrain)
+		}
+		return e.failed(ctx, g, r)
+	case <-g.Failed():
+		stopAll(o.ShutdownSignal)
+		return e.failed(ctx, g, r)
+	case c := <-changes:
+		return false, e.change(ctx, g, r, c), nil
+	case err := <-nextErr:
+		if errors.Is(err, rendezvous.ErrLeaseLost) {
+			return e.fence(g, r)
+		}
+		stopAll(o.ShutdownSignal)
+		e.node.Leave(context.Background())
+		return true, nil, &ExitError{1, err}
+	case <-e.node.LeaseLost():
+		return e.fence(g, r)
+	case s := <-o.Signals:
+		sig, _ := s.(syscall.Signal)
+		if sig == syscall.SIGUSR2 {
+			return true, nil, e.drain(g, r)
+		}
+		e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
+		stopAll(sig)
+		e.node.Leave(context.Background())
+		return true, nil, &ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))}
+	case <-ctx.Done():
+		stopAll(o.ShutdownSignal)
+		e.node.Leave(context.Background())
+		return true, nil, &ExitError{1, ctx.Err()}
+	}
+}
+
+// drain is a planned leave of this node (SIGUSR2, sent by the node agent
+// when the coordinator moves the job off this node): the workers of every
+// node are told through the sync signal, checkpoint and exit 0; then this
+// node leaves the rendezvous at once and hyperpodrun exits 0.
+func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
+	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number)
+	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "drain"), attribute.Int64("from_round", r.Number)))
+	defer span.End()
+	e.announceAndWait(ectx, g, r, checkpoint.Drain)
+	if err := e.node.Leave(context.Background()); err != nil {
+		e.log.Warn("leave rendezvous", "err", err)
+	}
+	return nil
+}
+
+// newWorldSize estimates the world size after a planned change (nodes are
+// assumed to run this node's --nproc-per-node): the target for a resize,
+// one node more for a waiting node, one fewer for a drain.
+func (e *elastic) newWorldSize(kind checkpoint.EventKind, r *rendezvous.Round) int {
+	nodes := r.NumNodes
+	switch kind {
+	case checkpoint.ScaleUp:
+		nodes++
+	case checkpoint.Drain:
+		nodes--
+	default:
+		if resp, err := e.cli.Get(context.Background(), e.cfg.Prefix+"/jobs/"+e.cfg.JobID+"/target"); err == nil && len(resp.Kvs) == 1 {
+			if t, err := strconv.Atoi(string(resp.Kvs[0].Value)); err == nil && t > 0 {
+				nodes = t
+			}
+		}
+	}
+	nodes = max(e.cfg.MinNodes, min(e.cfg.MaxNodes, nodes))
+	return nodes * e.o.Spec.NProcPerNode
+}
+
+// fence stops the workers at once: this agent can no longer prove its
+// lease alive, so another node may soon be given its ranks.
+func (e *elastic) fence(g *launcher.Group, r *rendezvous.Round) (bool, *scaleEvent, error) {
+	e.log.Error("lease lost: killing workers before the lease can expire (fencing)", "round", r.Number)
+	g.Stop(syscall.SIGKILL, 0)
+	if err := e.newNode(); err != nil {
+		return true, nil, err
+	}
+	return false, nil, nil
+}
+
+// failed reports a worker failure to the job and prints the summary.
+func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.Round) (bool, *scaleEvent, error) {
+	res := g.Result()
+	detail := "worker failed"
+	if rc := res.RootCause; rc != nil {
+		detail = fmt.Sprintf("rank %d exitcode %d", rc.Rank, rc.ExitCode)
+	}
+	fmt.Fprint(e.o.stderrW(), res.Summary(e.o.Spec.Entrypoint))
+	n, err := e.node.ReportFailure(ctx, r, detail)
+	if err != nil {
+		return true, nil, &ExitError{1, fmt.Errorf("report worker failure: %w", err)}
+	}
+	e.log.Warn("worker failed; the job restarts at the next round", "detail", detail, "job_restarts", n, "max_restarts", e.o.MaxRestarts)
+	return false, nil, nil
+}
+
+// change handles a superseded round: planned changes are announced to the
+// workers (event file + elastic signal) so they checkpoint and exit 0; lost
+// or failed members mean the collectives are broken, so workers are
+// stopped at once and resume from the last committed checkpoint.
+func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.Round, c rendezvous.Change) *scaleEvent {
+	o := e.o
+	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(c.Reason)),
+			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
+	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))
+	dspan.End()
+	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting
+	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
+	if !planned {
+		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
+		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
+		sspan.End()
+		return &scaleEvent{ectx, span}
+	}
+	kind := checkpoint.Resize
+	if c.Reason == rendezvous.NodeWaiting {
+		kind = checkpoint.ScaleUp
+	}
+	e.announceAndWait(ectx, g, r, kind)
+	return &scaleEvent{ectx, span}
+}
+
+// announceAndWait announces a planned change to the workers (event file,
+// then the elastic signal) and waits up to --graceful-timeout for them to
+// checkpoint and exit, then escalates: SIGTERM, then SIGKILL.
+func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, kind checkpoint.EventKind) {
+	o := e.o
+	deadline := time.Now().Add(o.GracefulTimeout)
+	_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ElasticSignal)), attribute.String("kind", string(kind))))
+	if err := e.ch.Announce(checkpoint.Event{Kind: kind, NewWorldSize: e.newWorldSize(kind, r), Deadline: deadline, Round: r.Number,
+		TraceParent: telemetry.TraceParent(ectx)}); err != nil {
+		e.log.Warn("announce event", "err", err)
+	}
+	g.Signal(o.ElasticSignal)
+	sspan.End()
+	_, wspan := e.tracer.Start(ectx, "checkpoint_wait", trace.WithAttributes(attribute.Float64("graceful_timeout_s", o.GracefulTimeout.Seconds())))
+	t := time.NewTimer(o.GracefulTimeout)
+	defer t.Stop()
+	signalled := time.Now()
+	escalated := false
+	select {
+	case <-g.Exited():
+	case <-t.C:
+		e.log.Warn("workers did not exit within --graceful-timeout; escalating", "graceful_timeout", o.GracefulTimeout)
+		escalated = true
+		g.Stop(syscall.SIGTERM, o.ShutdownTimeout)
+	}
+	wspan.SetAttributes(attribute.Bool("escalated", escalated))
+	wspan.End()
+	// The workers' own time (checkpoint and exit) is logged so the agent's
+	// overhead of a planned change can be told apart (bench/elastic).
+	e.log.Info("workers stopped for the change", "round", r.Number, "took_ms", time.Since(signalled).Milliseconds(), "escalated", escalated)
 }

@@ -118,3 +118,16 @@ func FreePort(addr string) (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// splitHostPort splits "host:port"; a bare host keeps defPort.
+func splitHostPort(ep string, defPort int) (string, int, error) {
+	host, p, err := net.SplitHostPort(ep)
+	if err != nil {
+		return ep, defPort, nil
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: the port must be a number 0-65535", ep)
+	}
+	return host, port, nil
+}

@@ -44,6 +44,10 @@ func run(args []string, stderr *os.File) int {
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	if opts.RdzvBackend == "etcd" || opts.RdzvBackend == "etcd-v2" || opts.RdzvBackend == "etcd-v3" {
+		// SIGUSR2: planned drain of this node (checkpoint, leave, exit 0).
+		signal.Notify(sigs, syscall.SIGUSR2)
+	}
 	opts.Signals = sigs
 	opts.Logger = logger
 	opts.Stderr = stderr

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
+)
+
+// A stdlib worker speaking the sync-signal protocol: it records its
+// TRACEPARENT, and on an elastic event reports that it stops and exits 0.
+const protocolWorker = `
+import os, sys, time
+import hyperpodrun_elastic as he
+out = os.environ["OUT"]
+with open(os.path.join(out, "tp.%s.%s" % (os.environ["HYPERPODRUN_ROUND"], os.environ["RANK"])), "w") as f:
+    f.write(os.environ.get("TRACEPARENT", ""))
+step = 0
+while True:
+    step += 1
+    time.sleep(0.02)
+    if he.elastic_event_detected():
+        he.report_stopping(step)
+        sys.exit(0)
+`
+
+func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	_, file, _, _ := runtime.Caller(0)
+	pyPath := filepath.Join(filepath.Dir(file), "..", "checkpoint", "python")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	cli, err := srv.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	out := t.TempDir()
+	script := filepath.Join(out, "worker.py")
+	os.WriteFile(script, []byte(protocolWorker), 0o644)
+
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	type agentRun struct {
+		sigs chan os.Signal
+		done chan error
+	}
+	var agents []agentRun
+	for i, name := range []string{"n0", "n1"} {
+		sigs := make(chan os.Signal, 1)
+		o := Options{
+			Spec: launcher.Spec{Entrypoint: script, PythonExec: py, NProcPerNode: 1, RunID: "traced",
+				LogDir: filepath.Join(out, name), Env: map[string]string{"OUT": out, "PYTHONPATH": pyPath},
+				Stdout: io.Discard, Stderr: io.Discard},
+			MinNodes: 1, MaxNodes: 2, RdzvID: "traced", RdzvConf: "last_call_timeout=0.5", LocalAddr: "127.0.0.1",
+			ShutdownSignal: syscall.SIGTERM, ShutdownTimeout: 5 * time.Second, GracefulTimeout: 10 * time.Second,
+			ElasticSignal: syscall.SIGUSR1, Signals: sigs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		}
+		os.MkdirAll(o.Spec.LogDir, 0o755)
+		done := make(chan error, 1)
+		go func(i int) {
+			done <- RunElasticWith(ctx, o, ElasticDeps{Client: cli, Tracer: tp, NodeID: name})
+		}(i)
+		agents = append(agents, agentRun{sigs, done})
+	}
+	waitFile := func(pattern string) string {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			m, _ := filepath.Glob(filepath.Join(out, pattern))
+			if len(m) > 0 {
+				b, _ := os.ReadFile(m[0])
+				if len(b) > 0 {
+					return string(b)
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s", pattern)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFile("tp.1.0")
+	waitFile("tp.1.1")
+	// A planned change: the job's target goes from 2 nodes to 1.
+	if _, err := cli.Put(ctx, "/hyperpodrun/jobs/traced/target", "1"); err != nil {
+		t.Fatal(err)
+	}
+	tpWorker := waitFile("tp.2.0")
+	for _, a := range agents {
+		a.sigs <- syscall.SIGTERM
+	}
+	for _, a := range agents {
+		<-a.done
+	}
+	spans := exp.GetSpans()
+	var event *tracetest.SpanStub
+	for i := range spans {
+		if spans[i].Name == "scale_event" {
+			for _, a := range spans[i].Attributes {
+				if a.Key == "reason" && a.Value.AsString() == "TargetChanged" {
+					event = &spans[i]
+				}
+			}
+		}
+	}
+	if event == nil {
+		t.Fatalf("no scale_event span for the target change among %d spans", len(spans))
+	}
+	traceID := event.SpanContext.TraceID()
+	got := map[string]bool{}
+	for _, s := range spans {
+		if s.SpanContext.TraceID() == traceID {
+			got[s.Name] = true
+		}
+	}
+	for _, want := range []string{"decision", "signal", "checkpoint_wait", "rendezvous", "barrier", "restart"} {
+		if !got[want] {
+			t.Errorf("scale event trace lacks a %q span; has %v", want, got)
+		}
+	}
+	if !strings.Contains(tpWorker, traceID.String()) {
+		t.Errorf("restarted worker's TRACEPARENT %q is not in the scale event's trace %s", tpWorker, traceID)
+	}
+}

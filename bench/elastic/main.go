@@ -1,0 +1,173 @@
+// Command elastic measures hyperpodrun's elastic behaviour with real
+// PyTorch DDP (gloo) on three nodes on this machine, against embedded etcd:
+//
+//   - recovery: one node SIGKILLed, seconds until a survivor logs a step at
+//     world size 2 (torchrun with its etcd backend: 39 s here, DESIGN.md);
+//   - scale-up: a third node starts next to two, seconds until a step at
+//     world size 3 (torchrun: 11.3 s here);
+//   - resize overhead: target 3 -> 2 written to etcd, time until all new
+//     workers are started, minus the workers' own checkpoint+exit time
+//     (logged by each agent) - the agent's own overhead (target 200 ms).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/testcluster"
+)
+
+func main() {
+	hpr := flag.String("hyperpodrun", "bin/hyperpodrun", "hyperpodrun binary")
+	runs := flag.Int("runs", 3, "runs per figure (median reported)")
+	flag.Parse()
+	py := testcluster.TorchPython()
+	if py == "" {
+		fmt.Println("# bench/elastic skipped: PyTorch is not installed (apt-get install python3-torch)")
+		return
+	}
+	if _, err := os.Stat(*hpr); err != nil {
+		fail("hyperpodrun binary %s: %v (run make build)", *hpr, err)
+	}
+	ctx := context.Background()
+	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
+	if err != nil {
+		fail("%v", err)
+	}
+	defer srv.Close()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "examples", "pytorch", "train_elastic.py")
+
+	var rec, up, over []float64
+	var own []float64
+	for i := 0; i < *runs; i++ {
+		rec = append(rec, recovery(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("rec%d", i)))
+		up = append(up, scaleUp(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("up%d", i)))
+		o, w := resizeOverhead(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("rs%d", i))
+		over, own = append(over, o), append(own, w)
+	}
+	fmt.Printf("# real PyTorch DDP (gloo), 3 nodes of 1 worker on one machine, median of %d runs; anchors: torchrun with its etcd backend, measured here (DESIGN.md)\n", *runs)
+	fmt.Printf("BENCH recovery_sigkill_to_step_ws2 %.2f s anchor=39 target=5\n", median(rec))
+	fmt.Printf("BENCH scaleup_start_to_step_ws3 %.2f s anchor=11.3 target=4\n", median(up))
+	fmt.Printf("# resize 3->2: workers' own checkpoint+exit %.0f ms (median), excluded from the overhead\n", median(own))
+	fmt.Printf("BENCH resize_agent_overhead %.0f ms target=200\n", median(over))
+}
+
+func fail(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "bench/elastic: "+format+"\n", a...)
+	os.Exit(1)
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func cluster(hpr, py, script, ep, job string) *testcluster.Cluster {
+	ckpt, _ := os.MkdirTemp("", "bench-ckpt-")
+	fmt.Fprintf(os.Stderr, "# %s\n", job)
+	current = testcluster.New(hpr, []string{"PYTHON_EXEC=" + py},
+		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", ep,
+		"--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1", "--graceful-timeout", "20",
+		"--local-addr", "127.0.0.1", script, "--steps", "100000", "--ckpt-dir", ckpt, "--ckpt-every", "5", "--step-time", "0.05")
+	return current
+}
+
+// current is the cluster being measured, for its logs on failure.
+var current *testcluster.Cluster
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		if current != nil {
+			for n, l := range current.Logs() {
+				fmt.Fprintf(os.Stderr, "---- %s ----\n%s", n, tail(l, 40))
+			}
+		}
+		fail("%v", err)
+	}
+	return v
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func startAll(c *testcluster.Cluster, names ...string) {
+	for _, n := range names {
+		if err := c.Start(n); err != nil {
+			fail("%v", err)
+		}
+	}
+}
+
+func recovery(hpr, py, script, ep, job string) float64 {
+	c := cluster(hpr, py, script, ep, job)
+	defer c.KillAll()
+	startAll(c, "a", "b", "c")
+	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 3 && s.Step >= 8 }))
+	killed := time.Now()
+	c.Kill("c")
+	s := must(c.WaitStep(60*time.Second, killed, func(s testcluster.Step) bool { return s.World == 2 }))
+	return s.At.Sub(killed).Seconds()
+}
+
+func scaleUp(hpr, py, script, ep, job string) float64 {
+	c := cluster(hpr, py, script, ep, job)
+	defer c.KillAll()
+	startAll(c, "a", "b")
+	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 2 && s.Step >= 8 }))
+	started := time.Now()
+	startAll(c, "c")
+	s := must(c.WaitStep(60*time.Second, started, func(s testcluster.Step) bool { return s.World == 3 }))
+	return s.At.Sub(started).Seconds()
+}
+
+var tookRE = regexp.MustCompile(`msg="workers stopped for the change".* took_ms=(\d+)`)
+
+// resizeOverhead returns the agent's overhead and the workers' own time, in ms.
+func resizeOverhead(hpr, py, script, ep, job string) (float64, float64) {
+	c := cluster(hpr, py, script, ep, job)
+	defer c.KillAll()
+	startAll(c, "a", "b", "c")
+	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 3 && s.Step >= 8 }))
+	t0 := time.Now()
+	if err := putTarget(ep, job, "2"); err != nil {
+		fail("%v", err)
+	}
+	must(c.WaitStep(60*time.Second, t0, func(s testcluster.Step) bool { return s.World == 2 }))
+	var workersOwn float64
+	var lastStart time.Time
+	for _, l := range c.Lines() {
+		if l.At.Before(t0) {
+			continue
+		}
+		if m := tookRE.FindStringSubmatch(l.Text); m != nil {
+			ms, _ := strconv.ParseFloat(m[1], 64)
+			workersOwn = max(workersOwn, ms)
+		}
+		if strings.Contains(l.Text, `msg="starting workers"`) && strings.Contains(l.Text, "world_size=2") && l.At.After(lastStart) {
+			lastStart = l.At
+		}
+	}
+	total := float64(lastStart.Sub(t0).Milliseconds())
+	return total - workersOwn, workersOwn
+}
+
+func putTarget(ep, job, n string) error {
+	return putKey(ep, "/hyperpodrun/jobs/"+job+"/target", n)
+}
