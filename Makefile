@@ -4,13 +4,15 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpod-agent hyperpod-coordinator elasticctl
 
-.PHONY: build test test-short bench demo lint clean
+.PHONY: build test test-short bench demo demo-standalone lint clean
 
 build:
 	@mkdir -p $(BIN)
 	@for b in $(BINARIES); do \
 		if ls cmd/$$b/*.go >/dev/null 2>&1; then $(GO) build -o $(BIN)/$$b ./cmd/$$b || exit 1; fi; \
 	done
+	$(GO) build -o $(BIN)/worker ./examples/worker
+	$(GO) build -o $(BIN)/demo ./examples/demo
 
 ## test: vet, then every test with the race detector (real etcd, real processes,
 ## real PyTorch DDP when python3-torch is installed).
@@ -24,13 +26,18 @@ test-short:
 ## bench: every performance figure as "BENCH <name> <value> <unit> [anchor=] [target=]".
 bench: build
 	@$(GO) run ./bench/launch -hyperpodrun $(BIN)/hyperpodrun
-	@for b in rdzvscale recovery engine kueue fairshare resize; do \
+	@for b in rdzvscale elastic engine kueue fairshare; do \
 		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
 	done
 
-## demo: the main demo on an embedded default (no setup).
+## demo: the main demo on an embedded etcd (no setup): coordinator, 4 node
+## agents, two teams, an elastic job shrunk and grown back by fair share.
 demo: build
-	@./examples/demo/run.sh
+	@./$(BIN)/demo
+
+## demo-standalone: hyperpodrun --standalone --nproc-per-node 4 on real DDP.
+demo-standalone: build
+	PYTHON_EXEC=$${PYTHON_EXEC:-/usr/bin/python3} ./$(BIN)/hyperpodrun --standalone --nproc-per-node 4 examples/pytorch/train_ddp.py --steps 40
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
