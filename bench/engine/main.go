@@ -1,0 +1,164 @@
+// Command engine measures one policy-engine cycle (policy.Schedule) on a
+// fleet of 5,000 nodes (8 GPUs each), 10,000 jobs and 100 teams: the cold
+// first cycle (every job new) and the median of steady-state cycles, where
+// each cycle feeds the previous allocations back, advances 10 s, finishes
+// 1% of the jobs and submits as many new ones.
+//
+//	go run ./bench/engine [-nodes 5000 -jobs 10000 -teams 100 -cycles 15]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+const flavor = "nvidia-h100-80gb"
+
+func main() {
+	nodes := flag.Int("nodes", 5000, "nodes (8 GPUs each)")
+	jobs := flag.Int("jobs", 10000, "jobs")
+	teams := flag.Int("teams", 100, "teams")
+	cycles := flag.Int("cycles", 15, "steady-state cycles (median reported)")
+	seed := flag.Uint64("seed", 1, "random seed")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the steady-state cycles")
+	flag.Parse()
+
+	rng := rand.New(rand.NewPCG(*seed, 7))
+	st := fleet(*nodes, *teams)
+	id := 0
+	newJob := func(now time.Time) policy.Job {
+		id++
+		// Skewed team popularity: busy teams borrow, quiet ones lend and
+		// reclaim when their jobs arrive.
+		u := rng.Float64()
+		return randomJob(rng, fmt.Sprintf("job-%06d", id), fmt.Sprintf("team-%03d", int(u*u*float64(*teams))), now)
+	}
+	for i := 0; i < *jobs; i++ {
+		st.Jobs = append(st.Jobs, newJob(st.Now.Add(-time.Duration(*jobs-i)*time.Second)))
+	}
+
+	runtime.GC()
+	start := time.Now()
+	d := policy.Schedule(st)
+	cold := time.Since(start)
+	report("cold", d, cold)
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	var times []time.Duration
+	total := map[policy.ReasonKind]int{}
+	for c := 0; c < *cycles; c++ {
+		st.Allocations = d.Allocations
+		st.Now = st.Now.Add(10 * time.Second)
+		// 1% of the jobs finish, as many arrive.
+		churn := len(st.Jobs) / 100
+		for k := 0; k < churn; k++ {
+			i := rng.IntN(len(st.Jobs))
+			st.Jobs[i] = newJob(st.Now)
+		}
+		runtime.GC()
+		start = time.Now()
+		d = policy.Schedule(st)
+		el := time.Since(start)
+		times = append(times, el)
+		for _, r := range d.Reasons {
+			if r.Kind != policy.KindRunning && r.Kind != policy.KindPending {
+				total[r.Kind]++
+			}
+		}
+		if c == *cycles-1 {
+			report("steady", d, el)
+		}
+	}
+	slices.Sort(times)
+	med := times[len(times)/2]
+	fmt.Printf("# %d nodes x 8 GPUs, %d jobs, %d teams (10 cohorts), GOMAXPROCS=%d; steady state: median of %d cycles with 1%% job churn each\n",
+		*nodes, *jobs, *teams, runtime.GOMAXPROCS(0), *cycles)
+	fmt.Printf("# changes over the steady-state cycles: %v\n", total)
+	fmt.Printf("# steady-state cycles: min %.1f ms, median %.1f ms, max %.1f ms\n", ms(times[0]), ms(med), ms(times[len(times)-1]))
+	fmt.Printf("BENCH engine_cycle_cold_%dn_%dj_%dt %.1f ms target=100\n", *nodes, *jobs, *teams, ms(cold))
+	fmt.Printf("BENCH engine_cycle_%dn_%dj_%dt %.1f ms target=100\n", *nodes, *jobs, *teams, ms(med))
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func report(what string, d policy.Decision, el time.Duration) {
+	kinds := map[policy.ReasonKind]int{}
+	for _, r := range d.Reasons {
+		kinds[r.Kind]++
+	}
+	used := 0
+	for _, a := range d.Allocations {
+		used += a.Size * a.AcceleratorsPerNode
+	}
+	fmt.Fprintf(os.Stdout, "# %s cycle %.1f ms: %d running, %d GPUs allocated, reasons %v, problems %d\n",
+		what, ms(el), len(d.Allocations), used, kinds, len(d.Problems))
+}
+
+// fleet builds the nodes and teams: nominal quotas cover the fleet, 10
+// cohorts, weights 1-3, half the teams preempt lower priorities.
+func fleet(nodes, teams int) policy.State {
+	st := policy.State{Now: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for i := 0; i < nodes; i++ {
+		st.Nodes = append(st.Nodes, policy.Node{Name: fmt.Sprintf("node-%05d", i), Flavor: flavor, Accelerators: 8, VCPUs: 192, Memory: 2 << 40})
+	}
+	nominal := nodes * 8 / teams
+	for i := 0; i < teams; i++ {
+		t := policy.Team{Name: fmt.Sprintf("team-%03d", i), Cohort: fmt.Sprintf("cohort-%d", i%10), Weight: float64(1 + i%3),
+			Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: nominal}}}
+		if i%2 == 0 {
+			t.Preemption = policy.PreemptLowerPriority
+		}
+		st.Teams = append(st.Teams, t)
+	}
+	return st
+}
+
+// randomJob draws a Helios-shaped job: GPUs 1/2/4/8/16/32/64 (median 1,
+// mean ~3.7); jobs above 8 GPUs take whole nodes and a third of them are
+// elastic between half and twice their size.
+func randomJob(rng *rand.Rand, name, team string, now time.Time) policy.Job {
+	p := rng.IntN(100)
+	j := policy.Job{Name: name, Team: team, Priority: &p, SubmitTime: now}
+	gpus := helios(rng)
+	if gpus <= 8 {
+		j.PerNode.Accelerators = gpus
+		return j
+	}
+	n := gpus / 8
+	j.PerNode.Accelerators = 8
+	j.MinNodes, j.MaxNodes = n, n
+	if rng.IntN(3) == 0 {
+		j.Elastic = true
+		j.MinNodes, j.MaxNodes = max(1, n/2), n*2
+	}
+	return j
+}
+
+func helios(rng *rand.Rand) int {
+	x := rng.Float64()
+	for _, c := range []struct {
+		p float64
+		g int
+	}{{0.60, 1}, {0.70, 2}, {0.82, 4}, {0.94, 8}, {0.98, 16}, {0.995, 32}} {
+		if x < c.p {
+			return c.g
+		}
+	}
+	return 64
+}

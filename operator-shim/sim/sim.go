@@ -1,0 +1,478 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// Mode picks the scheduler a simulation runs.
+type Mode string
+
+const (
+	// ModeEngine runs the policy engine as configured (default).
+	ModeEngine Mode = "engine"
+	// ModeFIFO is the static baseline: every job at its static size
+	// (TraceJob.Nodes), strictly first-in first-out per team, only within the
+	// team's own nominal quota (no lending, no borrowing, no resizing, no
+	// preemption, no moves). It runs the same engine with those settings, so placement
+	// is identical.
+	ModeFIFO Mode = "fifo"
+)
+
+// Options configure a simulation.
+type Options struct {
+	// Mode is engine (default) or fifo.
+	Mode Mode `json:"mode"`
+	// Teams are the team specs (quotas).
+	Teams []policy.Team `json:"teams"`
+	// Fleet is the nodes (nil: DefaultFleet(Teams)).
+	Fleet []policy.Node `json:"-"`
+	// Config tunes the engine.
+	Config policy.Config `json:"config"`
+	// RestartDelay (s) is the checkpoint + restart cost of a planned change:
+	// a resized or repaired job, a preempted job resuming, and a job
+	// admitted on capacity just taken from others (the victims checkpoint
+	// first) make no progress for this long (default 15 s).
+	RestartDelay float64 `json:"restartDelay"`
+	// Tick (s) is the engine period while work is pending or could grow
+	// (default 10 s); the engine also runs at every arrival and completion.
+	Tick float64 `json:"tick"`
+	// WindowStart and WindowEnd (s) bound the utilisation measurement
+	// (default: first to last submission, the period under sustained load).
+	WindowStart float64 `json:"windowStart"`
+	WindowEnd   float64 `json:"windowEnd"`
+	// MaxTime (s) stops the simulation (default: last submission + 30 days).
+	MaxTime float64 `json:"maxTime"`
+	// OnCycle, if set, sees every decision (t in seconds): for timelines
+	// and debugging.
+	OnCycle func(t float64, d *policy.Decision) `json:"-"`
+}
+
+// epoch is virtual time zero.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type sjob struct {
+	tj        *TraceJob
+	spec      policy.Job
+	state     int // 0 future, 1 pending, 2 running, 3 done
+	remaining float64
+	size      int
+	gpus      int
+	prodFrom  float64 // productive from this time (restart delays)
+	started   bool
+	admitted  float64
+	owedSince float64
+	finish    float64
+	flavor    string
+	tr        *TeamReport
+}
+
+const (
+	stFuture = iota
+	stPending
+	stRunning
+	stDone
+)
+
+// Run simulates trace in virtual time with the engine (or the FIFO
+// baseline) and reports utilisation, queue waits, reclaim latency,
+// preemptions and resizes.
+func Run(trace []TraceJob, o Options) (*Report, error) {
+	if len(o.Teams) == 0 {
+		return nil, errors.New("simulate: no teams")
+	}
+	if err := checkTrace(trace, "trace"); err != nil {
+		return nil, err
+	}
+	if o.Mode == "" {
+		o.Mode = ModeEngine
+	}
+	if o.Mode != ModeEngine && o.Mode != ModeFIFO {
+		return nil, fmt.Errorf("simulate: mode %q: want engine or fifo", o.Mode)
+	}
+	if o.RestartDelay == 0 {
+		o.RestartDelay = 15
+	}
+	if o.Tick <= 0 {
+		o.Tick = 10
+	}
+	fleet := o.Fleet
+	if fleet == nil {
+		fleet = BuildFleet(DefaultFleet(o.Teams))
+	}
+	teams := o.Teams
+	cfg := o.Config
+	if o.Mode == ModeFIFO {
+		teams = fifoTeams(o.Teams)
+		cfg.Queueing = policy.StrictFIFO
+		cfg.DisableGrowth = true
+		cfg.DisableMoves = true
+	}
+	rep := &Report{Mode: string(o.Mode), RestartDelay: o.RestartDelay}
+	teamRep := map[string]*TeamReport{}
+	nominal := map[[2]string]int{}
+	onlyFlavor := map[string]string{}
+	for _, t := range teams {
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("simulate: %v", err)
+		}
+		tr := &TeamReport{Team: t.Name}
+		for _, q := range t.Quotas {
+			tr.Nominal += q.Nominal
+			nominal[[2]string{t.Name, q.Flavor}] = q.Nominal
+		}
+		if len(t.Quotas) == 1 {
+			onlyFlavor[t.Name] = t.Quotas[0].Flavor
+		}
+		teamRep[t.Name] = tr
+		rep.Teams = append(rep.Teams, tr)
+	}
+	for _, n := range fleet {
+		rep.Capacity += n.HealthyAccelerators()
+	}
+	if rep.Capacity == 0 {
+		return nil, errors.New("simulate: the fleet has no accelerators")
+	}
+
+	// Jobs in submission order.
+	jobs := make([]*sjob, len(trace))
+	for i := range trace {
+		tj := &trace[i]
+		tr := teamRep[tj.Team]
+		if tr == nil {
+			return nil, fmt.Errorf("simulate: job %q: team %q is not in the teams file", tj.Name, tj.Team)
+		}
+		spec := policy.Job{Name: tj.Name, Team: tj.Team, Priority: tj.Priority, Flavor: tj.Flavor,
+			PerNode: policy.Resources{Accelerators: tj.GPUsPerNode}, SubmitTime: at(tj.Submit)}
+		n := tj.StaticNodes()
+		spec.MinNodes, spec.MaxNodes = n, n
+		if tj.Elastic && o.Mode == ModeEngine {
+			spec.Elastic, spec.Step = true, tj.Step
+			spec.MinNodes, spec.MaxNodes = max(1, tj.MinNodes), max(tj.MaxNodes, tj.MinNodes, 1)
+			if tj.MinNodes == 0 {
+				spec.MinNodes = n
+			}
+			if tj.MaxNodes == 0 {
+				spec.MaxNodes = max(n, spec.MinNodes)
+			}
+		}
+		if err := spec.Validate(cfg); err != nil {
+			return nil, fmt.Errorf("simulate: %v", err)
+		}
+		fl := tj.Flavor
+		if fl == "" {
+			fl = onlyFlavor[tj.Team]
+		}
+		jobs[i] = &sjob{tj: tj, spec: spec, remaining: tj.Work, owedSince: -1, flavor: fl, tr: tr}
+		tr.Jobs++
+	}
+	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].tj.Submit < jobs[b].tj.Submit })
+	rep.Jobs = len(jobs)
+	if len(jobs) == 0 {
+		return rep, nil
+	}
+	first, last := jobs[0].tj.Submit, jobs[len(jobs)-1].tj.Submit
+	ws, we := o.WindowStart, o.WindowEnd
+	if ws == 0 && we == 0 {
+		ws, we = first, last
+	}
+	if we <= ws {
+		we = ws + 1
+	}
+	rep.WindowStart, rep.WindowEnd = ws, we
+	maxT := o.MaxTime
+	if maxT <= 0 {
+		maxT = last + 30*86400
+	}
+
+	byName := make(map[string]*sjob, len(jobs))
+	for _, j := range jobs {
+		byName[j.tj.Name] = j
+	}
+	st := policy.State{Config: cfg, Nodes: fleet, Teams: teams}
+	var active []*sjob // pending or running
+	next := 0
+	t := first
+	var allocs []policy.Allocation
+	var allocGS, prodGS float64
+	overlap := func(a, b float64) float64 { return math.Max(0, math.Min(b, we)-math.Max(a, ws)) }
+	dirty, needTick := true, false
+	lastCycle := math.Inf(-1)
+	var engineTime time.Duration
+
+	for {
+		for next < len(jobs) && jobs[next].tj.Submit <= t {
+			jobs[next].state = stPending
+			active = append(active, jobs[next])
+			next++
+			dirty = true
+		}
+		if dirty || (t-lastCycle >= o.Tick-1e-9 && needTick) {
+			markOwed(active, allocs, byName, nominal, t)
+			st.Now = at(t)
+			st.Jobs = st.Jobs[:0]
+			for _, j := range active {
+				st.Jobs = append(st.Jobs, j.spec)
+			}
+			st.Allocations = allocs
+			start := time.Now()
+			d := policy.Schedule(st)
+			engineTime += time.Since(start)
+			rep.Cycles++
+			if o.OnCycle != nil {
+				o.OnCycle(t, &d)
+			}
+			allocs = d.Allocations
+			changed := apply(d, byName, t, o.RestartDelay, rep)
+			dirty = false
+			lastCycle = t
+			// The engine is a pure function: with no arrival or completion,
+			// a new cycle can only differ when jobs were just requeued (they
+			// wait one cycle) or when an elastic job's stable period ends
+			// while capacity is idle.
+			needTick = changed
+			if !needTick {
+				used := 0
+				for _, a := range allocs {
+					used += a.Size * a.AcceleratorsPerNode
+				}
+				needTick = used < rep.Capacity && growable(active)
+			}
+		}
+		// Next event.
+		tn := math.Inf(1)
+		if next < len(jobs) {
+			tn = jobs[next].tj.Submit
+		}
+		for _, j := range active {
+			if j.state == stRunning && j.gpus > 0 {
+				j.finish = math.Max(t, j.prodFrom) + j.remaining/float64(j.gpus)
+				tn = math.Min(tn, j.finish)
+			}
+		}
+		if needTick {
+			tn = math.Min(tn, lastCycle+o.Tick)
+		}
+		if math.IsInf(tn, 1) || tn > maxT {
+			break
+		}
+		if tn < t {
+			tn = t
+		}
+		// Advance.
+		done := false
+		for _, j := range active {
+			if j.state != stRunning {
+				continue
+			}
+			g := float64(j.gpus)
+			a := overlap(t, tn) * g
+			allocGS += a
+			j.tr.allocGS += a
+			pf := math.Max(t, j.prodFrom)
+			if tn > pf {
+				prodGS += overlap(pf, tn) * g
+				j.remaining -= (tn - pf) * g
+			}
+			if j.remaining <= 1e-6*math.Max(1, g) || j.finish <= tn+1e-9 {
+				j.state = stDone
+				j.tr.Completed++
+				rep.Completed++
+				rep.Makespan = tn - first
+				done = true
+			}
+		}
+		t = tn
+		if done {
+			keep := active[:0]
+			for _, j := range active {
+				if j.state != stDone {
+					keep = append(keep, j)
+				}
+			}
+			for i := len(keep); i < len(active); i++ {
+				active[i] = nil
+			}
+			active = keep
+			k := allocs[:0:0]
+			for _, a := range allocs {
+				if byName[a.Job].state != stDone {
+					k = append(k, a)
+				}
+			}
+			allocs = k
+			dirty = true
+		}
+	}
+	window := (we - ws) * float64(rep.Capacity)
+	rep.Allocated = 100 * allocGS / window
+	rep.Utilization = 100 * prodGS / window
+	rep.EngineMillis = float64(engineTime.Microseconds()) / 1000
+	var allWaits, allReclaims []float64
+	for _, tr := range rep.Teams {
+		tr.AvgAllocated = tr.allocGS / (we - ws)
+		if tr.Nominal > 0 {
+			tr.OfNominal = 100 * tr.AvgAllocated / float64(tr.Nominal)
+		}
+		tr.OfFleet = 100 * tr.AvgAllocated / float64(rep.Capacity)
+		tr.WaitP50, tr.WaitP95 = percentile(tr.waits, 50), percentile(tr.waits, 95)
+		tr.ReclaimP95, tr.ReclaimMax = percentile(tr.reclaims, 95), percentile(tr.reclaims, 100)
+		tr.ReclaimSamples = len(tr.reclaims)
+		tr.NeverStarted = tr.Jobs - len(tr.waits)
+		allWaits = append(allWaits, tr.waits...)
+		allReclaims = append(allReclaims, tr.reclaims...)
+	}
+	rep.WaitP50, rep.WaitP95 = percentile(allWaits, 50), percentile(allWaits, 95)
+	rep.ReclaimP95, rep.ReclaimMax = percentile(allReclaims, 95), percentile(allReclaims, 100)
+	rep.ReclaimSamples = len(allReclaims)
+	return rep, nil
+}
+
+func at(sec float64) time.Time { return epoch.Add(time.Duration(sec * float64(time.Second))) }
+
+// fifoTeams removes lending, borrowing and preemption.
+func fifoTeams(in []policy.Team) []policy.Team {
+	out := make([]policy.Team, len(in))
+	for i, t := range in {
+		t.Preemption = policy.PreemptNever
+		qs := make([]policy.FlavorQuota, len(t.Quotas))
+		for k, q := range t.Quotas {
+			zero := 0
+			q.BorrowingLimit = &zero
+			q.LendingLimit = &zero
+			qs[k] = q
+		}
+		t.Quotas = qs
+		out[i] = t
+	}
+	return out
+}
+
+func growable(active []*sjob) bool {
+	for _, j := range active {
+		if j.state == stRunning && j.spec.Elastic && j.size < j.spec.MaxNodes {
+			return true
+		}
+	}
+	return false
+}
+
+// apply updates the simulated jobs from a decision and reports whether any
+// job was shrunk or preempted (so the freed capacity is handed out on the
+// next cycle).
+func apply(d policy.Decision, byName map[string]*sjob, t, restart float64, rep *Report) bool {
+	changed := false
+	for _, r := range d.Reasons {
+		j := byName[r.Job]
+		if j == nil || j.state == stDone {
+			continue
+		}
+		switch r.Kind {
+		case policy.KindAdmitted:
+			j.state = stRunning
+			j.prodFrom = t
+			if j.started || r.Code == policy.CodeReclaim || r.Code == policy.CodePriorityPreemption {
+				j.prodFrom = t + restart
+			}
+			if !j.started {
+				j.started = true
+				j.tr.waits = append(j.tr.waits, t-j.tj.Submit)
+			}
+			if j.owedSince >= 0 {
+				j.tr.reclaims = append(j.tr.reclaims, j.prodFrom-j.owedSince)
+				j.owedSince = -1
+			}
+		case policy.KindGrown, policy.KindShrunk, policy.KindRepaired, policy.KindMoved:
+			j.prodFrom = t + restart
+			if r.Kind == policy.KindGrown {
+				rep.Grows++
+				j.tr.Grown++
+			} else if r.Kind == policy.KindShrunk {
+				rep.Shrinks++
+				j.tr.Shrunk++
+			} else if r.Kind == policy.KindMoved {
+				rep.Moves++
+			}
+		case policy.KindPreempted:
+			j.state = stPending
+			rep.Preemptions++
+			j.tr.Preempted++
+		}
+		if r.Kind == policy.KindPreempted || r.Kind == policy.KindShrunk {
+			changed = true
+		}
+		if r.ToSize == 0 && j.state == stRunning {
+			j.state = stPending
+		}
+	}
+	for _, a := range d.Allocations {
+		if j := byName[a.Job]; j != nil {
+			j.size, j.gpus = a.Size, a.Size*a.AcceleratorsPerNode
+		}
+	}
+	for _, r := range d.Reasons {
+		if j := byName[r.Job]; j != nil && r.ToSize == 0 {
+			j.size, j.gpus = 0, 0
+		}
+	}
+	return changed
+}
+
+// markOwed records when each pending job's demand became covered by its
+// team's nominal quota (used + earlier pending demand + its own <= nominal,
+// in admission order): the start of a reclaim-latency sample.
+func markOwed(active []*sjob, allocs []policy.Allocation, byName map[string]*sjob, nominal map[[2]string]int, t float64) {
+	used := map[[2]string]int{}
+	for _, a := range allocs {
+		if j := byName[a.Job]; j != nil {
+			used[[2]string{j.tj.Team, j.flavor}] += a.Size * a.AcceleratorsPerNode
+		}
+	}
+	var pend []*sjob
+	for _, j := range active {
+		if j.state == stPending {
+			pend = append(pend, j)
+		}
+	}
+	sort.SliceStable(pend, func(a, b int) bool {
+		pa, pb := prio(pend[a]), prio(pend[b])
+		if pa != pb {
+			return pa > pb
+		}
+		return pend[a].tj.Submit < pend[b].tj.Submit
+	})
+	for _, j := range pend {
+		k := [2]string{j.tj.Team, j.flavor}
+		need := j.spec.MinNodes * j.spec.PerNode.Accelerators
+		if used[k]+need <= nominal[k] {
+			used[k] += need
+			if j.owedSince < 0 {
+				j.owedSince = t
+			}
+		} else {
+			j.owedSince = -1
+		}
+	}
+}
+
+func prio(j *sjob) int {
+	if j.spec.Priority != nil {
+		return *j.spec.Priority
+	}
+	return policy.DefaultPriority
+}
+
+func percentile(v []float64, p float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
