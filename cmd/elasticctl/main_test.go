@@ -205,3 +205,28 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		}
 	}
 }
+
+func TestSimulateGeneratedTrace(t *testing.T) {
+	var trace, errb bytes.Buffer
+	if code := run([]string{"elasticctl", "simulate", "generate", "--jobs", "200", "--capacity", "64", "--teams", "a,b"}, &trace, &errb); code != 0 {
+		t.Fatalf("generate: %d %s", code, errb.String())
+	}
+	tp := writeFile(t, "trace.jsonl", trace.String())
+	teams := writeFile(t, "teams.yaml", "teams:\n- name: a\n  quotas: [{flavor: nvidia-h100-80gb, nominal: 32}]\n- name: b\n  quotas: [{flavor: nvidia-h100-80gb, nominal: 32}]\nfleet:\n- flavor: nvidia-h100-80gb\n  nodes: 8\n  acceleratorsPerNode: 8\n")
+	var out bytes.Buffer
+	if code := run([]string{"elasticctl", "simulate", "--trace", tp, "--teams", teams, "-o", "json"}, &out, &errb); code != 0 {
+		t.Fatalf("simulate: %d %s", code, errb.String())
+	}
+	var rep map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("simulate -o json: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	run([]string{"elasticctl", "simulate", "--trace", tp, "--teams", teams}, &out, &errb)
+	if !strings.Contains(out.String(), "utilization") || !strings.Contains(out.String(), "RECLAIM") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	if code := run([]string{"elasticctl", "simulate", "--trace", tp}, &out, &errb); code != 2 {
+		t.Errorf("simulate without --teams: exit %d, want 2", code)
+	}
+}

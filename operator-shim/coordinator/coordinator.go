@@ -148,13 +148,16 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		case <-debounce:
 			debounce = nil
 			dirty = false
-			if err := c.Cycle(lctx, leader); err != nil {
+			again, err := c.cycle(lctx, leader)
+			if err != nil {
 				if errors.Is(err, errNotLeader) {
 					return err
 				}
 				c.log.Warn("cycle failed; retrying", "err", err)
-				dirty = true
 			}
+			// Preempted jobs are reconsidered by the next cycle (the engine
+			// readmits them a cycle later): run it now, not at the resync.
+			dirty = err != nil || again
 		}
 	}
 }
@@ -240,9 +243,15 @@ func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
 
 // Cycle runs the engine once and writes what changed, guarded by leader.
 func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
+	_, err := c.cycle(ctx, leader)
+	return err
+}
+
+// cycle is Cycle; again says a follow-up cycle is due (a job was preempted).
+func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
 	st, err := c.State(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	d := policy.Schedule(st)
 	for _, p := range d.Problems {
@@ -250,7 +259,7 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 	}
 	statuses, err := c.store.Statuses(ctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	old := map[string]policy.Allocation{}
 	for _, a := range st.Allocations {
@@ -287,6 +296,7 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 		if changed {
 			put(c.store.StatusKey(r.Job), s)
 		}
+		again = again || r.Kind == policy.KindPreempted
 		if event(r, prev.Reason, had) {
 			e := fleet.Event{Time: now, Reason: r}
 			put(c.store.EventKey(e), e)
@@ -302,14 +312,14 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 		n := min(len(ops), 100)
 		r, err := c.cli.Txn(ctx).If(leader).Then(ops[:n]...).Commit()
 		if err != nil {
-			return fmt.Errorf("write decision: %w", err)
+			return false, fmt.Errorf("write decision: %w", err)
 		}
 		if !r.Succeeded {
-			return errNotLeader
+			return false, errNotLeader
 		}
 		ops = ops[n:]
 	}
-	return nil
+	return again, nil
 }
 
 // event says whether a decision is worth an event: every change of size or
