@@ -100,4 +100,3 @@ func simulateCommand() *cli.Command {
 		},
 	}
 }
-
