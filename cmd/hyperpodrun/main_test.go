@@ -497,3 +497,23 @@ func TestPythonHelperImportableWithoutInstall(t *testing.T) {
 		t.Errorf("exit %d\nstdout %s\nstderr %s", r.code, r.stdout, r.stderr)
 	}
 }
+
+func TestElasticBadSettingsGiveClearErrors(t *testing.T) {
+	w := script(t, "true")
+	start := time.Now()
+	r := hpr(t, nil, "--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "j", "--no-python", w)
+	if r.code == 0 || !strings.Contains(r.stderr, "127.0.0.1:1") || !strings.Contains(r.stderr, "rdzv-endpoint") {
+		t.Errorf("unreachable etcd: exit %d\n%s", r.code, r.stderr)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("unreachable etcd took %s to report", took)
+	}
+	r = hpr(t, nil, "--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "j", "--rdzv-conf", "leese_ttl=3", "--no-python", w)
+	if r.code != 2 || !strings.Contains(r.stderr, "leese_ttl") {
+		t.Errorf("unknown rdzv-conf key: exit %d\n%s", r.code, r.stderr)
+	}
+	r = hpr(t, nil, "--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--no-python", w)
+	if r.code != 2 || !strings.Contains(r.stderr, "--rdzv-id") {
+		t.Errorf("missing rdzv-id: exit %d\n%s", r.code, r.stderr)
+	}
+}
