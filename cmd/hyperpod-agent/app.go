@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
@@ -92,6 +93,9 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "listen", Value: nodeagent.DefaultListen, Usage: "address of /healthz, /metrics and /inventory (empty: none)"},
 					&cli.DurationFlag{Name: "lease-ttl", Value: nodeagent.DefaultLeaseTTL, Usage: "how long a dead agent's node stays in etcd (>= 1s)"},
 					&cli.DurationFlag{Name: "refresh-interval", Value: nodeagent.DefaultRefreshInterval, Usage: "how often health is rediscovered (>= 100ms)"},
+					&cli.BoolFlag{Name: "run-jobs", Value: true, Usage: "start and stop the hyperpodrun of every job the coordinator places on this node"},
+					&cli.StringFlag{Name: "hyperpodrun", Value: "hyperpodrun", Usage: "hyperpodrun binary the jobs run with"},
+					&cli.StringFlag{Name: "job-log-dir", Usage: "base --log-dir of the jobs (default: hyperpodrun's temporary dirs)"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 				}, discoveryFlags...),
@@ -244,6 +248,7 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		}
 		defer srv.Close()
 		log.Info("embedded etcd started", "endpoints", srv.Endpoints)
+		endpoints = srv.Endpoints
 		if etcdCli, err = srv.Client(); err != nil {
 			return err
 		}
@@ -289,6 +294,16 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	}
 	if health != nil {
 		cfg.HealthEvents = health.Changed()
+	}
+	if c.Bool("run-jobs") {
+		var conf []string
+		for _, f := range []struct{ flag, key string }{{"etcd-cacert", "cacert"}, {"etcd-cert", "cert"}, {"etcd-key", "key"}} {
+			if v := c.String(f.flag); v != "" {
+				conf = append(conf, f.key+"="+v)
+			}
+		}
+		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
+			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), Logger: log})
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)
 	if err != nil {
