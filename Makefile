@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpod-agent hyperpod-coordinator elasticctl
 
-.PHONY: build test test-short bench demo demo-standalone lint clean
+.PHONY: build test test-python test-short bench demo demo-standalone lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -16,9 +16,15 @@ build:
 
 ## test: vet, then every test with the race detector (real etcd, real processes,
 ## real PyTorch DDP when python3-torch is installed).
-test:
+test: test-python
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 25m $(PKGS)
+
+## test-python: the stdlib Python helper's unittests (with Debian's torch for
+## the gloo tests when present).
+PYTHON_TEST ?= $(shell if /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo /usr/bin/python3; else echo python3; fi)
+test-python:
+	cd checkpoint/python && $(PYTHON_TEST) -m unittest discover -s tests
 
 test-short:
 	$(GO) test -short $(PKGS)
