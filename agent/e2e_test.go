@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/testcluster"
 )
 
@@ -53,21 +54,7 @@ func torchPython(t *testing.T) string {
 	return ""
 }
 
-func startEtcd(t *testing.T) (*etcdembed.Server, *clientv3.Client) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := s.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close(); s.Close() })
-	return s, cli
-}
+func startEtcd(t *testing.T) (*etcdembed.Server, *clientv3.Client) { return etcdtest.Start(t) }
 
 type stepLine = testcluster.Step
 

@@ -16,7 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -46,16 +46,7 @@ func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 	pyPath := filepath.Join(filepath.Dir(file), "..", "checkpoint", "python")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	_, cli := etcdtest.Start(t)
 	out := t.TempDir()
 	script := filepath.Join(out, "worker.py")
 	os.WriteFile(script, []byte(protocolWorker), 0o644)

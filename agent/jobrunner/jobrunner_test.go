@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -49,16 +49,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 `), 0o755)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	srv, cli := etcdtest.Start(t)
 	st := fleet.New(cli, "")
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
 		Run: fleet.RunSpec{Script: worker, NoPython: true, Env: map[string]string{"OUT": dir}, GracefulTimeoutSeconds: 10}})

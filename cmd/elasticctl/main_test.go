@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -72,16 +72,7 @@ run:
 func TestSubmitGrowReclaimDescribeResize(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	srv, cli := etcdtest.Start(t)
 	ep := srv.Endpoints[0]
 	for i := 0; i < 4; i++ {
 		inv := devices.Inventory{Node: fmt.Sprintf("node-%d", i), State: devices.StateReady, Flavor: "nvidia-h100-80gb", VCPUs: 96}

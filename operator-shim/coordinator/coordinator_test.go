@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -18,16 +18,7 @@ import (
 func setup(t *testing.T) (*clientv3.Client, context.Context) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	cli, err := srv.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	_, cli := etcdtest.Start(t)
 	for i := 0; i < 3; i++ {
 		inv := devices.Inventory{Node: fmt.Sprintf("n%d", i), Flavor: "trainium2"}
 		for d := 0; d < 16; d++ {
