@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ func benchMain() int {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the measured runs here")
 	memprofile := flag.String("memprofile", "", "write an allocation profile here at exit")
 	flag.StringVar(&goroutineDump, "goroutines", "", "dump every goroutine here once all participants joined")
+	gogc := flag.Int("gogc", 400, "GC percent of this process (0: Go's default, or $GOGC); the simulation keeps every participant's heap and etcd's in one process, which no deployment does")
 	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
 	flag.Parse()
 
@@ -62,13 +64,18 @@ func benchMain() int {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
+	if *gogc > 0 {
+		debug.SetGCPercent(*gogc)
+	}
+	gcPercent := debug.SetGCPercent(-1)
+	debug.SetGCPercent(gcPercent)
 	level := slog.LevelError + 1
 	if *verbose {
 		level = slog.LevelInfo
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	fmt.Printf("# rdzvscale: one embedded etcd per size with UnsafeNoFsync (no fsync: benchmark only), %d shared clients, lease TTL %s, GOMAXPROCS %d\n",
-		*clients, *ttl, runtime.GOMAXPROCS(0))
+	fmt.Printf("# rdzvscale: one embedded etcd per size with UnsafeNoFsync (no fsync: benchmark only); each participant its own Node and lease (TTL %s), sharing %d clients; GOMAXPROCS %d, GOGC %d\n",
+		*ttl, *clients, runtime.GOMAXPROCS(0), gcPercent)
 	failed := false
 	baseline := runtime.NumGoroutine()
 	for _, n := range ns {
