@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strconv"
@@ -42,6 +43,7 @@ func RunElastic(ctx context.Context, o Options) error {
 
 // RunElasticWith is RunElastic with injected dependencies.
 func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
+	o.defaults()
 	log := o.Logger
 	var cfg rendezvous.Config
 	copts, err := rendezvous.ParseConf(o.RdzvConf, &cfg)
@@ -98,14 +100,10 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 }
 
 type elastic struct {
-	o   Options
-	cfg rendezvous.Config
-	cli *clientv3.Client
-	log interface {
-		Info(string, ...any)
-		Warn(string, ...any)
-		Error(string, ...any)
-	}
+	o      Options
+	cfg    rendezvous.Config
+	cli    *clientv3.Client
+	log    *slog.Logger
 	tracer trace.Tracer
 	node   *rendezvous.Node
 	// roundNo is the running round; stopping is the round in which a

@@ -131,3 +131,17 @@ func splitHostPort(ep string, defPort int) (string, int, error) {
 	}
 	return host, port, nil
 }
+
+// defaults fills what a library caller may leave unset. Zero timeouts are
+// kept: they mean "do not wait".
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.ShutdownSignal == 0 {
+		o.ShutdownSignal = syscall.SIGTERM
+	}
+	if o.ElasticSignal == 0 {
+		o.ElasticSignal = syscall.SIGUSR1
+	}
+}

@@ -24,6 +24,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 // Failed workers are all restarted up to MaxRestarts times, as torchrun
 // does. It returns nil when every worker succeeded.
 func RunStatic(ctx context.Context, o Options) error {
+	o.defaults()
 	if o.MinNodes != o.MaxNodes {
 		return &ExitError{2, fmt.Errorf("--nnodes %d:%d needs an elastic rendezvous: add --rdzv-backend etcd --rdzv-endpoint HOST:2379 --rdzv-id JOB, or give a fixed --nnodes for the static backend", o.MinNodes, o.MaxNodes)}
 	}
