@@ -588,7 +588,36 @@ func (c *closer) candidates() []*cand {
 // assign picks size nodes and ranks them: members of the previous round
 // first (they keep their rank when it still exists), then the others in
 // join order; freed ranks go to the remaining nodes in that order.
-func assign(prev []Member, cands []*cand, size int) []Member {
+// placement reads the coordinator's node placement of the job
+// (<base>/placement, a JSON list of node ids) when the round cannot take
+// every candidate: the placed nodes are kept, the others become spares (and
+// are drained by their node agents). One read per proposal; nil when
+// absent or malformed.
+func (c *closer) placement(ctx context.Context, needed bool) map[string]bool {
+	if !needed {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	g, err := c.n.cli.Get(rctx, c.k.base+"/placement")
+	if err != nil || len(g.Kvs) == 0 {
+		return nil
+	}
+	var ids []string
+	if err := json.Unmarshal(g.Kvs[0].Value, &ids); err != nil {
+		c.log.Warn("rendezvous: closer: ignoring a malformed placement", "key", c.k.base+"/placement", "err", err)
+		return nil
+	}
+	set := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	return set
+}
+
+// assign picks size members, keeping nodes of the previous round (and, when
+// placed is set, the placed nodes first) and their ranks where possible.
+func assign(prev []Member, cands []*cand, size int, placed map[string]bool) []Member {
 	byID := make(map[string]*cand, len(cands))
 	for _, c := range cands {
 		byID[c.id] = c
@@ -609,7 +638,19 @@ func assign(prev []Member, cands []*cand, size int) []Member {
 	slices.SortFunc(rest, func(a, b *cand) int {
 		return cmp.Or(cmp.Compare(a.createRev, b.createRev), strings.Compare(a.id, b.id))
 	})
-	order = append(order, rest...)[:size]
+	order = append(order, rest...)
+	if placed != nil {
+		slices.SortStableFunc(order, func(a, b *cand) int {
+			switch pa, pb := placed[a.id], placed[b.id]; {
+			case pa && !pb:
+				return -1
+			case pb && !pa:
+				return 1
+			}
+			return 0
+		})
+	}
+	order = order[:size]
 	slots := make([]*cand, size)
 	var floating []*cand
 	for _, c := range order {
@@ -661,7 +702,7 @@ func (c *closer) propose(ctx context.Context, reason Reason, detail string) erro
 		return c.writeHead(ctx, h, nil)
 	}
 	size := min(len(cands), c.capacity())
-	ms := assign(c.round, cands, size)
+	ms := assign(c.round, cands, size, c.placement(ctx, size < len(cands)))
 	world := 0
 	for _, m := range ms {
 		world += m.LocalWorldSize

@@ -435,7 +435,7 @@ func TestAssignKeepsRanks(t *testing.T) {
 		{id: "e", createRev: 9, rec: memberRec{Addr: "e", LWS: 1}},
 		{id: "c", createRev: 3, rec: memberRec{Addr: "c", LWS: 1}},
 	}
-	got := assign(prev, cands, 3) // b lost, size 3: a keeps 0, c keeps 2, d takes 1; e spare
+	got := assign(prev, cands, 3, nil) // b lost, size 3: a keeps 0, c keeps 2, d takes 1; e spare
 	want := []string{"a", "d", "c"}
 	for i, m := range got {
 		if m.NodeID != want[i] || m.GroupRank != i {
@@ -445,9 +445,44 @@ func TestAssignKeepsRanks(t *testing.T) {
 	if got[1].BaseRank != 1 || got[2].BaseRank != 3 {
 		t.Fatalf("base ranks: %+v", got)
 	}
-	got = assign(prev, cands, 4) // newcomer e fills the free rank 1
+	got = assign(prev, cands, 4, nil) // newcomer e fills the free rank 1
 	if got[1].NodeID != "e" || got[3].NodeID != "d" {
 		t.Fatalf("assign with newcomer: %+v", got)
+	}
+	// With the coordinator's placement, placed nodes are kept over previous
+	// members (a is dropped for e); kept nodes keep their ranks.
+	got = assign(prev, cands, 3, map[string]bool{"c": true, "d": true, "e": true})
+	ids := map[string]int{}
+	for _, m := range got {
+		ids[m.NodeID] = m.GroupRank
+	}
+	if _, kept := ids["a"]; kept || len(ids) != 3 || ids["c"] != 2 {
+		t.Fatalf("assign with placement c,d,e: %+v", got)
+	}
+}
+
+// A shrink keeps the nodes the coordinator placed the job on: the others
+// become spares (their node agents drain them).
+func TestShrinkKeepsPlacedNodes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	k := newKeys(DefaultPrefix, h.job)
+	nodes := h.register(ctx, h.cfg("a", 1, 3), h.cfg("b", 1, 3), h.cfg("c", 1, 3))
+	rs := mustJoinAll(t, ctx, nodes...)
+	if rs[0].NumNodes != 3 {
+		t.Fatalf("round: %+v", rs[0])
+	}
+	h.put(ctx, k.base+"/placement", `["c","a"]`)
+	h.put(ctx, k.target, "2")
+	nextAll(t, ctx, nodes, rs)
+	r2 := mustJoinAll(t, ctx, nodes[0], nodes[2])
+	if r2[0].NumNodes != 2 {
+		t.Fatalf("round after shrink: %+v", r2[0])
+	}
+	if r2[0].Rank != rankOf(rs, "a") {
+		t.Fatalf("a's rank went from %d to %d", rankOf(rs, "a"), r2[0].Rank)
 	}
 }
 
