@@ -16,9 +16,14 @@ build:
 
 ## test: vet, then every test with the race detector (real etcd, real processes,
 ## real PyTorch DDP when python3-torch is installed).
+# End-to-end packages that run real multi-process PyTorch training: one at a
+# time, so they never starve each other's lease keepalives on a 2-core box.
+E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun
+
 test: test-python
 	$(GO) vet $(PKGS)
-	$(GO) test -race -timeout 25m $(PKGS)
+	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$')
+	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
 
 ## test-python: the stdlib Python helper's unittests (with Debian's torch for
 ## the gloo tests when present).

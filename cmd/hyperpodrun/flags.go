@@ -112,6 +112,10 @@ func parseArgs(args []string) (agent.Options, error) {
 		Writer:          os.Stdout,
 		ErrWriter:       io.Discard,
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			// Go's flag package says "flag provided but not defined: -x".
+			if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+				return &usageError{fmt.Errorf("unknown option --%s (torchrun options take both spellings, e.g. --nproc-per-node or --nproc_per_node; put the training script's own options after the script)", strings.TrimPrefix(name, "-"))}
+			}
 			return &usageError{err}
 		},
 		ExitErrHandler: func(*cli.Context, error) {},

@@ -203,7 +203,7 @@ func TestBadInputExitsTwoWithClearMessage(t *testing.T) {
 		{[]string{"--nnodes", "3:2", "x.py"}, "maximum 2 is below the minimum 3"},
 		{[]string{"--redirects", "0:9", "x.py"}, "not a stream selection"},
 		{[]string{"--nproc-per-node", "zero", "x.py"}, "--nproc-per-node"},
-		{[]string{"--no-such-flag", "x.py"}, "no-such-flag"},
+		{[]string{"--no-such-flag", "x.py"}, "unknown option --no-such-flag"},
 		{[]string{"--rdzv-backend", "zookeeper", "x.py"}, "choose static or etcd"},
 		{[]string{"--nnodes", "2"}, "missing the training script"},
 		{[]string{"--shutdown-signal", "SIGNOPE", "x.py"}, "not a signal"},
@@ -515,5 +515,25 @@ func TestElasticBadSettingsGiveClearErrors(t *testing.T) {
 	r = hpr(t, nil, "--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--no-python", w)
 	if r.code != 2 || !strings.Contains(r.stderr, "--rdzv-id") {
 		t.Errorf("missing rdzv-id: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+func TestRunPathAndModule(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "rp.py"), []byte("import sys\nprint('name', __name__, 'argv', sys.argv[1:])\n"), 0o644)
+	r := hpr(t, []string{"PYTHON_EXEC=" + py}, "--run-path", filepath.Join(dir, "rp.py"), "a", "b")
+	if r.code != 0 || !strings.Contains(r.stdout, "name __main__ argv ['a', 'b']") {
+		t.Errorf("--run-path: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	os.MkdirAll(filepath.Join(dir, "pkg"), 0o755)
+	os.WriteFile(filepath.Join(dir, "pkg", "__init__.py"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "pkg", "train.py"), []byte("import sys\nprint('module', __name__, sys.argv[1:])\n"), 0o644)
+	r = hpr(t, []string{"PYTHON_EXEC=" + py, "PYTHONPATH=" + dir}, "-m", "pkg.train", "--x")
+	if r.code != 0 || !strings.Contains(r.stdout, "module __main__ ['--x']") {
+		t.Errorf("-m: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
