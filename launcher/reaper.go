@@ -132,7 +132,7 @@ func (r *reaper) wait(pid int) <-chan exitInfo {
 func KillOrphans(keep map[int]bool) int {
 	self := os.Getpid()
 	n := 0
-	for _, pid := range childPIDs(self) {
+	for _, pid := range ChildPIDs(self) {
 		if keep[pid] {
 			continue
 		}
@@ -143,8 +143,8 @@ func KillOrphans(keep map[int]bool) int {
 	return n
 }
 
-// childPIDs lists the live children of parent by scanning /proc.
-func childPIDs(parent int) []int {
+// ChildPIDs lists the live (non-zombie) children of parent by scanning /proc.
+func ChildPIDs(parent int) []int {
 	matches, _ := filepath.Glob("/proc/[0-9]*/stat")
 	var out []int
 	for _, m := range matches {

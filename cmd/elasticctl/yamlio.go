@@ -12,6 +12,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/sim"
 )
 
 // doc is one YAML document with its node tree, for field line lookups.
@@ -173,53 +174,23 @@ func loadJobs(file string) ([]fleet.JobSpec, error) {
 	return out, nil
 }
 
-// loadTeams reads and validates team specs: documents that are one team,
-// or a document with a "teams:" list.
+// loadTeams reads and validates a teams file: the same format as
+// 'simulate --teams' (a "teams:" list, or a bare list of teams); errors
+// name the file, line and field. "-" reads standard input.
 func loadTeams(file string) ([]policy.Team, error) {
-	docs, err := readDocs(file)
+	var data []byte
+	var err error
+	if file == "-" {
+		data, err = io.ReadAll(os.Stdin)
+	} else {
+		data, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	tf, err := sim.ParseTeams(data, file)
 	if err != nil {
 		return nil, err
 	}
-	var out []policy.Team
-	for _, d := range docs {
-		root := d.node
-		if root.Kind == yaml.DocumentNode && len(root.Content) > 0 {
-			root = root.Content[0]
-		}
-		var teams []policy.Team
-		if findTop(root, "teams") {
-			var list struct {
-				Teams []policy.Team `yaml:"teams"`
-			}
-			if err := d.decode(&list); err != nil {
-				return nil, err
-			}
-			teams = list.Teams
-		} else {
-			var t policy.Team
-			if err := d.decode(&t); err != nil {
-				return nil, err
-			}
-			teams = []policy.Team{t}
-		}
-		for _, t := range teams {
-			if err := t.Validate(); err != nil {
-				return nil, d.located(fmt.Errorf("team %s: %w", t.Name, err))
-			}
-		}
-		out = append(out, teams...)
-	}
-	return out, nil
-}
-
-func findTop(n *yaml.Node, k string) bool {
-	if n.Kind != yaml.MappingNode {
-		return false
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == k {
-			return true
-		}
-	}
-	return false
+	return tf.Teams, nil
 }

@@ -6,10 +6,10 @@ package testcluster
 import (
 	"bufio"
 	"fmt"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -201,25 +201,7 @@ func (c *Cluster) Logs() map[string]string {
 }
 
 // ChildPIDs lists the live (non-zombie) children of pid.
-func ChildPIDs(pid int) []int {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var out []int
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 2 || f[0] == "Z" || f[1] != strconv.Itoa(pid) {
-			continue
-		}
-		if n, err := strconv.Atoi(filepath.Base(filepath.Dir(st))); err == nil {
-			out = append(out, n)
-		}
-	}
-	return out
-}
+var ChildPIDs = launcher.ChildPIDs
 
 // Alive reports whether pid is a live, non-zombie process.
 func Alive(pid int) bool {
