@@ -157,8 +157,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	for {
 		round, sig, err := e.join(ctx, event)
 		if sig != 0 {
-			e.node.Leave(context.Background())
-			return &ExitError{1, fmt.Errorf("hyperpodrun received %s while waiting for a round", launcher.SignalName(sig))}
+			return e.leaveOnSignal(sig, "while waiting for a round")
 		}
 		if errors.Is(err, rendezvous.ErrLeaseLost) {
 			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
@@ -183,6 +182,10 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		// No node starts the round's workers until every member has
 		// stopped its previous ones: the resume checkpoint is final then.
 		if change, err := e.barrier(ctx, round, event); err != nil {
+			var se signalError
+			if errors.As(err, &se) {
+				return e.leaveOnSignal(se.sig, "before the round's workers started")
+			}
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
 				if err := e.newNode(); err != nil {
 					return err
@@ -315,11 +318,30 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 			return nil, err
 		case <-e.node.LeaseLost():
 			return nil, rendezvous.ErrLeaseLost
+		case s := <-e.o.Signals:
+			sig, _ := s.(syscall.Signal)
+			return nil, signalError{sig}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
 	return nil, nil
+}
+
+// signalError carries a signal received while no workers run.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "received " + launcher.SignalName(e.sig) }
+
+// leaveOnSignal leaves the job when a signal arrives while no workers run:
+// SIGUSR2 (a planned drain) exits 0, any other signal exits 1 as torchrun.
+func (e *elastic) leaveOnSignal(sig syscall.Signal, when string) error {
+	e.node.Leave(context.Background())
+	if sig == syscall.SIGUSR2 {
+		e.log.Info("drained "+when, "signal", launcher.SignalName(sig))
+		return nil
+	}
+	return &ExitError{1, fmt.Errorf("hyperpodrun received %s %s", launcher.SignalName(sig), when)}
 }
 
 // start launches this node's workers for a round.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
 var binary string
@@ -535,5 +541,36 @@ func TestRunPathAndModule(t *testing.T) {
 	r = hpr(t, []string{"PYTHON_EXEC=" + py, "PYTHONPATH=" + dir}, "-m", "pkg.train", "--x")
 	if r.code != 0 || !strings.Contains(r.stdout, "module __main__ ['--x']") {
 		t.Errorf("-m: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestSignalWhileWaitingForARound(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	w := script(t, "true")
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGUSR2, 0}, {syscall.SIGTERM, 1}} {
+		job := "wait-" + strconv.Itoa(int(tc.sig))
+		cmd, buf := startHPR(t, nil, "--nnodes", "2:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", srv.Endpoints[0],
+			"--rdzv-id", job, "--no-python", w)
+		// Registered (its member key exists) but alone: waiting for a round.
+		waitFor(t, 20*time.Second, "the node to register", func() bool {
+			r, err := cli.Get(context.Background(), "/hyperpodrun/jobs/"+job+"/rdzv/n/m/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err == nil && r.Count == 1
+		})
+		cmd.Process.Signal(tc.sig)
+		err := cmd.Wait()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != tc.code {
+			t.Errorf("%s while waiting: exit %d, want %d\n%s", launcher.SignalName(tc.sig), code, tc.code, buf)
+		}
+		// Leaving revoked its lease at once: the member is gone.
+		if r, _ := cli.Get(context.Background(), "/hyperpodrun/jobs/"+job+"/rdzv/n/m/", clientv3.WithPrefix(), clientv3.WithCountOnly()); r != nil && r.Count != 0 {
+			t.Errorf("%s: member still registered after leaving", launcher.SignalName(tc.sig))
+		}
 	}
 }
