@@ -37,11 +37,22 @@ while True:
         sys.exit(0)
 `
 
+// TestScaleEventIsOneTraceWithWorkersTraceparent runs a planned change with
+// the default elastic signal and with --elastic-signal SIGUSR2: the workers
+// get the configured signal (and its number in HYPERPODRUN_ELASTIC_SIGNAL),
+// stop, and the change is one trace that reaches the restarted workers.
 func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("no python3")
 	}
+	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2} {
+		t.Run(launcher.SignalName(sig), func(t *testing.T) { scaleEventTrace(t, py, sig) })
+	}
+}
+
+func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
+	job := "traced-" + strings.ToLower(launcher.SignalName(elasticSig))
 	_, file, _, _ := runtime.Caller(0)
 	pyPath := filepath.Join(filepath.Dir(file), "..", "checkpoint", "python")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -61,12 +72,12 @@ func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 	for i, name := range []string{"n0", "n1"} {
 		sigs := make(chan os.Signal, 1)
 		o := Options{
-			Spec: launcher.Spec{Entrypoint: script, PythonExec: py, NProcPerNode: 1, RunID: "traced",
+			Spec: launcher.Spec{Entrypoint: script, PythonExec: py, NProcPerNode: 1, RunID: job,
 				LogDir: filepath.Join(out, name), Env: map[string]string{"OUT": out, "PYTHONPATH": pyPath},
 				Stdout: io.Discard, Stderr: io.Discard},
-			MinNodes: 1, MaxNodes: 2, RdzvID: "traced", RdzvConf: "last_call_timeout=0.5", LocalAddr: "127.0.0.1",
+			MinNodes: 1, MaxNodes: 2, RdzvID: job, RdzvConf: "last_call_timeout=0.5", LocalAddr: "127.0.0.1",
 			ShutdownSignal: syscall.SIGTERM, ShutdownTimeout: 5 * time.Second, GracefulTimeout: 10 * time.Second,
-			ElasticSignal: syscall.SIGUSR1, Signals: sigs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			ElasticSignal: elasticSig, Signals: sigs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
 		os.MkdirAll(o.Spec.LogDir, 0o755)
 		done := make(chan error, 1)
@@ -95,7 +106,7 @@ func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 	waitFile("tp.1.0")
 	waitFile("tp.1.1")
 	// A planned change: the job's target goes from 2 nodes to 1.
-	if _, err := cli.Put(ctx, "/hyperpodrun/jobs/traced/target", "1"); err != nil {
+	if _, err := cli.Put(ctx, "/hyperpodrun/jobs/"+job+"/target", "1"); err != nil {
 		t.Fatal(err)
 	}
 	tpWorker := waitFile("tp.2.0")
