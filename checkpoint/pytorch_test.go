@@ -1,9 +1,9 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"math"
 	"net"
 	"os"
@@ -50,22 +50,7 @@ func freePort(t *testing.T) int {
 }
 
 // syncBuffer collects a process's stderr for failure messages.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = syncbuf.Buffer
 
 // stepLine is what train_elastic.py prints on rank 0 after every step.
 var stepLine = regexp.MustCompile(`^step=(\d+) world_size=(\d+) loss=([0-9.eE+-]+|nan|inf)$`)

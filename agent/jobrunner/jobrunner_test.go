@@ -1,14 +1,13 @@
 package jobrunner
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,22 +17,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = syncbuf.Buffer
 
 func TestStartsDrainsAndRecordsFinish(t *testing.T) {
 	dir := t.TempDir()
