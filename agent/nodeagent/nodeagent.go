@@ -407,8 +407,8 @@ func (a *Agent) register(ctx, kaCtx context.Context) (<-chan *clientv3.LeaseKeep
 	}
 	a.mu.Lock()
 	a.lease, a.registered, a.current, a.lastErr = grant.ID, true, inv, ""
+	a.metrics.registered.Set(1) // under mu, so /healthz and the gauge agree
 	a.mu.Unlock()
-	a.metrics.registered.Set(1)
 	a.metrics.writes.Inc()
 	a.log.Info("registered", "key", a.key, "lease", fmt.Sprintf("%x", int64(grant.ID)), "ttl_s", a.ttl,
 		"flavor", inv.Flavor, "accelerators", len(inv.Accelerators), "healthy_gpus", inv.Healthy(devices.KindNVIDIA),

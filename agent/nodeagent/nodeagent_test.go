@@ -256,8 +256,16 @@ func TestAgentsAgainstEmbeddedEtcd(t *testing.T) {
 	}
 
 	// /healthz and /metrics.
+	// The watch can see the PUT a moment before the agent records that its
+	// write succeeded, so /healthz is polled until the deadline.
 	base := "http://" + gpu.agent.Addr()
-	if code, body := get(t, base+"/healthz"); code != 200 || !strings.Contains(body, "registered") {
+	var code int
+	var body string
+	w.waitFor(t, 5*time.Second, "/healthz reports registered", func() bool {
+		code, body = get(t, base+"/healthz")
+		return code == 200
+	})
+	if !strings.Contains(body, "registered") {
 		t.Errorf("/healthz = %d %q", code, body)
 	}
 	_, metrics := get(t, base+"/metrics")
@@ -283,10 +291,12 @@ func TestAgentsAgainstEmbeddedEtcd(t *testing.T) {
 	if inv := w.lastInventory(t, "gpu-1"); inv.Healthy(devices.KindNVIDIA) != 7 || inv.Accelerators[6].HealthReason != "critical XID 79" {
 		t.Errorf("gpu-1 after XID: %d healthy, reason %q", inv.Healthy(devices.KindNVIDIA), inv.Accelerators[6].HealthReason)
 	}
-	_, metrics = get(t, base+"/metrics")
-	if !strings.Contains(metrics, `hyperpod_agent_gpus_healthy{node="gpu-1"} 7`) {
-		t.Errorf("/metrics does not show 7 healthy GPUs")
-	}
+	// Like /healthz, the gauges follow the write a moment after the watch
+	// sees it.
+	w.waitFor(t, 5*time.Second, "/metrics shows 7 healthy GPUs", func() bool {
+		_, metrics = get(t, base+"/metrics")
+		return strings.Contains(metrics, `hyperpod_agent_gpus_healthy{node="gpu-1"} 7`)
+	})
 
 	// Crash: stop keep-alives without revoking. The key outlives the agent,
 	// then disappears within the lease TTL, never marked draining.
