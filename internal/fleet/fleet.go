@@ -353,6 +353,27 @@ const (
 	Failed    = "Failed"
 )
 
+// Stop says why the coordinator took a job's whole allocation away, so its
+// hyperpodruns can tell their workers (written in the same transaction that
+// deletes the allocation; deleted when the job is admitted again).
+type Stop struct {
+	// Kind is a checkpoint event kind: "preemption" (requeued for another
+	// job) or "shutdown" (suspended, deleted or invalid).
+	Kind string `json:"kind"`
+	// Reason is the coordinator's explanation, e.g. "preempted: team a
+	// reclaimed its nominal quota for j2 while team b was borrowing".
+	Reason string `json:"reason,omitempty"`
+}
+
+// Stop kinds (they match checkpoint.EventKind values).
+const (
+	StopPreemption = "preemption"
+	StopShutdown   = "shutdown"
+)
+
+// StopKey names the record of why a job's allocation was taken away.
+func (s *Store) StopKey(j string) string { return s.Key("jobs", j, "stopped") }
+
 // FinishKey names a job's finish record.
 func (s *Store) FinishKey(j string) string { return s.Key("jobs", j, "finished") }
 

@@ -272,14 +272,34 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	}
 	now := d.Now
 	for _, a := range d.Allocations {
-		if prev, ok := old[a.Job]; !ok || !reflect.DeepEqual(prev, a) {
+		prev, ok := old[a.Job]
+		if !ok { // (re)admitted: a stop record of an earlier run is stale
+			ops = append(ops, clientv3.OpDelete(c.store.StopKey(a.Job)))
+		}
+		if !ok || !reflect.DeepEqual(prev, a) {
 			put(c.store.AllocationKey(a.Job), a)
 			ops = append(ops, clientv3.OpPut(c.store.TargetKey(a.Job), strconv.Itoa(a.Size)))
 			put(c.store.PlacementKey(a.Job), a.Nodes)
 		}
 		delete(old, a.Job)
 	}
+	reasons := map[string]policy.Reason{}
+	for _, r := range d.Reasons {
+		reasons[r.Job] = r
+	}
 	for job := range old { // preempted, suspended or deleted
+		// The stop record is written before (or in the same transaction
+		// as) the allocation's delete, so a node agent that drains the job
+		// on that delete finds it, and the workers are told "preemption"
+		// or "shutdown" rather than "drain".
+		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
+		if r, ok := reasons[job]; ok {
+			stop.Reason = r.Message
+			if r.Kind == policy.KindPreempted {
+				stop.Kind = fleet.StopPreemption
+			}
+		}
+		put(c.store.StopKey(job), stop)
 		ops = append(ops, clientv3.OpDelete(c.store.AllocationKey(job)),
 			clientv3.OpPut(c.store.TargetKey(job), "0"), clientv3.OpDelete(c.store.PlacementKey(job)))
 	}

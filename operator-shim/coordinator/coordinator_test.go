@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +101,98 @@ func TestMalformedInputsAreIgnoredNotFatal(t *testing.T) {
 	go func() { c.Run(cctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	waitTarget(t, ctx, cli, "ok", "1")
+}
+
+// stopRecord reads /hyperpodrun/jobs/<job>/stopped (nil when absent).
+func stopRecord(t *testing.T, ctx context.Context, cli *clientv3.Client, job string) *fleet.Stop {
+	t.Helper()
+	r, err := cli.Get(ctx, fleet.New(cli, "").StopKey(job))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil
+	}
+	var s fleet.Stop
+	if err := json.Unmarshal(r.Kvs[0].Value, &s); err != nil {
+		t.Fatalf("stop record %q: %v", r.Kvs[0].Value, err)
+	}
+	return &s
+}
+
+// A job that loses its whole allocation gets a stop record saying why
+// (preemption or shutdown) before its allocation disappears, so the node
+// agents' drain reaches the workers as the right event kind; the record is
+// removed when the job is admitted again.
+func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	st.PutTeam(ctx, policy.Team{Name: "a", Preemption: policy.PreemptLowerPriority,
+		Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 48}}})
+	// Every write of the allocation key is checked: the stop record must
+	// already be there when a node agent sees the allocation deleted.
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	deletes := make(chan *fleet.Stop, 10)
+	wch := cli.Watch(wctx, st.AllocationKey("low"))
+	go func() {
+		for w := range wch {
+			for _, ev := range w.Events {
+				if ev.Type != clientv3.EventTypeDelete {
+					continue
+				}
+				// The record as of the delete's revision, not later.
+				var s *fleet.Stop
+				r, err := cli.Get(ctx, st.StopKey("low"), clientv3.WithRev(ev.Kv.ModRevision))
+				if err == nil && len(r.Kvs) == 1 {
+					s = &fleet.Stop{}
+					if json.Unmarshal(r.Kvs[0].Value, s) != nil {
+						s = nil
+					}
+				}
+				deletes <- s
+			}
+		}
+	}()
+	c := New(cli, Config{Resync: 100 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1}})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	low, high := 10, 90
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "low", Team: "a", Priority: &low, PerNode: policy.Resources{Accelerators: 16}, MinNodes: 3, MaxNodes: 3}})
+	waitTarget(t, ctx, cli, "low", "3")
+	if s := stopRecord(t, ctx, cli, "low"); s != nil {
+		t.Fatalf("running job has a stop record %+v", s)
+	}
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "high", Team: "a", Priority: &high, PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	waitTarget(t, ctx, cli, "high", "1")
+	select {
+	case s := <-deletes:
+		if s == nil || s.Kind != fleet.StopPreemption || !strings.Contains(s.Reason, "high") {
+			t.Errorf("when low's allocation was deleted its stop record was %+v, want kind preemption naming job high", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("low was not preempted")
+	}
+	// high goes away: low is admitted again and its stale record removed.
+	st.DeleteJob(ctx, "high")
+	waitTarget(t, ctx, cli, "low", "3")
+	if s := stopRecord(t, ctx, cli, "low"); s != nil {
+		t.Errorf("re-admitted job still has the stop record %+v", s)
+	}
+	if s := stopRecord(t, ctx, cli, "high"); s == nil || s.Kind != fleet.StopShutdown {
+		t.Errorf("deleted job's stop record %+v, want kind shutdown", s)
+	}
+	// Suspending is a shutdown, with the coordinator's reason.
+	st.UpdateJob(ctx, "low", func(j *fleet.JobSpec) error { j.Suspended = true; return nil })
+	select {
+	case s := <-deletes:
+		if s == nil || s.Kind != fleet.StopShutdown || !strings.Contains(strings.ToLower(s.Reason), "suspend") {
+			t.Errorf("suspended job's stop record %+v, want kind shutdown saying suspended", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("suspended job kept its allocation")
+	}
 }
