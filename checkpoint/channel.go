@@ -80,6 +80,9 @@ type Event struct {
 	Round int64
 	// TraceParent is the W3C traceparent of the scaling event's trace.
 	TraceParent string
+	// Reason is a human explanation when one is known, e.g. the
+	// coordinator's "preempted: team a reclaimed its nominal quota ...".
+	Reason string
 	// Seq numbers the announcements of one Channel (1, 2, ...); set by
 	// Announce.
 	Seq uint64
@@ -96,6 +99,7 @@ type eventFile struct {
 	DeadlineUnix    float64   `json:"deadline_unix,omitempty"`
 	Round           int64     `json:"round"`
 	TraceParent     string    `json:"traceparent,omitempty"`
+	Reason          string    `json:"reason,omitempty"`
 	Seq             uint64    `json:"seq"`
 	AnnouncedAt     time.Time `json:"announced_at"`
 	AnnouncedAtUnix float64   `json:"announced_at_unix"`
@@ -296,6 +300,7 @@ func (c *Channel) Announce(ev Event) error {
 		DeadlineUnix:    unixSeconds(ev.Deadline),
 		Round:           ev.Round,
 		TraceParent:     ev.TraceParent,
+		Reason:          ev.Reason,
 		Seq:             seq,
 		AnnouncedAt:     now,
 		AnnouncedAtUnix: unixSeconds(now),
@@ -344,6 +349,7 @@ func ReadEvent(path string) (*Event, error) {
 		Deadline:     f.Deadline,
 		Round:        f.Round,
 		TraceParent:  f.TraceParent,
+		Reason:       f.Reason,
 		Seq:          f.Seq,
 		AnnouncedAt:  f.AnnouncedAt,
 	}, nil

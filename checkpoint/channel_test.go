@@ -73,10 +73,13 @@ func TestAnnounceWritesEventFileWorkersCanRead(t *testing.T) {
 			t.Errorf("event.json %s = %v, want %v", k, m[k], want)
 		}
 	}
-	if err := ch.Announce(Event{Kind: Preemption}); err != nil {
+	if _, ok := m["reason"]; ok {
+		t.Errorf("event.json has a reason though none was given: %s", raw)
+	}
+	if err := ch.Announce(Event{Kind: Preemption, Reason: "preempted by higher-priority j2"}); err != nil {
 		t.Fatal(err)
 	}
-	if ev, _ := ReadEvent(ch.EventPath()); ev == nil || ev.Seq != 2 || ev.Kind != Preemption || !ev.Deadline.IsZero() {
+	if ev, _ := ReadEvent(ch.EventPath()); ev == nil || ev.Seq != 2 || ev.Kind != Preemption || !ev.Deadline.IsZero() || ev.Reason != "preempted by higher-priority j2" {
 		t.Fatalf("second announcement read back as %+v", ev)
 	}
 	if err := ch.ClearEvent(); err != nil {

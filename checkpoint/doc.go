@@ -18,7 +18,14 @@
 //
 //	{"kind":"scale_down","new_world_size":2,"round":4,"seq":1,
 //	 "deadline":"2025-01-01T00:00:30Z","deadline_unix":1735689630.0,
-//	 "announced_at":"...","announced_at_unix":...,"traceparent":"00-..."}
+//	 "announced_at":"...","announced_at_unix":...,"traceparent":"00-...",
+//	 "reason":"..."}
+//
+// Kinds: scale_up and scale_down (the job's size changes), resize (a
+// planned change that keeps the size), drain (this node leaves; the job
+// goes on without it), preemption (the coordinator took the whole job's
+// capacity for another job; it is requeued) and shutdown (the job was
+// suspended or deleted). new_world_size is 0 for preemption and shutdown.
 //
 // Workers send newline-delimited JSON messages to control.sock; the agent
 // answers every message with one line, {"ok":true} or

@@ -21,9 +21,13 @@ ENV_ROUND = "HYPERPODRUN_ROUND"
 class Event:
     """A planned change announced by the agent.
 
-    ``kind`` is e.g. ``scale_up``, ``scale_down``, ``resize``, ``preemption``,
-    ``drain``; ``unknown`` when only the signal arrived (no event file).
-    ``deadline`` and ``announced_at`` are Unix times in seconds.
+    ``kind`` is ``scale_up``, ``scale_down``, ``resize``, ``drain`` (this
+    node leaves, the job goes on), ``preemption`` (the whole job is requeued
+    for another job; ``new_world_size`` is 0) or ``shutdown`` (suspended or
+    deleted); ``unknown`` when only the signal arrived (no event file).
+    ``reason`` explains the change when the agent knows why (e.g. the
+    coordinator's preemption message). ``deadline`` and ``announced_at``
+    are Unix times in seconds.
     """
 
     kind: str
@@ -33,6 +37,7 @@ class Event:
     traceparent: Optional[str] = None
     seq: Optional[int] = None
     announced_at: Optional[float] = None
+    reason: Optional[str] = None
 
     def time_left(self, now: Optional[float] = None) -> Optional[float]:
         """Seconds until the agent escalates (SIGTERM), or None if unknown."""
@@ -151,6 +156,7 @@ def _parse_event(data: bytes, path: str) -> Optional[Event]:
         traceparent=raw.get("traceparent") if isinstance(raw.get("traceparent"), str) else None,
         seq=_opt_int(raw.get("seq")),
         announced_at=_opt_float(raw.get("announced_at_unix")),
+        reason=raw.get("reason") if isinstance(raw.get("reason"), str) else None,
     )
 
 

@@ -68,6 +68,14 @@ class EventTest(unittest.TestCase):
         self.assertEqual((ev.kind, ev.new_world_size, ev.round, ev.seq, ev.traceparent),
                          ("scale_down", 2, 3, 1, "00-abc-def-01"))
         self.assertAlmostEqual(ev.time_left(now), 30, places=3)
+        self.assertIsNone(ev.reason)
+
+    def test_event_reason_is_read(self):
+        self.write_event(kind="preemption", new_world_size=0, round=2, seq=1,
+                         reason="preempted by higher-priority j2")
+        ev = he.event()
+        self.assertEqual((ev.kind, ev.new_world_size, ev.reason),
+                         ("preemption", 0, "preempted by higher-priority j2"))
 
     def test_event_of_earlier_round_is_ignored(self):
         os.environ["HYPERPODRUN_ROUND"] = "5"
