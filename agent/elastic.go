@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -484,16 +485,54 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 // when the coordinator moves the job off this node): the workers of every
 // node are told through the sync signal, checkpoint and exit 0; then this
 // node leaves the rendezvous at once and hyperpodrun exits 0.
+//
+// When the coordinator took the whole job's allocation away, it left a stop
+// record (<prefix>/jobs/<job>/stopped) before deleting the allocation the
+// node agent reacted to: the workers are then told "preemption" or
+// "shutdown" (new world size 0) with the coordinator's reason, not "drain".
 func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
-	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number)
+	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(checkpoint.Drain, r)}
+	if stop, ok := e.stopRecord(); ok {
+		ev = checkpoint.Event{Kind: stop.Kind, Reason: stop.Reason}
+	}
+	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
 	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
-		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "drain"), attribute.Int64("from_round", r.Number)))
+		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(ev.Kind)), attribute.Int64("from_round", r.Number)))
 	defer span.End()
-	e.announceAndWait(ectx, g, r, checkpoint.Drain)
+	e.announceAndWait(ectx, g, r, ev)
 	if err := e.node.Leave(context.Background()); err != nil {
 		e.log.Warn("leave rendezvous", "err", err)
 	}
 	return nil
+}
+
+// jobStop is the coordinator's record of why a job's whole allocation was
+// taken away (fleet.Stop; docs/internals.md).
+type jobStop struct {
+	Kind   checkpoint.EventKind `json:"kind"`
+	Reason string               `json:"reason"`
+}
+
+// stopRecord reads the job's stop record; ok is false when there is none
+// (a single node drained, or no coordinator) or it cannot be used.
+func (e *elastic) stopRecord() (jobStop, bool) {
+	key := e.cfg.Prefix + "/jobs/" + e.cfg.JobID + "/stopped"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := e.cli.Get(ctx, key)
+	if err != nil {
+		e.log.Warn("cannot read the job's stop record; announcing a drain", "key", key, "err", err)
+		return jobStop{}, false
+	}
+	if len(resp.Kvs) == 0 {
+		return jobStop{}, false
+	}
+	var s jobStop
+	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil || (s.Kind != checkpoint.Preemption && s.Kind != checkpoint.Shutdown) {
+		e.log.Warn("ignoring a malformed stop record; announcing a drain", "key", key, "value", string(resp.Kvs[0].Value))
+		return jobStop{}, false
+	}
+	return s, true
 }
 
 // newWorldSize estimates the world size after a planned change (nodes are
@@ -563,23 +602,40 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 		sspan.End()
 		return &scaleEvent{ectx, span}
 	}
-	kind := checkpoint.Resize
-	if c.Reason == rendezvous.NodeWaiting {
-		kind = checkpoint.ScaleUp
-	}
-	e.announceAndWait(ectx, g, r, kind)
+	e.announceAndWait(ectx, g, r, e.plannedEvent(c, r))
 	return &scaleEvent{ectx, span}
+}
+
+// plannedEvent names a planned change for the workers: scale_up or
+// scale_down when the proposed round is larger or smaller, with its world
+// size; resize when the size stays (or is not proposed yet, in which case
+// the world size is estimated from the target).
+func (e *elastic) plannedEvent(c rendezvous.Change, r *rendezvous.Round) checkpoint.Event {
+	switch {
+	case c.WorldSize > 0 && c.NumNodes > r.NumNodes:
+		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.WorldSize > 0 && c.NumNodes < r.NumNodes:
+		return checkpoint.Event{Kind: checkpoint.ScaleDown, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.WorldSize > 0:
+		return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.Reason == rendezvous.NodeWaiting:
+		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: e.newWorldSize(checkpoint.ScaleUp, r), Reason: c.Detail}
+	}
+	return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: e.newWorldSize(checkpoint.Resize, r), Reason: c.Detail}
 }
 
 // announceAndWait announces a planned change to the workers (event file,
 // then the elastic signal) and waits up to --graceful-timeout for them to
 // checkpoint and exit, then escalates: SIGTERM, then SIGKILL.
-func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, kind checkpoint.EventKind) {
+func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev checkpoint.Event) {
 	o := e.o
-	deadline := time.Now().Add(o.GracefulTimeout)
-	_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ElasticSignal)), attribute.String("kind", string(kind))))
-	if err := e.ch.Announce(checkpoint.Event{Kind: kind, NewWorldSize: e.newWorldSize(kind, r), Deadline: deadline, Round: r.Number,
-		TraceParent: telemetry.TraceParent(ectx)}); err != nil {
+	ev.Deadline = time.Now().Add(o.GracefulTimeout)
+	ev.Round = r.Number
+	ev.TraceParent = telemetry.TraceParent(ectx)
+	_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ElasticSignal)),
+		attribute.String("kind", string(ev.Kind)), attribute.Int("new_world_size", ev.NewWorldSize)))
+	e.log.Info("announcing a planned change to the workers", "kind", ev.Kind, "new_world_size", ev.NewWorldSize, "why", ev.Reason)
+	if err := e.ch.Announce(ev); err != nil {
 		e.log.Warn("announce event", "err", err)
 	}
 	g.Signal(o.ElasticSignal)

@@ -122,6 +122,14 @@ func TestPlannedResizeLosesNoStep(t *testing.T) {
 			t.Errorf("node %s escalated: workers did not checkpoint and exit within the graceful timeout", name)
 		}
 	}
+	// The workers were told what kind of change it was and the world size
+	// they restart at (train_elastic.py logs the event it read).
+	logs := c.logText()
+	for _, want := range []string{"elastic event scale_down (new world size 2)", "elastic event scale_up (new world size 3)"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("no worker logged %q", want)
+		}
+	}
 }
 
 // TestResizeWithWorkerIgnoringSignalEscalates: workers that ignore the

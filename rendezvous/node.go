@@ -89,6 +89,10 @@ type Change struct {
 	Detail string
 	// Round is the number of the round record that superseded it.
 	Round int64
+	// NumNodes and WorldSize are the size of that round as proposed (0
+	// while it waits for nodes). A proposal can still fail its
+	// acknowledgements, so they are what is planned, not yet agreed.
+	NumNodes, WorldSize int
 }
 
 // Node is one agent's participation in a job's rendezvous. Its methods are
@@ -436,8 +440,12 @@ func (n *Node) Next(ctx context.Context, r *Round) (Change, error) {
 			return Change{}, err
 		}
 		if h := n.head; h != nil && h.Round > r.Number {
+			c := Change{Reason: h.Reason, Detail: h.Detail, Round: h.Round}
+			if h.State != stateOpen {
+				c.NumNodes, c.WorldSize = h.Nodes, h.World
+			}
 			n.mu.Unlock()
-			return Change{Reason: h.Reason, Detail: h.Detail, Round: h.Round}, nil
+			return c, nil
 		}
 		ch := n.changed
 		n.mu.Unlock()

@@ -118,7 +118,9 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	changed := time.Now()
 	h.put(ctx, k.target, "3")
 	ch := nextAll(t, ctx, []*Node{a, b}, rs)
-	if ch[0].Reason != TargetChanged {
+	// The change says the planned size, so the agent can tell its workers
+	// the world size they will restart at.
+	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 3 || ch[0].WorldSize != 3 {
 		t.Fatalf("change: %+v", ch[0])
 	}
 	rs = mustJoinAll(t, ctx, a, b)
@@ -138,7 +140,7 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	// Target above MAX is clamped; below MIN too. Shrink to 1: rank 0 stays.
 	h.put(ctx, k.target, "1")
 	ch = nextAll(t, ctx, []*Node{a, b, c}, rs)
-	if ch[0].Reason != TargetChanged {
+	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 1 || ch[0].WorldSize != 1 {
 		t.Fatalf("change: %+v", ch[0])
 	}
 	r1, err := a.Join(ctx)

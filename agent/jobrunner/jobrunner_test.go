@@ -3,7 +3,7 @@ package jobrunner
 import (
 	"context"
 	"encoding/json"
-	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -27,7 +30,7 @@ func TestStartsDrainsAndRecordsFinish(t *testing.T) {
 	}
 	worker := filepath.Join(dir, "w.sh")
 	os.WriteFile(worker, []byte(`#!/bin/sh
-trap 'echo drained > "$OUT/drained.$HYPERPODRUN_ROUND"; exit 0' USR1
+trap 'cp "$HYPERPODRUN_EVENT_FILE" "$OUT/drained.tmp" && mv "$OUT/drained.tmp" "$OUT/drained"; exit 0' USR1
 echo run > "$OUT/started"
 while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 `), 0o755)
@@ -69,15 +72,48 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	if !strings.Contains(out.String(), "node-a/j ") {
 		t.Errorf("output not prefixed with node/job: %q", out.String())
 	}
+	// drainedEvent waits for the worker to be signalled and returns the
+	// event it read.
+	drainedEvent := func(what string) map[string]any {
+		t.Helper()
+		waitFor(what, exists("drained"))
+		waitFor("hyperpodrun to exit", func() bool { return running() == 0 })
+		b, err := os.ReadFile(filepath.Join(dir, "drained"))
+		var ev map[string]any
+		if err == nil {
+			err = json.Unmarshal(b, &ev)
+		}
+		if err != nil {
+			t.Fatalf("event file the worker read: %v (%q)", err, b)
+		}
+		os.Remove(filepath.Join(dir, "drained"))
+		os.Remove(filepath.Join(dir, "started"))
+		if f, _ := st.Finished(ctx); len(f) != 0 {
+			t.Errorf("a drained job was recorded as finished: %v", f)
+		}
+		return ev
+	}
 	// Moved off this node: drained through the sync signal, not finished.
 	alloc("node-b")
-	waitFor("the worker to be told to checkpoint and leave", exists("drained.1"))
-	waitFor("hyperpodrun to exit", func() bool { return running() == 0 })
-	if f, _ := st.Finished(ctx); len(f) != 0 {
-		t.Errorf("a drained job was recorded as finished: %v", f)
+	if ev := drainedEvent("the worker to be told to checkpoint and leave"); ev["kind"] != "drain" {
+		t.Errorf("moved off this node: worker got %v, want kind drain", ev)
 	}
-	// Placed here again, then training ends by itself: recorded Succeeded.
-	os.Remove(filepath.Join(dir, "started"))
+	// Preempted: the coordinator writes the stop record, then deletes the
+	// allocation in the same transaction. The workers are told it is a
+	// preemption, to world size 0, and why.
+	alloc("node-a")
+	waitFor("the job to start again", exists("started"))
+	b, _ := json.Marshal(fleet.Stop{Kind: fleet.StopPreemption, Reason: "preempted by higher-priority urgent of the same team t"})
+	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(st.StopKey("j"), string(b)), clientv3.OpDelete(st.AllocationKey("j"))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	ev := drainedEvent("the worker to be told of the preemption")
+	if ev["kind"] != "preemption" || ev["new_world_size"] != 0.0 || !strings.Contains(fmt.Sprint(ev["reason"]), "higher-priority urgent") {
+		t.Errorf("preempted: worker got %v, want kind preemption, new world size 0 and the coordinator's reason", ev)
+	}
+	// Placed here again (the coordinator deletes the stale stop record
+	// first), then training ends by itself: recorded Succeeded.
+	cli.Delete(ctx, st.StopKey("j"))
 	alloc("node-a")
 	waitFor("the job to start again", exists("started"))
 	os.WriteFile(filepath.Join(dir, "finish"), nil, 0o644)

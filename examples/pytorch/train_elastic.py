@@ -203,8 +203,9 @@ def main(argv=None):
         if not args.ignore_signal and he.elastic_event_detected():
             ev = he.event()
             if rank == 0:
-                log("elastic event %s (new world size %s) after step %d: checkpointing and exiting"
-                    % (ev.kind if ev else "?", ev.new_world_size if ev else "?", step))
+                log("elastic event %s (new world size %s) after step %d: checkpointing and exiting%s"
+                    % (ev.kind if ev else "?", ev.new_world_size if ev else "?", step,
+                       " [%s]" % ev.reason if ev and ev.reason else ""))
             save_and_commit(step)
             if he.under_hyperpodrun():
                 he.report_stopping(step, rank=rank, world_size=world)
