@@ -497,14 +497,18 @@ func (c *closer) decide(ctx context.Context) error {
 			if c.head.Target > 0 {
 				headCap = c.head.Target
 			}
+			// Growth waits for the nodes it grows by: at once when enough
+			// are waiting, else a last call after the first one arrived,
+			// so nodes started a moment apart (the coordinator's new
+			// placement) join in one round instead of one round each.
+			reason, detail := NodeWaiting, fmt.Sprintf("%d node(s) waiting while round %d has %d of %d nodes", waiting, c.head.Round, size, capN)
 			if capN > headCap {
-				return c.propose(ctx, TargetChanged, fmt.Sprintf("target %d: growing from %d nodes with %d waiting", c.target, size, waiting))
+				reason, detail = TargetChanged, fmt.Sprintf("target %d: growing from %d nodes with %d waiting", c.target, size, waiting)
 			}
-			detail := fmt.Sprintf("%d node(s) waiting while round %d has %d of %d nodes", waiting, c.head.Round, size, capN)
 			if avail >= capN {
-				return c.propose(ctx, NodeWaiting, detail)
+				return c.propose(ctx, reason, detail)
 			}
-			if err := lastCall(NodeWaiting, detail); err != nil {
+			if err := lastCall(reason, detail); err != nil {
 				return err
 			}
 		default:

@@ -53,7 +53,10 @@
 // at the target size (<prefix>/jobs/<job>/target, clamped to [MIN, MAX]) at
 // once. Nodes beyond the size wait as spares, preferred by join order; a
 // waiting node while the round is below its size starts a new round (after
-// the last call unless the size is reached), a target change at once. A lost
+// the last call unless the size is reached). A lower target shrinks at
+// once; a higher one grows at once when enough nodes wait, else after the
+// last call from the first new node, so nodes started a moment apart join
+// in one round rather than one round each. A lost
 // member or a reported failure starts a new round at once with whoever is
 // left (>= MinNodes; otherwise the round record says "open" and Next
 // returns). Members keep their group rank where possible; freed ranks go
