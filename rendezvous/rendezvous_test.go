@@ -161,41 +161,37 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	}
 }
 
-// A waiting node while the round is below MAX starts a new round; ranks of
-// staying nodes are stable and MASTER_PORT is fresh.
-// Raising the target grows the job in one round when the new nodes arrive
-// a moment apart (the coordinator's placement starts them on different
-// node agents), and still grows after the last call when fewer come.
-func TestTargetGrowthWaitsForStaggeredNodes(t *testing.T) {
-	t.Parallel()
+// runningAtTarget2 starts nodes a and b (1..4 nodes) in a round sized by
+// target 2, raises the target to 4, and returns a joinLater that starts a
+// new node's Join in the background.
+func runningAtTarget2(t *testing.T, lastCall time.Duration) (context.Context, []*Node, []*Round, func(id string) chan joinResult) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	k := newKeys(DefaultPrefix, h.job)
 	h.put(ctx, k.target, "2")
 	cfg := func(id string) Config {
 		c := h.cfg(id, 1, 4)
-		c.LastCallTimeout = 2 * time.Second
+		c.LastCallTimeout = lastCall
 		return c
 	}
 	nodes := h.register(ctx, cfg("a"), cfg("b"))
 	rs := mustJoinAll(t, ctx, nodes...)
+	h.put(ctx, k.target, "4")
 	joinLater := func(id string) chan joinResult {
 		n := h.node(cfg(id))
 		out := make(chan joinResult, 1)
 		go func() { r, err := n.Join(ctx); out <- joinResult{r, err, time.Now()} }()
 		return out
 	}
-	h.put(ctx, k.target, "4")
-	cj := joinLater("c")
-	time.Sleep(200 * time.Millisecond) // the second new node starts later
-	dj := joinLater("d")
-	ch := nextAll(t, ctx, nodes, rs)
-	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 4 {
-		t.Fatalf("growth to target 4 with nodes 200ms apart: change %+v, want one round of 4 nodes", ch[0])
-	}
-	rs = mustJoinAll(t, ctx, nodes...)
-	for _, j := range []chan joinResult{cj, dj} {
+	return ctx, nodes, rs, joinLater
+}
+
+// growthRound checks the round the grown job formed, new nodes included.
+func growthRound(t *testing.T, ctx context.Context, nodes []*Node, joins ...chan joinResult) []*Round {
+	t.Helper()
+	rs := mustJoinAll(t, ctx, nodes...)
+	for _, j := range joins {
 		res := <-j
 		if res.err != nil {
 			t.Fatal(res.err)
@@ -203,43 +199,49 @@ func TestTargetGrowthWaitsForStaggeredNodes(t *testing.T) {
 		rs = append(rs, res.r)
 	}
 	checkRound(t, rs)
-	if rs[0].NumNodes != 4 {
+	return rs
+}
+
+// Raising the target grows the job in one round when the new nodes arrive
+// a moment apart (the coordinator's placement starts them on different
+// node agents), not one round per node.
+func TestTargetGrowthWaitsForStaggeredNodes(t *testing.T) {
+	t.Parallel()
+	ctx, nodes, rs, joinLater := runningAtTarget2(t, 2*time.Second)
+	cj := joinLater("c")
+	time.Sleep(200 * time.Millisecond) // the second new node starts later
+	dj := joinLater("d")
+	ch := nextAll(t, ctx, nodes, rs)
+	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 4 {
+		t.Fatalf("growth to target 4 with nodes 200ms apart: change %+v, want one round of 4 nodes", ch[0])
+	}
+	if rs := growthRound(t, ctx, nodes, cj, dj); rs[0].NumNodes != 4 {
 		t.Fatalf("round after growth: %+v", rs[0])
 	}
-
 }
 
 // When fewer nodes come than the raised target asks for, the job still
 // grows with those that came, after the last call.
 func TestTargetGrowthWithFewerNodesAfterLastCall(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	k := newKeys(DefaultPrefix, h.job)
-	h.put(ctx, k.target, "2")
-	nodes := h.register(ctx, h.cfg("a", 1, 4), h.cfg("b", 1, 4))
-	rs := mustJoinAll(t, ctx, nodes...)
-	h.put(ctx, k.target, "4")
-	c := h.node(h.cfg("c", 1, 4))
+	const lastCall = 300 * time.Millisecond
+	ctx, nodes, rs, joinLater := runningAtTarget2(t, lastCall)
 	arrived := time.Now()
-	cj := make(chan joinResult, 1)
-	go func() { r, err := c.Join(ctx); cj <- joinResult{r, err, time.Now()} }()
+	cj := joinLater("c")
 	ch := nextAll(t, ctx, nodes, rs)
 	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 3 {
 		t.Fatalf("change: %+v, want growth to the 3 nodes there are", ch[0])
 	}
-	if waited := time.Since(arrived); waited < h.cfg("c", 1, 4).LastCallTimeout {
-		t.Errorf("grew %s after the new node arrived, before the last call (%s) for the others", waited, h.cfg("c", 1, 4).LastCallTimeout)
+	if waited := time.Since(arrived); waited < lastCall {
+		t.Errorf("grew %s after the new node arrived, before the last call (%s) for the others", waited, lastCall)
 	}
-	rs = mustJoinAll(t, ctx, nodes...)
-	res := <-cj
-	if res.err != nil {
-		t.Fatal(res.err)
+	if rs := growthRound(t, ctx, nodes, cj); rs[0].NumNodes != 3 {
+		t.Fatalf("round after growth: %+v", rs[0])
 	}
-	checkRound(t, append(rs, res.r))
 }
 
+// A waiting node while the round is below MAX starts a new round; ranks of
+// staying nodes are stable and MASTER_PORT is fresh.
 func TestWaitingNodeStartsNewRound(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
