@@ -70,7 +70,11 @@
 // member that has not acknowledged AckTimeout (default 1s) after the last
 // acknowledgement progress is left out and the round is proposed again
 // without it. If it was alive after all, its late acknowledgement makes it a
-// spare, and the next round takes it back. The first round and growth
+// spare, and the next round takes it back. A dead closer would stall this
+// path until its lease expired, so the node whose report opened a round's
+// failure watches the closer too: if no next round appears within
+// AckTimeout, it revokes the closer's lease and the next node in the closer
+// queue takes over at once. The first round and growth
 // rounds need only rank 0's acknowledgement, which carries the MASTER_PORT
 // it picked. Losing a member is not a failure: only ReportFailure counts a
 // restart, once per failed round, in <prefix>/jobs/<job>/restarts.

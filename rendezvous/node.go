@@ -490,8 +490,68 @@ func (n *Node) ReportFailure(ctx context.Context, r *Round, detail string) (int,
 	}
 	if t.Succeeded {
 		n.log.Info("rendezvous: reported worker failure", "round", r.Number, "detail", detail)
+		n.mu.Lock()
+		closer := ""
+		if h := n.head; h != nil && h.Round == r.Number {
+			closer = h.Closer
+		}
+		n.mu.Unlock()
+		if closer != "" && closer != n.cfg.NodeID {
+			n.goTracked("supervise-closer", func() { n.superviseCloser(r.Number, closer) })
+		}
 	}
 	return n.Restarts(ctx)
+}
+
+// superviseCloser keeps a dead closer from stalling the fast failure path.
+// The node whose report opened round r's failure runs it: when the closer
+// that wrote round r has not started the next round within AckTimeout
+// (normally it does within milliseconds), it is presumed dead, just as a
+// member that misses an acknowledgement is, and its lease is revoked, so
+// the next node in the closer queue takes over at once instead of after
+// the lease TTL. A closer that was alive after all loses its lease, fences
+// its workers and rejoins as a new member; a failed round restarts every
+// worker anyway.
+func (n *Node) superviseCloser(r int64, closer string) {
+	grace := n.cfg.AckTimeout
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	for {
+		n.mu.Lock()
+		h, changed := n.head, n.changed
+		n.mu.Unlock()
+		if h != nil && h.Round > r {
+			return // the closer acted
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-changed:
+			continue
+		case <-timer.C:
+		}
+		// A closer still writing the next round's member chunks (a large
+		// job) is alive: give it another grace period.
+		ctx, cancel := context.WithTimeout(n.ctx, n.opTimeout())
+		g, err := n.cli.Get(ctx, n.k.chunks+roundSeg(r+1)+"/", clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		cancel()
+		if err != nil || len(g.Kvs) > 0 {
+			timer.Reset(grace)
+			continue
+		}
+		break
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.opTimeout())
+	defer cancel()
+	m, err := n.cli.Get(ctx, n.k.member(closer))
+	if err != nil || len(m.Kvs) == 0 || m.Kvs[0].Lease == 0 {
+		return // gone already: its successor is taking over
+	}
+	n.log.Warn("rendezvous: the closer did not act on the reported failure; revoking its lease so the next node takes over (dead agent?)",
+		"closer", closer, "round", r, "waited", grace)
+	if _, err := n.cli.Revoke(ctx, clientv3.LeaseID(m.Kvs[0].Lease)); err != nil && n.ctx.Err() == nil {
+		n.log.Warn("rendezvous: revoke the silent closer's lease", "closer", closer, "err", err)
+	}
 }
 
 // Restarts returns the job's global failure-restart count.

@@ -409,6 +409,44 @@ func TestReportFailureCountsOncePerRound(t *testing.T) {
 	}
 }
 
+// Fast failure path when the dead agent is the closer: the node that
+// reported the failure sees the closer not act within AckTimeout, revokes
+// its lease, and the next node in the closer queue forms the round; no
+// waiting for the dead closer's lease TTL.
+func TestDeadCloserReplacedWithoutWaitingForTTL(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var cfgs []Config
+	for _, id := range []string{"a", "b", "c"} {
+		c := h.cfg(id, 2, 3)
+		c.LeaseTTL = 20 * time.Second
+		cfgs = append(cfgs, c)
+	}
+	nodes := h.register(ctx, cfgs...) // a registered first: a is the closer
+	rs := mustJoinAll(t, ctx, nodes...)
+	nodes[0].crash() // its lease would live on for 20s
+	failed := time.Now()
+	if _, err := nodes[1].ReportFailure(ctx, rs[1], "gloo: connection reset by peer"); err != nil {
+		t.Fatal(err)
+	}
+	rs2 := mustJoinAll(t, ctx, nodes[1], nodes[2])
+	if took := time.Since(failed); took > 6*time.Second {
+		t.Fatalf("round without the dead closer took %s (TTL 20s, ack timeout 0.5s)", took)
+	}
+	if rs2[0].NumNodes != 2 || rs2[0].Reason != MemberLost {
+		t.Fatalf("round: %+v", rs2[0])
+	}
+	if !strings.Contains(h.logs.String(), "revoking its lease") {
+		t.Errorf("no log line says why the closer's lease was revoked")
+	}
+	// A dead node is a membership change, not a failure of the job.
+	if n, err := nodes[1].Restarts(ctx); err != nil || n != 0 {
+		t.Fatalf("restarts %d %v after a dead closer; want 0", n, err)
+	}
+}
+
 // Fast failure path: a node whose agent died but whose lease has not
 // expired yet does not stall the next round for the TTL: it cannot
 // acknowledge the proposal and is left out after AckTimeout.
