@@ -29,7 +29,7 @@ import (
 
 func main() {
 	hpr := flag.String("hyperpodrun", "bin/hyperpodrun", "hyperpodrun binary")
-	runs := flag.Int("runs", 3, "runs per figure (median reported)")
+	runs := flag.Int("runs", 5, "runs per figure (median reported)")
 	anchors := flag.Bool("torchrun", true, "also measure torchrun (etcd rendezvous) as the anchor, once")
 	flag.Parse()
 	py := testcluster.TorchPython()
@@ -66,6 +66,10 @@ func main() {
 		}
 	}
 	fmt.Printf("# real PyTorch DDP (gloo), 3 nodes of 1 worker on one machine, median of %d runs; anchors: %s\n", *runs, source)
+	// Restarts vary by about 1 s: torch's TCPStore client retries its
+	// connect on a 1 s grid, so a worker that comes up before rank 0's
+	// store is listening waits for the next try.
+	fmt.Printf("# samples (s): recovery %s; scale-up %s\n", samples(rec), samples(up))
 	fmt.Printf("BENCH recovery_sigkill_to_step_ws2 %.2f s anchor=%.1f target=5\n", median(rec), recAnchor)
 	fmt.Printf("BENCH scaleup_start_to_step_ws3 %.2f s anchor=%.1f target=4\n", median(up), upAnchor)
 	fmt.Printf("# resize 3->2: workers' own checkpoint+exit %.0f ms (median), excluded from the overhead\n", median(own))
@@ -75,6 +79,17 @@ func main() {
 func fail(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "bench/elastic: "+format+"\n", a...)
 	os.Exit(1)
+}
+
+func samples(xs []float64) string {
+	var b strings.Builder
+	for i, x := range xs {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%.2f", x)
+	}
+	return b.String()
 }
 
 func median(xs []float64) float64 {
