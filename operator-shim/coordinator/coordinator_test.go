@@ -132,10 +132,12 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 	// Every write of the allocation key is checked: the stop record must
 	// already be there when a node agent sees the allocation deleted.
 	wctx, wcancel := context.WithCancel(ctx)
-	defer wcancel()
 	deletes := make(chan *fleet.Stop, 10)
 	wch := cli.Watch(wctx, st.AllocationKey("low"))
+	watched := make(chan struct{})
+	defer func() { wcancel(); <-watched }()
 	go func() {
+		defer close(watched)
 		for w := range wch {
 			for _, ev := range w.Events {
 				if ev.Type != clientv3.EventTypeDelete {
@@ -150,7 +152,11 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 						s = nil
 					}
 				}
-				deletes <- s
+				select {
+				case deletes <- s:
+				case <-wctx.Done():
+					return
+				}
 			}
 		}
 	}()
