@@ -171,9 +171,9 @@ func rowHas(table, job string, cells ...string) bool {
 
 func TestBadYAMLNamesFileLineAndField(t *testing.T) {
 	for _, tc := range []struct{ name, body, want string }{
-		{"unknown.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nmaxNode: 3\nrun: {script: a.py}\n", "unknown.yaml:4"},
-		{"type.yaml", "name: x\nteam: t\nperNode:\n  accelerators: lots\nrun: {script: a.py}\n", "type.yaml:4"},
-		{"range.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nminNodes: 3\nmaxNodes: 2\nrun: {script: a.py}\n", "range.yaml:"},
+		{"unknown.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nmaxNode: 3\nrun: {script: a.py}\n", "unknown.yaml:4: field maxNode not found"},
+		{"type.yaml", "name: x\nteam: t\nperNode:\n  accelerators: lots\nrun: {script: a.py}\n", "type.yaml:4: perNode.accelerators: cannot unmarshal"},
+		{"range.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nminNodes: 3\nmaxNodes: 2\nrun: {script: a.py}\n", `range.yaml:5: job "x": maxNodes: must be >= minNodes`},
 		{"syntax.yaml", "name: x\n  team: : t\n", "syntax.yaml"},
 		{"noscript.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nrun: {}\n", "noscript.yaml:4: run.script"},
 	} {
@@ -184,7 +184,7 @@ func TestBadYAMLNamesFileLineAndField(t *testing.T) {
 		}
 	}
 	_, err := loadTeams(writeFile(t, "teams.yaml", "teams:\n- name: a\n  quotas:\n  - flavor: x\n    nominal: -3\n"))
-	if err == nil || !strings.Contains(err.Error(), "teams.yaml") {
+	if err == nil || !strings.Contains(err.Error(), `teams.yaml:2: team "a": quotas[0].nominal: must be >= 0`) {
 		t.Errorf("negative quota: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -82,7 +83,16 @@ func (d doc) decode(v any) error {
 		if errors.As(err, &te) {
 			var msgs []string
 			for _, e := range te.Errors {
-				msgs = append(msgs, d.file+":"+strings.TrimPrefix(e, "line "))
+				// "line 4: cannot unmarshal ..." -> "f.yaml:4: perNode.accelerators: cannot unmarshal ..."
+				rest := strings.TrimPrefix(e, "line ")
+				if num, msg, ok := strings.Cut(rest, ": "); ok {
+					if line, err := strconv.Atoi(num); err == nil {
+						if path := d.pathAtLine(line); path != "" && !strings.HasPrefix(msg, "field ") {
+							rest = num + ": " + path + ": " + msg
+						}
+					}
+				}
+				msgs = append(msgs, d.file+":"+rest)
 			}
 			return errors.New(strings.Join(msgs, "\n"))
 		}
@@ -110,12 +120,19 @@ func findKey(n *yaml.Node, k string) *yaml.Node {
 	return nil
 }
 
-// fieldLine finds the line of a dotted field path ("perNode.accelerators").
-func (d doc) fieldLine(path string) int {
+// root is the document's top node.
+func (d doc) root() *yaml.Node {
 	n := d.node
 	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
 		n = n.Content[0]
 	}
+	return n
+}
+
+// fieldLine finds the line of a dotted field path ("perNode.accelerators"):
+// the deepest part of it that the file has.
+func (d doc) fieldLine(path string) int {
+	n := d.root()
 	line := n.Line
 	for _, part := range strings.Split(path, ".") {
 		if n.Kind != yaml.MappingNode {
@@ -137,11 +154,50 @@ func (d doc) fieldLine(path string) int {
 	return line
 }
 
-// located turns "field: message" validation errors into "file:line: field: message".
+// pathAtLine names the field whose value starts on line ("perNode.accelerators"),
+// or "" when none does.
+func (d doc) pathAtLine(line int) string {
+	var walk func(n *yaml.Node, path string) string
+	walk = func(n *yaml.Node, path string) string {
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				p := k.Value
+				if path != "" {
+					p = path + "." + k.Value
+				}
+				if found := walk(v, p); found != "" {
+					return found
+				}
+				if v.Line == line && (v.Kind == yaml.ScalarNode || v.Line == k.Line) {
+					return p
+				}
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				if found := walk(c, fmt.Sprintf("%s[%d]", path, i)); found != "" {
+					return found
+				}
+			}
+		}
+		return ""
+	}
+	return walk(d.root(), "")
+}
+
+// located turns "field: message" validation errors (optionally prefixed
+// with the job, `job "x": `) into "file:line: field: message".
 func (d doc) located(err error) error {
 	var lines []string
 	for _, msg := range strings.Split(err.Error(), "\n") {
-		field, _, ok := strings.Cut(msg, ":")
+		rest := msg
+		if strings.HasPrefix(rest, "job \"") {
+			if _, after, ok := strings.Cut(rest, "\": "); ok {
+				rest = after
+			}
+		}
+		field, _, ok := strings.Cut(rest, ":")
 		line := d.node.Line
 		if ok && !strings.Contains(field, " ") {
 			line = d.fieldLine(field)
