@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -162,5 +163,54 @@ func TestResizeWithWorkerIgnoringSignalEscalates(t *testing.T) {
 	escalated := strings.Contains(c.logText(), "escalating")
 	if !escalated {
 		t.Error("no escalation logged although the workers ignored the signal")
+	}
+}
+
+// TestDrainedNodeLeavesAndTheJobGoesOn: SIGUSR2 drains one node of two.
+// The other node's workers learn of it only through the ranks' agreement
+// and exit 0 after the checkpoint, with code that never calls
+// report_stopping (as code written for HyperPod does): their agent must
+// not take that for the end of training. The job goes on at world size 1
+// from the next step, and the drained node exits 0.
+func TestDrainedNodeLeavesAndTheJobGoesOn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	py := torchPython(t)
+	srv, _ := startEtcd(t)
+	const total = 50
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+		"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", "drain", "--rdzv-conf", "last_call_timeout=1",
+		"--graceful-timeout", "20", "--local-addr", "127.0.0.1",
+		repoPath("examples/pytorch/train_elastic.py"), "--steps", itoa(total), "--ckpt-dir", t.TempDir(),
+		"--ckpt-every", "5", "--step-time", "0.1", "--no-report-stopping")
+	c.start("a")
+	c.start("b")
+	t0 := time.Now()
+	c.waitStep(90*time.Second, "training at world size 2", t0, func(s stepLine) bool { return s.World == 2 && s.Step >= 8 })
+	if err := syscall.Kill(c.PID("b"), syscall.SIGUSR2); err != nil {
+		t.Fatal(err)
+	}
+	if code := c.wait("b", 60*time.Second); code != 0 {
+		t.Errorf("drained node exited %d, want 0", code)
+	}
+	c.waitStep(60*time.Second, "training at world size 1 after the drain", t0, func(s stepLine) bool { return s.World == 1 })
+	if code := c.wait("a", 120*time.Second); code != 0 {
+		t.Errorf("node a exited %d after training, want 0", code)
+	}
+	steps := c.allSteps()
+	sort.SliceStable(steps, func(i, j int) bool { return steps[i].At.Before(steps[j].At) })
+	want := 1
+	for _, s := range steps {
+		if s.Step != want {
+			t.Fatalf("step %d logged where step %d was expected (world size %d): a step was lost or repeated", s.Step, want, s.World)
+		}
+		want++
+	}
+	for n, l := range c.Logs() {
+		t.Logf("node %s:\n%s", n, l)
+	}
+	if want-1 != total {
+		t.Errorf("ran %d steps, want %d: the job ended early", want-1, total)
 	}
 }

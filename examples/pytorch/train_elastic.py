@@ -86,6 +86,8 @@ def parse_args(argv=None):
                    help="ignore the elastic signal and never check for events (simulates a job that does not "
                         "cooperate; give it to every rank)")
     p.add_argument("--ignore-sigterm", action="store_true", help="also ignore SIGTERM (forces SIGKILL escalation)")
+    p.add_argument("--no-report-stopping", action="store_true",
+                   help="exit after the checkpoint without report_stopping(), as code written for HyperPod does")
     args = p.parse_args(argv)
     if args.steps < 0 or args.ckpt_every < 0 or args.global_batch < 1 or args.micro_batch < 1:
         p.error("--steps/--ckpt-every must be >= 0, --global-batch/--micro-batch >= 1")
@@ -207,7 +209,7 @@ def main(argv=None):
                     % (ev.kind if ev else "?", ev.new_world_size if ev else "?", step,
                        " [%s]" % ev.reason if ev and ev.reason else ""))
             save_and_commit(step)
-            if he.under_hyperpodrun():
+            if he.under_hyperpodrun() and not args.no_report_stopping:
                 he.report_stopping(step, rank=rank, world_size=world)
             del ddp  # DDP must go before its process group, or gloo can hang
             dist.destroy_process_group()

@@ -258,7 +258,28 @@ def elastic_event_detected(sig=None) -> bool:
         ev = event()
         log.info("hyperpodrun_elastic: elastic event detected (kind=%s new_world_size=%s)",
                  ev.kind if ev else "unknown", ev.new_world_size if ev else None)
+        _report_detected()
     return result
+
+
+def _report_detected():
+    """Tell this rank's agent that it is stopping for a planned change.
+
+    A rank that learned of the event only through the cross-rank agreement
+    (the change was announced on another node) would otherwise exit 0 with
+    its agent none the wiser, and an agent whose workers all exit 0 without
+    this report takes it as the end of training. The step is not known
+    here (0; ``report_stopping(step)`` can still follow with it).
+    """
+    from ._control import _env_int, send_message, under_hyperpodrun
+    if not under_hyperpodrun():
+        return
+    msg = {"type": "stopping", "step": 0, "detected": True,
+           "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1), "pid": os.getpid()}
+    try:
+        send_message(msg, 5.0)
+    except Exception as e:  # never break the training loop over it
+        log.warning("hyperpodrun_elastic: could not tell the agent this rank is stopping: %s", e)
 
 
 def event() -> Optional[Event]:

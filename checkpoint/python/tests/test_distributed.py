@@ -82,8 +82,13 @@ class AgreementTest(unittest.TestCase):
         self.assertEqual(len(ckpts), 1)
         self.assertEqual((ckpts[0]["step"], ckpts[0]["rank"], ckpts[0]["world_size"]), (step, 0, 2))
         self.assertTrue(os.path.exists(ckpts[0]["path"]))
-        stops = sorted((m["rank"], m["step"]) for m in agent.messages if m["type"] == "stopping")
+        stops = sorted((m["rank"], m["step"]) for m in agent.messages if m["type"] == "stopping" and not m.get("detected"))
         self.assertEqual(stops, [(0, step), (1, step)])
+        # Every rank, the one that only learned of the event through the
+        # agreement included, told its agent at detection: an agent whose
+        # workers exit 0 without that takes it as the end of training.
+        detected_reports = sorted(m["rank"] for m in agent.messages if m["type"] == "stopping" and m.get("detected"))
+        self.assertEqual(detected_reports, [0, 1])
 
     def test_only_rank1_signalled(self):
         self.run_job("native", signalled_rank=1)
