@@ -647,6 +647,12 @@ func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *re
 	escalated := false
 	select {
 	case <-g.Exited():
+	case <-e.node.LeaseLost():
+		// Fencing holds during the graceful wait too: without a lease
+		// this node's ranks may soon be given to another node.
+		e.log.Error("lease lost while the workers checkpoint: killing them (fencing)", "round", r.Number)
+		escalated = true
+		g.Stop(syscall.SIGKILL, 0)
 	case <-t.C:
 		e.log.Warn("workers did not exit within --graceful-timeout; escalating", "graceful_timeout", o.GracefulTimeout)
 		escalated = true
