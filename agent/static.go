@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"strconv"
 	"syscall"
 
+	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -41,13 +44,41 @@ func RunStatic(ctx context.Context, o Options) error {
 		MasterAddr:     o.MasterAddr,
 		MasterPort:     o.MasterPort,
 	}
+	// --standalone keeps the job's committed checkpoint in process (there is
+	// no etcd): workers get the control channel, and a restart after a
+	// failure resumes from the last checkpoint they committed.
+	var record *checkpoint.LocalRecord
+	var ctlEnv map[string]string
+	if o.RdzvBackend == "standalone" {
+		dir, err := os.MkdirTemp("", "hyperpodrun-ctl-") // short: unix socket paths are limited
+		if err != nil {
+			return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+		}
+		defer os.RemoveAll(dir)
+		record = &checkpoint.LocalRecord{}
+		ch, err := checkpoint.NewChannel(dir, checkpoint.WithHandler(record.ReportHandler()), checkpoint.WithLogger(log))
+		if err != nil {
+			return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+		}
+		defer ch.Close()
+		ctlEnv = ch.Env()
+		ctlEnv["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(o.ElasticSignal))
+	}
 	if err := runHook(ctx, "pre-train", o.PreTrain); err != nil {
 		return err
 	}
 	for {
+		resume := int64(-1)
+		if record != nil {
+			a.Env = maps.Clone(ctlEnv)
+			if rec := record.Latest(); rec != nil {
+				maps.Copy(a.Env, rec.Env())
+				resume = rec.Step
+			}
+		}
 		log.Info("starting workers", "attempt", a.Attempt, "restart_count", a.RestartCount,
 			"world_size", a.WorldSize, "group_rank", a.GroupRank, "nproc_per_node", nproc,
-			"master", fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort), "log_dir", o.Spec.LogDir)
+			"master", fmt.Sprintf("%s:%d", a.MasterAddr, a.MasterPort), "log_dir", o.Spec.LogDir, "resume_step", resume)
 		g, err := launcher.Start(o.Spec, a)
 		if err != nil {
 			return &ExitError{1, err}

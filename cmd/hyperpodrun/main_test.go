@@ -574,3 +574,31 @@ func TestSignalWhileWaitingForARound(t *testing.T) {
 		}
 	}
 }
+
+// --standalone keeps the job's committed checkpoint in process: a worker
+// commits step 7 through the Python helper and fails; the restarted
+// workers are told to resume from it, with no etcd anywhere.
+func TestStandaloneRestartResumesFromCommittedCheckpoint(t *testing.T) {
+	out := t.TempDir()
+	w := filepath.Join(t.TempDir(), "train.py")
+	os.WriteFile(w, []byte(`import os, sys
+import hyperpodrun_elastic as he
+out = os.environ["OUT"]
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    path = os.path.join(out, "step-7")
+    open(path, "w").close()
+    if not he.report_checkpoint(7, path):
+        sys.exit("checkpoint report refused")
+    sys.exit(1)
+with open(os.path.join(out, "resumed"), "w") as f:
+    f.write("%s %s" % (os.environ.get("HYPERPODRUN_RESUME_STEP"), os.environ.get("HYPERPODRUN_CHECKPOINT")))
+`), 0o644)
+	r := hpr(t, []string{"OUT=" + out, "PYTHON_EXEC=python3"}, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1", w)
+	if r.code != 0 {
+		t.Fatalf("exit %d:\n%s", r.code, r.stderr)
+	}
+	got, _ := os.ReadFile(filepath.Join(out, "resumed"))
+	if want := "7 " + filepath.Join(out, "step-7"); string(got) != want {
+		t.Errorf("restarted worker was told to resume from %q, want %q", got, want)
+	}
+}
