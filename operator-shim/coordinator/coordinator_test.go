@@ -3,12 +3,14 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
@@ -58,9 +60,16 @@ func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {
 		go func() { c.Run(cctx); close(done) }()
 		return cancel, done
 	}
-	stop1, done1 := start("one")
-	stop2, done2 := start("two")
-	defer func() { stop2(); <-done2 }()
+	stops := map[string]func(){}
+	for _, id := range []string{"one", "two"} {
+		stop, done := start(id)
+		stops[id] = func() { stop(); <-done }
+	}
+	defer func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}()
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 3, Elastic: true}})
 	waitTarget(t, ctx, cli, "j", "3")
 	a, err := st.Allocation(ctx, "j")
@@ -73,8 +82,19 @@ func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {
 		t.Fatalf("placement %v", r.Kvs)
 	}
 	// The leader goes away; the other coordinator takes over and keeps scheduling.
-	stop1()
-	<-done1
+	first := leaderIdentity(t, ctx, cli)
+	if stops[first] == nil {
+		t.Fatalf("leader %q is neither coordinator", first)
+	}
+	stops[first]()
+	delete(stops, first)
+	deadline := time.Now().Add(15 * time.Second)
+	for id := leaderIdentity(t, ctx, cli); id == first || id == ""; id = leaderIdentity(t, ctx, cli) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no coordinator took over from %s", first)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	st.UpdateJob(ctx, "j", func(j *fleet.JobSpec) error { j.MaxNodes = 2; return nil })
 	waitTarget(t, ctx, cli, "j", "2")
 	s, err := st.Status(ctx, "j")
@@ -200,5 +220,61 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("suspended job kept its allocation")
+	}
+}
+
+// leaderIdentity is the identity of the elected coordinator ("" if none).
+func leaderIdentity(t *testing.T, ctx context.Context, cli *clientv3.Client) string {
+	t.Helper()
+	r, err := cli.Get(ctx, fleet.New(cli, "").Key("coordinator", "leader")+"/", append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Kvs) == 0 {
+		return ""
+	}
+	return string(r.Kvs[0].Value)
+}
+
+// A coordinator that lost its leadership cannot write a decision: every
+// write is guarded by its election key, so a deposed leader that has not
+// noticed yet changes nothing.
+func TestDeposedLeaderCannotWrite(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	el := concurrency.NewElection(sess, st.Key("coordinator", "leader"))
+	if err := el.Campaign(ctx, "old"); err != nil {
+		t.Fatal(err)
+	}
+	guard := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
+	c := New(cli, Config{Identity: "old", Engine: policy.Config{MinStablePeriod: -1}})
+	// Deposed: its session ends (as when it was partitioned past the TTL).
+	sess.Close()
+	if err := c.Cycle(ctx, guard); !errors.Is(err, errNotLeader) {
+		t.Fatalf("cycle of a deposed leader: %v, want errNotLeader", err)
+	}
+	if _, err := st.Allocation(ctx, "j"); err == nil {
+		t.Error("a deposed leader wrote an allocation")
+	}
+	// The same coordinator, elected again, writes.
+	sess2, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess2.Close()
+	el2 := concurrency.NewElection(sess2, st.Key("coordinator", "leader"))
+	if err := el2.Campaign(ctx, "new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Cycle(ctx, clientv3.Compare(clientv3.CreateRevision(el2.Key()), "=", el2.Rev())); err != nil {
+		t.Fatalf("cycle of the leader: %v", err)
+	}
+	if a, err := st.Allocation(ctx, "j"); err != nil || a.Size != 1 {
+		t.Errorf("leader's allocation %+v %v", a, err)
 	}
 }
