@@ -5,14 +5,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"gopkg.in/yaml.v3"
+
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -219,5 +226,559 @@ func TestSimulateGeneratedTrace(t *testing.T) {
 	}
 	if code := run([]string{"elasticctl", "simulate", "--trace", tp}, &out, &errb); code != 2 {
 		t.Errorf("simulate without --teams: exit %d, want 2", code)
+	}
+}
+
+// h100Node is a ready node with eight healthy H100s.
+func h100Node(name string) devices.Inventory {
+	inv := devices.Inventory{Node: name, State: devices.StateReady, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"}, VCPUs: 96}
+	for g := 0; g < 8; g++ {
+		inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
+	}
+	return inv
+}
+
+func putNode(t *testing.T, cli *clientv3.Client, inv devices.Inventory) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := json.Marshal(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, fleet.DefaultPrefix+"/nodes/"+inv.Node, string(b)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startFleet starts etcd with n idle H100 nodes registered.
+func startFleet(t *testing.T, n int) (string, *clientv3.Client) {
+	t.Helper()
+	srv, cli := etcdtest.Start(t)
+	for i := 0; i < n; i++ {
+		putNode(t, cli, h100Node(fmt.Sprintf("node-%d", i)))
+	}
+	return srv.Endpoints[0], cli
+}
+
+// startCoordinator runs a coordinator until the test ends.
+func startCoordinator(t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 100 * time.Millisecond})
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { coord.Run(ctx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+}
+
+// waitFor polls cond until it holds, failing the test after 15 s with the
+// last output cond saw.
+func waitFor(t *testing.T, what string, cond func() (bool, string)) string {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ok, last := cond()
+		if ok {
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; last output:\n%s", what, last)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func mustCtl(t *testing.T, ep string, args ...string) string {
+	t.Helper()
+	out, errs, code := ctl(t, ep, args...)
+	if code != 0 {
+		t.Fatalf("elasticctl %v: exit %d\nstdout:\n%s\nstderr:\n%s", args, code, out, errs)
+	}
+	return out
+}
+
+// waitJobRow waits until `get jobs` shows job's row with every cell.
+func waitJobRow(t *testing.T, ep, job string, cells ...string) string {
+	t.Helper()
+	return waitFor(t, fmt.Sprintf("job %s row with %v", job, cells), func() (bool, string) {
+		out, _, _ := ctl(t, ep, "get", "jobs")
+		return rowHas(out, job, cells...), out
+	})
+}
+
+const soloTeam = `teams:
+- name: solo
+  weight: 2
+  quotas:
+  - flavor: nvidia-h100-80gb
+    nominal: 16
+    borrowingLimit: 0
+`
+
+const hogJob = `name: hog
+team: solo
+priorityClass: high
+flavor: nvidia-h100-80gb
+perNode: {accelerators: 8}
+minNodes: 2
+maxNodes: 2
+run:
+  script: train.py
+`
+
+const waiterJob = `name: waiter
+team: solo
+priorityClass: low
+flavor: nvidia-h100-80gb
+perNode: {accelerators: 8}
+minNodes: 1
+maxNodes: 1
+run:
+  script: eval.py
+`
+
+// startPendingFleet sets up 4 idle nodes and team solo (nominal 16, no
+// borrowing) whose quota is entirely held by hog (2 nodes x 8), so waiter
+// (1 node x 8) stays Pending although half the fleet is idle.
+func startPendingFleet(t *testing.T) (string, *clientv3.Client) {
+	t.Helper()
+	ep, cli := startFleet(t, 4)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", soloTeam))
+	startCoordinator(t, cli)
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "hog.yaml", hogJob))
+	waitJobRow(t, ep, "hog", "2", "2:2")
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "waiter.yaml", waiterJob))
+	waitJobRow(t, ep, "waiter", "Pending", "0", "1:1")
+	return ep, cli
+}
+
+func TestDescribePendingJobNamesHolders(t *testing.T) {
+	ep, _ := startPendingFleet(t)
+	out := mustCtl(t, ep, "get", "jobs")
+	if !rowHas(out, "waiter", "Pending") || !strings.Contains(out, "borrowing limit") {
+		t.Errorf("get jobs: waiter's REASON should say the team is at its borrowing limit:\n%s", out)
+	}
+	out = mustCtl(t, ep, "describe", "job", "waiter")
+	for _, re := range []string{
+		`(?m)^Job:\s+waiter$`,
+		`(?m)^Team:\s+solo$`,
+		`(?m)^Size:\s+1\.\.1 nodes \(elastic: false\)$`,
+		`(?m)^State:\s+Pending$`,
+		`(?m)^Why:\s+team solo is at its borrowing limit: uses 16 of nominal 16 \+ borrowing limit 0 on nvidia-h100-80gb, the job needs 8 more`,
+		`(?m)^Capacity held by:\n  hog of team solo: 16 accelerator\(s\)$`,
+		`(?m)^History:\n  \d\d:\d\d:\d\d  Pending waiter: team solo is at its borrowing limit`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("describe job waiter does not match %s:\n%s", re, out)
+		}
+	}
+	if strings.Contains(out, "(borrowing)") || strings.Contains(out, "Nodes:") {
+		t.Errorf("describe job waiter: hog is within its quota and waiter holds no nodes:\n%s", out)
+	}
+	// The running job's describe names its nodes and no holders.
+	out = mustCtl(t, ep, "describe", "job", "hog")
+	if !regexp.MustCompile(`(?m)^Nodes:\s+node-\d, node-\d \(since `).MatchString(out) || strings.Contains(out, "Capacity held by") {
+		t.Errorf("describe job hog:\n%s", out)
+	}
+	if !regexp.MustCompile(`Admitted hog 0 -> 2 nodes`).MatchString(out) {
+		t.Errorf("describe job hog lacks its admission in History:\n%s", out)
+	}
+	// describe -o json carries the same explanation, machine-readably.
+	var dj struct {
+		Job struct {
+			Status struct {
+				Kind    string `json:"kind"`
+				Code    string `json:"code"`
+				Holders []struct {
+					Job          string `json:"job"`
+					Team         string `json:"team"`
+					Accelerators int    `json:"accelerators"`
+				} `json:"holders"`
+			} `json:"status"`
+		} `json:"job"`
+		History []struct {
+			Kind string `json:"kind"`
+		} `json:"history"`
+	}
+	out = mustCtl(t, ep, "describe", "job", "waiter", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &dj); err != nil {
+		t.Fatalf("describe job -o json: %v\n%s", err, out)
+	}
+	st := dj.Job.Status
+	if st.Kind != "Pending" || st.Code != "BorrowingLimit" || len(st.Holders) != 1 || st.Holders[0].Job != "hog" || st.Holders[0].Team != "solo" || st.Holders[0].Accelerators != 16 || len(dj.History) == 0 {
+		t.Errorf("describe job waiter -o json: %+v\n%s", dj, out)
+	}
+	if _, errs, code := ctl(t, ep, "describe", "job", "nope"); code != 1 || !strings.Contains(errs, `job "nope" not found`) {
+		t.Errorf("describe job nope: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestDescribeTeamShowsQuotaUsageAndJobs(t *testing.T) {
+	ep, _ := startPendingFleet(t)
+	usage := "Usage nvidia-h100-80gb: 16 of nominal 16 used (0 borrowed); 1 running, 1 pending (8 accelerators waiting)"
+	out := waitFor(t, "the team's usage to count hog and waiter", func() (bool, string) {
+		out, _, _ := ctl(t, ep, "describe", "team", "solo")
+		return strings.Contains(out, usage), out
+	})
+	for _, re := range []string{
+		`(?m)^Team:\s+solo$`,
+		`(?m)^Cohort:\s+-$`,
+		`(?m)^Weight:\s+2$`,
+		`(?m)^Quota nvidia-h100-80gb: nominal 16, borrowing limit 0, lending limit none$`,
+		`(?m)^` + regexp.QuoteMeta(usage) + `$`,
+		`(?m)^Jobs:$`,
+		`(?m)^  hog\s+(Admitted|Running)\s+2 node\(s\)$`,
+		`(?m)^  waiter\s+Pending\s+0 node\(s\)$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("describe team solo does not match %s:\n%s", re, out)
+		}
+	}
+	// -o yaml gives the team's definition.
+	out = mustCtl(t, ep, "describe", "team", "solo", "-o", "yaml")
+	var team struct {
+		Name   string  `yaml:"name"`
+		Weight float64 `yaml:"weight"`
+		Quotas []struct {
+			Flavor         string `yaml:"flavor"`
+			Nominal        int    `yaml:"nominal"`
+			BorrowingLimit *int   `yaml:"borrowingLimit"`
+		} `yaml:"quotas"`
+	}
+	if err := yaml.Unmarshal([]byte(out), &team); err != nil {
+		t.Fatalf("describe team -o yaml: %v\n%s", err, out)
+	}
+	if team.Name != "solo" || team.Weight != 2 || len(team.Quotas) != 1 || team.Quotas[0].Nominal != 16 || team.Quotas[0].BorrowingLimit == nil || *team.Quotas[0].BorrowingLimit != 0 {
+		t.Errorf("describe team -o yaml: %+v\n%s", team, out)
+	}
+	if _, errs, code := ctl(t, ep, "describe", "team", "nope"); code != 1 || !strings.Contains(errs, `team "nope"`) || !strings.Contains(errs, "not found") {
+		t.Errorf("describe team nope: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestDescribeNodeShowsInventory(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := srv.Endpoints[0]
+	inv := devices.Inventory{Node: "gpu-7", State: devices.StateDraining, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"},
+		VCPUs: 192, MemoryBytes: 2 << 40, NVIDIADriver: "550.54.15", Reasons: []string{"no Neuron driver: /sys/class/neuron_device is missing"}}
+	for g := 0; g < 2; g++ {
+		inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Name: "NVIDIA H100 80GB HBM3",
+			Flavor: "nvidia-h100-80gb", UUID: fmt.Sprintf("GPU-%d", g), PCIBusID: fmt.Sprintf("00000000:0%d:00.0", g+7), MemoryBytes: 80 << 30, Healthy: g == 0})
+	}
+	inv.Accelerators[1].HealthReason = "XID 79: fallen off the bus"
+	putNode(t, cli, inv)
+	putNode(t, cli, h100Node("gpu-8"))
+
+	out := mustCtl(t, ep, "describe", "node", "gpu-7")
+	for _, re := range []string{
+		`(?m)^Node gpu-7  flavor nvidia-h100-80gb  vCPUs 192  memory 2 TiB  state draining  NVIDIA driver 550\.54\.15$`,
+		`(?m)^KIND\s+INDEX\s+NAME\s+FLAVOR\s+MEMORY`,
+		`(?m)^GPU\s+0\s+NVIDIA H100 80GB HBM3\s+nvidia-h100-80gb\s+80 GiB\s.*00000000:07:00\.0\s+GPU-0\s.*healthy$`,
+		`(?m)^GPU\s+1\s+NVIDIA H100 80GB HBM3\s+nvidia-h100-80gb\s+80 GiB\s.*GPU-1\s.*UNHEALTHY: XID 79: fallen off the bus$`,
+		`(?m)^note: no Neuron driver: /sys/class/neuron_device is missing$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("describe node gpu-7 does not match %s:\n%s", re, out)
+		}
+	}
+	if strings.Contains(out, "gpu-8") {
+		t.Errorf("describe node gpu-7 shows another node:\n%s", out)
+	}
+	out = mustCtl(t, ep, "describe", "node", "gpu-7", "-o", "json")
+	var got devices.Inventory
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("describe node -o json: %v\n%s", err, out)
+	}
+	if got.Node != "gpu-7" || got.State != devices.StateDraining || len(got.Accelerators) != 2 || got.Accelerators[1].Healthy || got.Accelerators[1].HealthReason != inv.Accelerators[1].HealthReason {
+		t.Errorf("describe node -o json: %+v", got)
+	}
+	if _, errs, code := ctl(t, ep, "describe", "node", "gpu-9"); code != 1 || !strings.Contains(errs, `node "gpu-9" not found`) {
+		t.Errorf("describe node gpu-9: exit %d, stderr %q", code, errs)
+	}
+}
+
+func TestGetJobsYAMLAndJSON(t *testing.T) {
+	ep, _ := startPendingFleet(t)
+	type view struct {
+		Spec struct {
+			Name          string `yaml:"name" json:"name"`
+			Team          string `yaml:"team" json:"team"`
+			PriorityClass string `yaml:"priorityClass" json:"priorityClass"`
+			MinNodes      int    `yaml:"minNodes" json:"minNodes"`
+			MaxNodes      int    `yaml:"maxNodes" json:"maxNodes"`
+			PerNode       struct {
+				Accelerators int `yaml:"accelerators" json:"accelerators"`
+			} `yaml:"perNode" json:"perNode"`
+			Run struct {
+				Script string `yaml:"script" json:"script"`
+			} `yaml:"run" json:"run"`
+		} `yaml:"spec" json:"spec"`
+		Allocation *struct {
+			Size  int      `yaml:"size" json:"size"`
+			Nodes []string `yaml:"nodes" json:"nodes"`
+		} `yaml:"allocation" json:"allocation"`
+		Status *struct {
+			Kind    string `yaml:"kind" json:"kind"`
+			Message string `yaml:"message" json:"message"`
+			Holders []struct {
+				Job string `yaml:"job" json:"job"`
+			} `yaml:"holders" json:"holders"`
+		} `yaml:"status" json:"status"`
+	}
+	check := func(format string, vs []view, raw string) {
+		t.Helper()
+		if len(vs) != 2 || vs[0].Spec.Name != "hog" || vs[1].Spec.Name != "waiter" {
+			t.Fatalf("get jobs -o %s: want hog and waiter in name order, got %+v\n%s", format, vs, raw)
+		}
+		hog, waiter := vs[0], vs[1]
+		if hog.Spec.Team != "solo" || hog.Spec.PriorityClass != "high" || hog.Spec.MinNodes != 2 || hog.Spec.MaxNodes != 2 || hog.Spec.PerNode.Accelerators != 8 || hog.Spec.Run.Script != "train.py" {
+			t.Errorf("get jobs -o %s: hog spec %+v", format, hog.Spec)
+		}
+		if hog.Allocation == nil || hog.Allocation.Size != 2 || len(hog.Allocation.Nodes) != 2 {
+			t.Errorf("get jobs -o %s: hog allocation %+v\n%s", format, hog.Allocation, raw)
+		}
+		if waiter.Spec.Run.Script != "eval.py" || waiter.Allocation != nil {
+			t.Errorf("get jobs -o %s: waiter %+v\n%s", format, waiter, raw)
+		}
+		if waiter.Status == nil || waiter.Status.Kind != "Pending" || !strings.Contains(waiter.Status.Message, "borrowing limit") || len(waiter.Status.Holders) != 1 || waiter.Status.Holders[0].Job != "hog" {
+			t.Errorf("get jobs -o %s: waiter status %+v\n%s", format, waiter.Status, raw)
+		}
+	}
+	out := mustCtl(t, ep, "get", "jobs", "-o", "yaml")
+	var yv []view
+	if err := yaml.Unmarshal([]byte(out), &yv); err != nil {
+		t.Fatalf("get jobs -o yaml is not YAML: %v\n%s", err, out)
+	}
+	if strings.HasPrefix(strings.TrimSpace(out), "[") || strings.HasPrefix(strings.TrimSpace(out), "{") {
+		t.Errorf("get jobs -o yaml printed JSON:\n%s", out)
+	}
+	check("yaml", yv, out)
+
+	out = mustCtl(t, ep, "get", "jobs", "-o", "json")
+	var jv []view
+	if err := json.Unmarshal([]byte(out), &jv); err != nil {
+		t.Fatalf("get jobs -o json: %v\n%s", err, out)
+	}
+	check("json", jv, out)
+
+	// get nodes lists the jobs allocated on each node.
+	out = mustCtl(t, ep, "get", "nodes")
+	if jv[0].Allocation != nil {
+		for _, n := range jv[0].Allocation.Nodes {
+			if !rowHas(out, n, "hog") {
+				t.Errorf("get nodes: %s should list hog in JOBS:\n%s", n, out)
+			}
+		}
+	}
+	if strings.Count(out, "hog") != 2 || strings.Contains(out, "waiter") {
+		t.Errorf("get nodes: hog holds exactly 2 nodes and waiter none:\n%s", out)
+	}
+}
+
+func TestResizeMinAndNodes(t *testing.T) {
+	ep, cli := startFleet(t, 4)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	startCoordinator(t, cli)
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob))
+	waitJobRow(t, ep, "sweep", "4", "1:4")
+	st := fleet.New(cli, "")
+	spec := func() fleet.JobSpec {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		j, err := st.Job(ctx, "sweep")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *j
+	}
+	resize := func(wantOut string, minN, maxN int, args ...string) {
+		t.Helper()
+		out := mustCtl(t, ep, append([]string{"resize", "job", "sweep"}, args...)...)
+		if strings.TrimSpace(out) != wantOut {
+			t.Errorf("resize %v printed %q, want %q", args, out, wantOut)
+		}
+		if j := spec(); j.MinNodes != minN || j.MaxNodes != maxN || !j.Elastic || j.Run.Script != "train.py" {
+			t.Errorf("after resize %v the stored spec is %d..%d (elastic %v, script %q), want %d..%d", args, j.MinNodes, j.MaxNodes, j.Elastic, j.Run.Script, minN, maxN)
+		}
+	}
+	resize("job/sweep resized to 2..4 nodes", 2, 4, "--min", "2")
+	if out := mustCtl(t, ep, "get", "jobs", "-o", "json"); !strings.Contains(out, `"minNodes": 2`) || !strings.Contains(out, `"maxNodes": 4`) {
+		t.Errorf("get jobs -o json after --min 2:\n%s", out)
+	}
+
+	// --nodes pins the job: min = max, and the coordinator shrinks it.
+	resize("job/sweep resized to 3..3 nodes", 3, 3, "--nodes", "3")
+	waitJobRow(t, ep, "sweep", "3", "3:3")
+	if out := mustCtl(t, ep, "describe", "job", "sweep"); !strings.Contains(out, "Shrunk sweep 4 -> 3 nodes") {
+		t.Errorf("describe job sweep lacks the shrink to the pinned size:\n%s", out)
+	}
+
+	// A --min above max is refused (exit 2) and leaves the spec alone.
+	out, errs, code := ctl(t, ep, "resize", "job", "sweep", "--min", "4")
+	if code != 2 || !strings.Contains(errs, "maxNodes: must be >= minNodes") || strings.Contains(out, "resized") {
+		t.Errorf("resize --min 4 above max 3: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+	if j := spec(); j.MinNodes != 3 || j.MaxNodes != 3 {
+		t.Errorf("a refused resize changed the spec to %d..%d", j.MinNodes, j.MaxNodes)
+	}
+
+	// --nodes with --max: --max wins for the upper bound; the job grows back.
+	resize("job/sweep resized to 2..4 nodes", 2, 4, "--nodes", "2", "--max", "4")
+	waitJobRow(t, ep, "sweep", "4", "2:4")
+
+	// --min alone raises the floor and keeps the max.
+	resize("job/sweep resized to 4..4 nodes", 4, 4, "--min", "4")
+	waitJobRow(t, ep, "sweep", "4", "4:4")
+
+	if _, errs, code := ctl(t, ep, "resize", "job", "nope", "--nodes", "1"); code != 1 || !strings.Contains(errs, `job "nope"`) || !strings.Contains(errs, "not found") {
+		t.Errorf("resize of a missing job: exit %d, stderr %q", code, errs)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// follow runs "elasticctl events --follow ARGS" in the background until ctx
+// is cancelled (as Ctrl-C would cancel it); the channel gets its result.
+// urfave/cli mutates its global help flag while parsing, so no other
+// command may start until the follower has printed something.
+func follow(ctx context.Context, ep string, out *syncBuffer, args ...string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		app := newApp(out)
+		app.ErrWriter = io.Discard
+		done <- app.RunContext(ctx, interspersed(app, append([]string{"elasticctl", "--etcd-endpoints", ep, "events", "--follow"}, args...)))
+	}()
+	return done
+}
+
+func TestEventsFollow(t *testing.T) {
+	ep, cli := startFleet(t, 4)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	startCoordinator(t, cli)
+	job := func(name string) string {
+		return fmt.Sprintf("name: %s\nteam: research\nflavor: nvidia-h100-80gb\nperNode: {accelerators: 8}\nrun: {script: a.py}\n", name)
+	}
+	for _, j := range []string{"first", "second"} {
+		mustCtl(t, ep, "submit", "-f", writeFile(t, j+".yaml", job(j)))
+		waitJobRow(t, ep, j, "Running", "1")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var all, second, asJSON syncBuffer
+	// Each follower prints the existing history first (one at a time: see follow).
+	historyLine := func(j string) *regexp.Regexp {
+		return regexp.MustCompile(`(?m)^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)  Admitted ` + j + ` 0 -> 1 nodes: `)
+	}
+	doneAll := follow(ctx, ep, &all)
+	waitFor(t, "follow to print the existing history", func() (bool, string) {
+		s := all.String()
+		return historyLine("first").MatchString(s) && historyLine("second").MatchString(s), s
+	})
+	doneSecond := follow(ctx, ep, &second, "second")
+	waitFor(t, "follow second to print second's history", func() (bool, string) {
+		s := second.String()
+		return historyLine("second").MatchString(s), s
+	})
+	if s := second.String(); strings.Contains(s, "first") {
+		t.Errorf("events --follow second printed first's history:\n%s", s)
+	}
+	doneJSON := follow(ctx, ep, &asJSON, "-o", "json")
+	waitFor(t, "follow -o json to print the existing history", func() (bool, string) {
+		s := asJSON.String()
+		return strings.Contains(s, `"job":"first"`) && strings.Contains(s, `"job":"second"`), s
+	})
+
+	// New decisions are printed as they happen. The watch starts some time
+	// after the history was printed, so keep making events for second
+	// (suspend / resume, about once a second) until every follower has
+	// printed a new one.
+	liveSecond := regexp.MustCompile(`(?m)^\S+  (Admitted second 0 -> 1 nodes|Suspended second 1 -> 0 nodes)`)
+	jsonSecond := regexp.MustCompile(`"job":"second","team":"research","kind":"(Admitted|Suspended)"`)
+	suspended := false
+	toggle := func() {
+		t.Helper()
+		suspended = !suspended
+		if suspended {
+			mustCtl(t, ep, "suspend", "second")
+		} else {
+			mustCtl(t, ep, "resume", "second")
+		}
+	}
+	liveEvents := func(what string) {
+		t.Helper()
+		n1 := len(liveSecond.FindAllString(all.String(), -1))
+		n2 := len(liveSecond.FindAllString(second.String(), -1))
+		n3 := len(jsonSecond.FindAllString(asJSON.String(), -1))
+		toggle()
+		last := time.Now()
+		waitFor(t, what, func() (bool, string) {
+			if len(liveSecond.FindAllString(all.String(), -1)) > n1 && len(liveSecond.FindAllString(second.String(), -1)) > n2 &&
+				len(jsonSecond.FindAllString(asJSON.String(), -1)) > n3 {
+				return true, ""
+			}
+			if time.Since(last) > time.Second {
+				toggle()
+				last = time.Now()
+			}
+			return false, "all:\n" + all.String() + "\nsecond:\n" + second.String() + "\njson:\n" + asJSON.String()
+		})
+	}
+	liveEvents("every follower to print second's new events live")
+
+	// A follower of one job skips the others' events: third's admission is
+	// written before the next event of second, so once the follower has
+	// printed that one it has passed (and dropped) third's admission.
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "third.yaml", job("third")))
+	waitFor(t, "third to be admitted", func() (bool, string) {
+		out, _, _ := ctl(t, ep, "events", "third")
+		return strings.Contains(out, "Admitted third"), out
+	})
+	liveEvents("every follower to print second's events after third's admission")
+	if s := second.String(); strings.Contains(s, "first") || strings.Contains(s, "third") {
+		t.Errorf("events --follow second printed other jobs' events:\n%s", s)
+	}
+	if s := all.String(); !strings.Contains(s, "Admitted third 0 -> 1 nodes") {
+		t.Errorf("events --follow did not print third's admission:\n%s", s)
+	}
+	// -o json prints one event object a line.
+	if s := asJSON.String(); !strings.Contains(s, `"job":"third","team":"research","kind":"Admitted"`) {
+		t.Errorf("events --follow -o json did not print third's admission:\n%s", s)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(asJSON.String()), "\n") {
+		var e fleet.Event
+		if err := json.Unmarshal([]byte(l), &e); err != nil || e.Job == "" || e.Kind == "" || e.Time.IsZero() {
+			t.Errorf("events --follow -o json line %q: %v %+v", l, err, e)
+		}
+	}
+
+	// Cancelling (what Ctrl-C does) ends every follower cleanly.
+	cancel()
+	for name, done := range map[string]<-chan error{"all": doneAll, "second": doneSecond, "json": doneJSON} {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("follower %s ended with %v, want a clean exit", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("follower %s did not stop after its context was cancelled", name)
+		}
 	}
 }
