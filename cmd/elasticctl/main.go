@@ -611,7 +611,7 @@ func cmdDelete(c *cli.Context, st *fleet.Store) error {
 func cmdEvents(c *cli.Context, st *fleet.Store) error {
 	job := c.Args().First()
 	ctx, cancel := ctxOf(c)
-	evs, err := st.Events(ctx, job)
+	evs, rev, err := st.EventsAt(ctx, job)
 	cancel()
 	if err != nil {
 		return err
@@ -628,14 +628,15 @@ func cmdEvents(c *cli.Context, st *fleet.Store) error {
 	}
 	fctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	for w := range st.Cli.Watch(fctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete()) {
+	// From the revision after the history: nothing written in between is lost.
+	for w := range st.Cli.Watch(fctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(rev+1)) {
 		if w.Err() != nil {
 			return w.Err()
 		}
 		sort.Slice(w.Events, func(i, j int) bool { return string(w.Events[i].Kv.Key) < string(w.Events[j].Kv.Key) })
 		for _, ev := range w.Events {
 			var e fleet.Event
-			if json.Unmarshal(ev.Kv.Value, &e) == nil && (job == "" || e.Job == job) {
+			if json.Unmarshal(ev.Kv.Value, &e) == nil && e.Concerns(job) {
 				printEvent(c, e)
 			}
 		}
@@ -644,9 +645,14 @@ func cmdEvents(c *cli.Context, st *fleet.Store) error {
 }
 
 func printEvent(c *cli.Context, e fleet.Event) {
-	if c.String("output") == "json" {
+	switch c.String("output") {
+	case "json":
 		b, _ := json.Marshal(e)
 		fmt.Fprintln(c.App.Writer, string(b))
+		return
+	case "yaml":
+		b, _ := yaml.Marshal(e)
+		fmt.Fprintf(c.App.Writer, "---\n%s", b)
 		return
 	}
 	fmt.Fprintf(c.App.Writer, "%s  %s\n", e.Time.Format(time.RFC3339), eventLine(e, ""))

@@ -706,6 +706,13 @@ func TestEventsFollow(t *testing.T) {
 		return strings.Contains(s, `"job":"first"`) && strings.Contains(s, `"job":"second"`), s
 	})
 
+	var asYAML syncBuffer
+	doneYAML := follow(ctx, ep, &asYAML, "-o", "yaml")
+	waitFor(t, "follow -o yaml to print the existing history", func() (bool, string) {
+		s := asYAML.String()
+		return strings.Contains(s, "job: first") && strings.Contains(s, "job: second"), s
+	})
+
 	// New decisions are printed as they happen. The watch starts some time
 	// after the history was printed, so keep making events for second
 	// (suspend / resume, about once a second) until every follower has
@@ -769,9 +776,25 @@ func TestEventsFollow(t *testing.T) {
 		}
 	}
 
+	// -o yaml prints a YAML document per event.
+	dec := yaml.NewDecoder(strings.NewReader(asYAML.String()))
+	docs := 0
+	for {
+		var e struct{ Job, Kind string }
+		if err := dec.Decode(&e); err == io.EOF {
+			break
+		} else if err != nil || e.Job == "" || e.Kind == "" {
+			t.Fatalf("events --follow -o yaml document %d: %v %+v\n%s", docs, err, e, asYAML.String())
+		}
+		docs++
+	}
+	if docs < 3 {
+		t.Errorf("events --follow -o yaml printed %d documents, want the history and the live events", docs)
+	}
+
 	// Cancelling (what Ctrl-C does) ends every follower cleanly.
 	cancel()
-	for name, done := range map[string]<-chan error{"all": doneAll, "second": doneSecond, "json": doneJSON} {
+	for name, done := range map[string]<-chan error{"all": doneAll, "second": doneSecond, "json": doneJSON, "yaml": doneYAML} {
 		select {
 		case err := <-done:
 			if err != nil {

@@ -312,17 +312,31 @@ func (s *Store) Target(ctx context.Context, job string) (int, error) {
 
 // Events lists the decision events, oldest first; job "" means all.
 func (s *Store) Events(ctx context.Context, job string) ([]Event, error) {
-	evs, _, err := listJSON[Event](ctx, s, s.EventsPrefix())
+	evs, _, err := s.EventsAt(ctx, job)
+	return evs, err
+}
+
+// EventsAt is Events plus the etcd revision it read at: watching the events
+// prefix from the revision after it misses none and repeats none.
+func (s *Store) EventsAt(ctx context.Context, job string) ([]Event, int64, error) {
+	r, err := s.Cli.Get(ctx, s.EventsPrefix(), clientv3.WithPrefix())
 	if err != nil {
-		return nil, err
+		return nil, 0, fmt.Errorf("list %s: %w", s.EventsPrefix(), err)
 	}
-	out := evs[:0]
-	for _, e := range evs {
-		if job == "" || e.Job == job || contains(e.For, job) {
+	var out []Event
+	for _, kv := range r.Kvs {
+		var e Event
+		if json.Unmarshal(kv.Value, &e) == nil && e.Concerns(job) {
 			out = append(out, e)
 		}
 	}
-	return out, nil
+	return out, r.Header.Revision, nil
+}
+
+// Concerns reports whether the event is about job ("" means every job):
+// its own, or one that names job as the job capacity was taken for.
+func (e Event) Concerns(job string) bool {
+	return job == "" || e.Job == job || contains(e.For, job)
 }
 
 func contains(xs []string, x string) bool {

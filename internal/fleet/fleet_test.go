@@ -1,0 +1,56 @@
+package fleet_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// EventsAt returns a job's events, its own and those naming it as the job
+// capacity was taken for, and the revision to watch from: an event written
+// after the read arrives on the watch, none is lost or repeated.
+func TestEventsAtAndWatchFromItsRevision(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	put := func(sec int, r policy.Reason) {
+		t.Helper()
+		e := fleet.Event{Time: time.Unix(1_800_000_000+int64(sec), 0), Reason: r}
+		b, _ := json.Marshal(e)
+		if _, err := cli.Put(ctx, st.EventKey(e), string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(1, policy.Reason{Job: "sweep", Kind: policy.KindAdmitted})
+	put(2, policy.Reason{Job: "sweep", Kind: policy.KindShrunk, For: []string{"prod"}})
+	put(3, policy.Reason{Job: "other", Kind: policy.KindAdmitted})
+	evs, rev, err := st.EventsAt(ctx, "prod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 || evs[0].Job != "sweep" || evs[0].Kind != policy.KindShrunk {
+		t.Fatalf("events concerning prod: %+v, want sweep's shrink for it", evs)
+	}
+	if all, _ := st.Events(ctx, ""); len(all) != 3 {
+		t.Errorf("all events: %d, want 3", len(all))
+	}
+	// Written between the history read and the watch: still seen.
+	put(4, policy.Reason{Job: "prod", Kind: policy.KindAdmitted})
+	w := cli.Watch(ctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	select {
+	case resp := <-w:
+		if len(resp.Events) != 1 {
+			t.Fatalf("watch from the read's revision: %d events, want the one written after it", len(resp.Events))
+		}
+	case <-ctx.Done():
+		t.Fatal("the event written after the read never arrived")
+	}
+}
