@@ -341,7 +341,8 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 					reason = j.Status.Message
 				}
 				prio, _ := j.Spec.ResolvePriority(policy.Config{})
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d:%d\t%s\n", j.Spec.Name, j.Spec.Team, prio, j.state(), j.size(), j.Spec.MinNodes, max(j.Spec.MinNodes, j.Spec.MaxNodes), reason)
+				lo, hi := j.Spec.Bounds()
+				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d:%d\t%s\n", j.Spec.Name, j.Spec.Team, prio, j.state(), j.size(), lo, hi, reason)
 			}
 		})
 	case "nodes", "node":
@@ -496,8 +497,13 @@ func limit(l *int) string {
 func describeJob(w io.Writer, v jobView, history []fleet.Event) {
 	s := v.Spec
 	prio, _ := s.ResolvePriority(policy.Config{})
-	fmt.Fprintf(w, "Job:        %s\nTeam:       %s\nPriority:   %d\nFlavor:     %s\nPer node:   %d accelerator(s)\nSize:       %d..%d nodes (elastic: %v)\nState:      %s\n",
-		s.Name, s.Team, prio, orDash(s.Flavor), s.PerNode.Accelerators, s.MinNodes, max(s.MinNodes, s.MaxNodes), s.Elastic, v.state())
+	lo, hi := s.Bounds()
+	size := fmt.Sprintf("%d..%d nodes", lo, hi)
+	if len(s.Sizes) > 0 {
+		size += fmt.Sprintf(", sizes %v", s.Sizes)
+	}
+	fmt.Fprintf(w, "Job:        %s\nTeam:       %s\nPriority:   %d\nFlavor:     %s\nPer node:   %d accelerator(s)\nSize:       %s (elastic: %v)\nState:      %s\n",
+		s.Name, s.Team, prio, orDash(s.Flavor), s.PerNode.Accelerators, size, s.Elastic, v.state())
 	if v.Allocation != nil {
 		fmt.Fprintf(w, "Nodes:      %s (since %s)\n", strings.Join(v.Allocation.Nodes, ", "), v.Allocation.Since.Format(time.RFC3339))
 	}
@@ -551,17 +557,36 @@ func cmdResize(c *cli.Context, st *fleet.Store) error {
 	}
 	ctx, cancel := ctxOf(c)
 	defer cancel()
+	for _, f := range []string{"nodes", "min", "max"} {
+		if c.IsSet(f) && c.Int(f) < 1 {
+			return usageError{fmt.Errorf("resize: --%s must be >= 1 (got %d); to stop the job, use 'elasticctl suspend %s'", f, c.Int(f), c.Args().Get(1))}
+		}
+	}
 	j, err := st.UpdateJob(ctx, c.Args().Get(1), func(j *fleet.JobSpec) error {
+		lo, hi := j.Bounds()
 		if c.IsSet("nodes") {
-			j.MinNodes, j.MaxNodes = c.Int("nodes"), c.Int("nodes")
+			lo, hi = c.Int("nodes"), c.Int("nodes")
 		}
 		if c.IsSet("min") {
-			j.MinNodes = c.Int("min")
+			lo = c.Int("min")
 		}
 		if c.IsSet("max") {
-			j.MaxNodes = c.Int("max")
+			hi = c.Int("max")
 		}
-		j.Sizes = nil
+		j.MinNodes, j.MaxNodes = lo, hi
+		if len(j.Sizes) > 0 {
+			// A job with discrete sizes keeps those within the new bounds.
+			var kept []int
+			for _, z := range j.Sizes {
+				if z >= lo && z <= hi {
+					kept = append(kept, z)
+				}
+			}
+			if len(kept) == 0 {
+				return usageError{fmt.Errorf("resize: none of job %s's allowed sizes %v is within %d..%d nodes", j.Name, j.Sizes, lo, hi)}
+			}
+			j.Sizes, j.MinNodes, j.MaxNodes = kept, kept[0], kept[len(kept)-1]
+		}
 		if err := j.Validate(policy.Config{}); err != nil {
 			return usageError{fmt.Errorf("resize: %w", err)}
 		}
@@ -570,7 +595,12 @@ func cmdResize(c *cli.Context, st *fleet.Store) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.App.Writer, "job/%s resized to %d..%d nodes\n", j.Name, j.MinNodes, j.MaxNodes)
+	lo, hi := j.Bounds()
+	if len(j.Sizes) > 0 {
+		fmt.Fprintf(c.App.Writer, "job/%s resized to %d..%d nodes (sizes %v)\n", j.Name, lo, hi, j.Sizes)
+		return nil
+	}
+	fmt.Fprintf(c.App.Writer, "job/%s resized to %d..%d nodes\n", j.Name, lo, hi)
 	return nil
 }
 

@@ -805,3 +805,31 @@ func TestEventsFollow(t *testing.T) {
 		}
 	}
 }
+
+// Jobs that leave out minNodes/maxNodes or give discrete sizes show their
+// effective bounds, and resizing keeps the allowed sizes within the new
+// bounds instead of dropping them; a size below 1 is refused.
+func TestBoundsShownAndSizesKeptOnResize(t *testing.T) {
+	ep, _ := startFleet(t, 4)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "one.yaml", "name: one\nteam: research\nflavor: nvidia-h100-80gb\nperNode: {accelerators: 8}\nrun: {script: train.py}\n"))
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "pairs.yaml", "name: pairs\nteam: research\nflavor: nvidia-h100-80gb\nperNode: {accelerators: 8}\nelastic: true\nsizes: [2, 4]\nrun: {script: train.py}\n"))
+	waitJobRow(t, ep, "one", "1:1")
+	waitJobRow(t, ep, "pairs", "2:4")
+	if out := mustCtl(t, ep, "describe", "job", "pairs"); !strings.Contains(out, "Size:       2..4 nodes, sizes [2 4]") {
+		t.Errorf("describe job pairs:\n%s", out)
+	}
+	if out := mustCtl(t, ep, "resize", "job", "pairs", "--max", "2"); strings.TrimSpace(out) != "job/pairs resized to 2..2 nodes (sizes [2])" {
+		t.Errorf("resize --max 2 printed %q", out)
+	}
+	waitJobRow(t, ep, "pairs", "2:2")
+	if _, errs, code := ctl(t, ep, "resize", "job", "pairs", "--min", "3"); code != 2 || !strings.Contains(errs, "none of job pairs's allowed sizes [2] is within 3..2") {
+		t.Errorf("resize --min 3 with sizes [2]: exit %d, %q", code, errs)
+	}
+	for _, f := range []string{"--nodes", "--min", "--max"} {
+		if _, errs, code := ctl(t, ep, "resize", "job", "one", f, "0"); code != 2 || !strings.Contains(errs, f+" must be >= 1") {
+			t.Errorf("resize %s 0: exit %d, %q", f, code, errs)
+		}
+	}
+	waitJobRow(t, ep, "one", "1:1")
+}

@@ -122,6 +122,29 @@ type spec struct {
 	sizes    []int // nil unless discrete sizes
 }
 
+// Bounds returns the job's effective smallest and largest node counts, with
+// the defaults applied (MinNodes 1 or the first of Sizes; MaxNodes MinNodes
+// or the last of Sizes). It does not validate.
+func (j Job) Bounds() (minNodes, maxNodes int) {
+	minNodes, maxNodes = j.MinNodes, j.MaxNodes
+	if len(j.Sizes) > 0 {
+		if minNodes == 0 {
+			minNodes = j.Sizes[0]
+		}
+		if maxNodes == 0 {
+			maxNodes = j.Sizes[len(j.Sizes)-1]
+		}
+		return minNodes, maxNodes
+	}
+	if minNodes == 0 {
+		minNodes = 1
+	}
+	if maxNodes == 0 {
+		maxNodes = minNodes
+	}
+	return minNodes, maxNodes
+}
+
 func (j Job) normalize(cfg Config) (spec, error) {
 	var errs []error
 	var s spec
