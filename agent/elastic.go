@@ -494,6 +494,11 @@ func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
 	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(checkpoint.Drain, r)}
 	if stop, ok := e.stopRecord(); ok {
 		ev = checkpoint.Event{Kind: stop.Kind, Reason: stop.Reason}
+	} else {
+		// Tell every member first: the closer proposes the next round
+		// without this node at once, and the other agents announce it to
+		// their workers, so no worker learns of it from a broken collective.
+		e.tellMembersWeDrain(r, &ev)
 	}
 	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
 	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
@@ -504,6 +509,27 @@ func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
 		e.log.Warn("leave rendezvous", "err", err)
 	}
 	return nil
+}
+
+// tellMembersWeDrain marks this node as leaving in the rendezvous and waits
+// briefly for the round without it, whose world size the workers are told.
+// Without an answer the drain goes on as a local announcement.
+func (e *elastic) tellMembersWeDrain(r *rendezvous.Round, ev *checkpoint.Event) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := e.node.Drain(ctx); err != nil {
+		e.log.Warn("could not tell the other members this node drains; announcing to this node's workers only", "err", err)
+		return
+	}
+	c, err := e.node.Next(ctx, r)
+	if err != nil {
+		e.log.Warn("no round without this node yet; announcing the drain anyway", "err", err)
+		return
+	}
+	ev.Reason = c.Detail
+	if c.WorldSize > 0 {
+		ev.NewWorldSize = c.WorldSize
+	}
 }
 
 // jobStop is the coordinator's record of why a job's whole allocation was
@@ -594,7 +620,7 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
 	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))
 	dspan.End()
-	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting
+	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
 	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
 	if !planned {
 		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))

@@ -207,10 +207,14 @@ func TestDrainedNodeLeavesAndTheJobGoesOn(t *testing.T) {
 		}
 		want++
 	}
-	for n, l := range c.Logs() {
-		t.Logf("node %s:\n%s", n, l)
-	}
 	if want-1 != total {
 		t.Errorf("ran %d steps, want %d: the job ended early", want-1, total)
+	}
+	// Node a's workers were told too, by their own agent, with the size
+	// they restart at: not only through the ranks' agreement.
+	for name, l := range c.Logs() {
+		if strings.HasPrefix(name, "a#") && !strings.Contains(l, `msg="announcing a planned change to the workers" kind=scale_down new_world_size=1`) {
+			t.Errorf("node a's agent did not announce the drain of b to its workers as scale_down to world size 1:\n%s", l)
+		}
 	}
 }

@@ -428,7 +428,7 @@ func (c *closer) evaluate(ctx context.Context) error {
 func (c *closer) decide(ctx context.Context) error {
 	now := time.Now()
 	var wake time.Time
-	avail := len(c.members) - c.nSuspect
+	avail := len(c.members) - c.nSuspect - c.nLeaving()
 	capN := c.capacity()
 	state := ""
 	if c.head != nil {
@@ -468,6 +468,8 @@ func (c *closer) decide(ctx context.Context) error {
 		switch {
 		case len(c.lost) > 0:
 			return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s left or lost their lease before round %d closed", list(c.lost), c.head.Round))
+		case len(c.leavingInRound()) > 0:
+			return c.propose(ctx, NodeLeaving, fmt.Sprintf("node(s) %s are draining", list(c.leavingInRound())))
 		case len(c.acked) == c.acksNeeded():
 			return c.close(ctx)
 		}
@@ -490,6 +492,8 @@ func (c *closer) decide(ctx context.Context) error {
 			// Members leave as their workers succeed; nothing restarts.
 		case len(c.lost) > 0:
 			return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s of round %d left or lost their lease", list(c.lost), c.head.Round))
+		case len(c.leavingInRound()) > 0:
+			return c.propose(ctx, NodeLeaving, fmt.Sprintf("node(s) %s of round %d are draining", list(c.leavingInRound()), c.head.Round))
 		case capN < size:
 			return c.propose(ctx, TargetChanged, fmt.Sprintf("target %d: shrinking from %d to %d nodes", c.target, size, capN))
 		case waiting > 0 && size < capN:
@@ -582,8 +586,30 @@ func (c *closer) ackTimeout(ctx context.Context) error {
 func (c *closer) candidates() []*cand {
 	out := make([]*cand, 0, len(c.members))
 	for _, m := range c.members {
-		if !m.suspect {
+		if !m.suspect && !m.rec.Leaving {
 			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// nLeaving counts the members that are draining (suspects apart).
+func (c *closer) nLeaving() int {
+	n := 0
+	for _, m := range c.members {
+		if m.rec.Leaving && !m.suspect {
+			n++
+		}
+	}
+	return n
+}
+
+// leavingInRound lists the members of the current round that are draining.
+func (c *closer) leavingInRound() []string {
+	var out []string
+	for _, m := range c.round {
+		if cm := c.members[m.NodeID]; cm != nil && cm.rec.Leaving {
+			out = append(out, m.NodeID)
 		}
 	}
 	return out

@@ -56,7 +56,9 @@
 // the last call unless the size is reached). A lower target shrinks at
 // once; a higher one grows at once when enough nodes wait, else after the
 // last call from the first new node, so nodes started a moment apart join
-// in one round rather than one round each. A lost
+// in one round rather than one round each. A draining member (Drain) is
+// left out of the next round at once (NodeLeaving, a planned change every
+// member sees). A lost
 // member or a reported failure starts a new round at once with whoever is
 // left (>= MinNodes; otherwise the round record says "open" and Next
 // returns). Members keep their group rank where possible; freed ranks go

@@ -137,6 +137,9 @@ func decodeHeader(key string, v []byte) (*header, error) {
 type memberRec struct {
 	Addr string `json:"addr"`
 	LWS  int    `json:"lws"`
+	// Leaving: the node is draining (Node.Drain); the next round goes on
+	// without it, announced to every member as a planned change.
+	Leaving bool `json:"leaving,omitempty"`
 }
 
 func decodeMember(key string, v []byte) (memberRec, error) {

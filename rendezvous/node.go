@@ -34,6 +34,8 @@ const (
 	NodeWaiting Reason = "NodeWaiting"
 	// TargetChanged: the job's target size changed the round's size.
 	TargetChanged Reason = "TargetChanged"
+	// NodeLeaving: a member is draining (Node.Drain), a planned change.
+	NodeLeaving Reason = "NodeLeaving"
 )
 
 // ErrLeaseLost is wrapped by the errors of a node whose lease can no longer
@@ -552,6 +554,35 @@ func (n *Node) superviseCloser(r int64, closer string) {
 	if _, err := n.cli.Revoke(ctx, clientv3.LeaseID(m.Kvs[0].Lease)); err != nil && n.ctx.Err() == nil {
 		n.log.Warn("rendezvous: revoke the silent closer's lease", "closer", closer, "err", err)
 	}
+}
+
+// Drain marks this node as leaving: the closer proposes the next round
+// without it at once, so every member sees a planned change (Next returns
+// NodeLeaving with the smaller size) and can have its workers checkpoint
+// before anything stops. The node stays a member until Leave.
+func (n *Node) Drain(ctx context.Context) error {
+	n.mu.Lock()
+	err := n.stateErrLocked()
+	lease := n.lease
+	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+	defer cancel()
+	mk := n.k.member(n.cfg.NodeID)
+	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize, Leaving: true})
+	// Only while this node's own record stands: never recreate it.
+	t, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(mk), "=", lease)).
+		Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous: job %q node %q: mark leaving: %w", n.cfg.JobID, n.cfg.NodeID, err)
+	}
+	if !t.Succeeded {
+		return fmt.Errorf("rendezvous: job %q node %q: mark leaving: %w", n.cfg.JobID, n.cfg.NodeID, ErrLeaseLost)
+	}
+	n.log.Info("rendezvous: draining: the next round goes on without this node")
+	return nil
 }
 
 // Restarts returns the job's global failure-restart count.

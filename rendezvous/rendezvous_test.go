@@ -240,6 +240,37 @@ func TestTargetGrowthWithFewerNodesAfterLastCall(t *testing.T) {
 	}
 }
 
+// Drain: a draining member is left out of the next round at once, and
+// every member (the drained one too) sees a planned change with the
+// smaller size, before anyone stops its workers.
+func TestDrainIsAPlannedChangeForEveryMember(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nodes := h.register(ctx, h.cfg("a", 1, 3), h.cfg("b", 1, 3), h.cfg("c", 1, 3))
+	rs := mustJoinAll(t, ctx, nodes...)
+	if err := nodes[1].Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, ch := range nextAll(t, ctx, nodes, rs) {
+		if ch.Reason != NodeLeaving || ch.NumNodes != 2 || ch.WorldSize != 2 {
+			t.Errorf("node %s: change %+v, want NodeLeaving to 2 nodes", nodes[i].ID(), ch)
+		}
+	}
+	rs2 := mustJoinAll(t, ctx, nodes[0], nodes[2])
+	if rs2[0].NumNodes != 2 || rankOf(rs2, "a") != 0 || rankOf(rs2, "c") != 1 {
+		t.Fatalf("round after the drain: %+v", rs2)
+	}
+	// The drained node is not taken back as a spare while it drains.
+	if err := nodes[1].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := nodes[0].Restarts(ctx); err != nil || n != 0 {
+		t.Errorf("restarts %d %v after a drain; want 0", n, err)
+	}
+}
+
 // A waiting node while the round is below MAX starts a new round; ranks of
 // staying nodes are stable and MASTER_PORT is fresh.
 func TestWaitingNodeStartsNewRound(t *testing.T) {
