@@ -129,6 +129,11 @@ type Report struct {
 	Rank      int    `json:"rank"`
 	WorldSize int    `json:"world_size,omitempty"`
 	PID       int    `json:"pid,omitempty"`
+	// Detected marks the stopping report the Python helper sends as soon
+	// as the ranks agree on an event, before the step's checkpoint; its
+	// Step is unknown (0). A rank may send a stopping report with the step
+	// afterwards.
+	Detected bool `json:"detected,omitempty"`
 	// Received is when the agent read the message.
 	Received time.Time `json:"-"`
 	// Raw is the message as sent, for fields this package does not know.

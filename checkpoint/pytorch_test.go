@@ -275,8 +275,12 @@ func (j *elasticJob) checkStopped(t *testing.T, world int, steps []stepLog) *Rec
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	ranks := map[int]bool{}
+	ranks, detected := map[int]bool{}, map[int]bool{}
 	for _, r := range j.stopping {
+		if r.Detected {
+			detected[r.Rank] = true
+			continue
+		}
 		if r.Step != rec.Step {
 			t.Fatalf("rank %d stopped after step %d, committed %d", r.Rank, r.Step, rec.Step)
 		}
@@ -284,6 +288,9 @@ func (j *elasticJob) checkStopped(t *testing.T, world int, steps []stepLog) *Rec
 	}
 	if len(ranks) != world {
 		t.Fatalf("%d of %d ranks reported stopping: %+v", len(ranks), world, j.stopping)
+	}
+	if len(detected) != world {
+		t.Fatalf("%d of %d ranks told the agent when they detected the event: %+v", len(detected), world, j.stopping)
 	}
 	return rec
 }
