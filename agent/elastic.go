@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -154,6 +155,13 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	}
 
 	var event *scaleEvent
+	// A scale event's trace ends when the next workers start; one still
+	// open when the agent leaves (a spare, a signal) ends with it.
+	defer func() {
+		if event != nil {
+			event.span.End()
+		}
+	}()
 	attempt := 0
 	for {
 		round, sig, err := e.join(ctx, event)
@@ -615,7 +623,7 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 // stopped at once and resume from the last committed checkpoint.
 func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.Round, c rendezvous.Change) *scaleEvent {
 	o := e.o
-	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+	ectx, span := e.tracer.Start(changeTrace(e.cfg.JobID, c.Round, c.ID), "scale_event",
 		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(c.Reason)),
 			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
 	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))
@@ -630,6 +638,21 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	}
 	e.announceAndWait(ectx, g, r, e.plannedEvent(c, r))
 	return &scaleEvent{ectx, span}
+}
+
+// changeTrace returns a context whose remote parent puts every agent's spans
+// for one change of the job (the proposal of a round) into one trace: the
+// trace id is derived from the job, the round and the proposal's id, which
+// every member reads from the same round record, so the agents agree on it
+// without talking to each other.
+func changeTrace(job string, round int64, id string) context.Context {
+	h := sha256.Sum256([]byte(fmt.Sprintf("hyperpodrun/%s/%d/%s", job, round, id)))
+	var tid trace.TraceID
+	var sid trace.SpanID
+	copy(tid[:], h[:16])
+	copy(sid[:], h[16:24])
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+	return trace.ContextWithRemoteSpanContext(context.Background(), sc)
 }
 
 // plannedEvent names a planned change for the workers: scale_up or

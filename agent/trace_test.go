@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -25,6 +26,7 @@ import (
 const protocolWorker = `
 import os, sys, time
 import hyperpodrun_elastic as he
+from hyperpodrun_elastic import _events
 out = os.environ["OUT"]
 with open(os.path.join(out, "tp.%s.%s" % (os.environ["HYPERPODRUN_ROUND"], os.environ["RANK"])), "w") as f:
     f.write(os.environ.get("TRACEPARENT", ""))
@@ -33,6 +35,9 @@ while True:
     step += 1
     time.sleep(0.02)
     if he.elastic_event_detected():
+        # Whether the configured elastic signal arrived (not only the file).
+        with open(os.path.join(out, "sig.%s.%s" % (os.environ["HYPERPODRUN_ROUND"], os.environ["RANK"])), "w") as f:
+            f.write("%s %s" % (_events._state.signalled, os.environ.get("HYPERPODRUN_ELASTIC_SIGNAL")))
         he.report_stopping(step)
         sys.exit(0)
 `
@@ -110,6 +115,12 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 		t.Fatal(err)
 	}
 	tpWorker := waitFile("tp.2.0")
+	// The first round's workers were woken by the configured signal.
+	for _, rank := range []string{"0", "1"} {
+		if got, want := waitFile("sig.1."+rank), fmt.Sprintf("True %d", int(elasticSig)); got != want {
+			t.Errorf("rank %s's worker at the change: signalled/configured %q, want %q", rank, got, want)
+		}
+	}
 	for _, a := range agents {
 		a.sigs <- syscall.SIGTERM
 	}
@@ -117,20 +128,32 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 		<-a.done
 	}
 	spans := exp.GetSpans()
-	var event *tracetest.SpanStub
-	for i := range spans {
-		if spans[i].Name == "scale_event" {
+	named := func(name string) []*tracetest.SpanStub {
+		var out []*tracetest.SpanStub
+		for i := range spans {
+			if spans[i].Name != name {
+				continue
+			}
 			for _, a := range spans[i].Attributes {
 				if a.Key == "reason" && a.Value.AsString() == "TargetChanged" {
-					event = &spans[i]
+					out = append(out, &spans[i])
 				}
 			}
 		}
+		return out
 	}
-	if event == nil {
-		t.Fatalf("no scale_event span for the target change among %d spans", len(spans))
+	// Both agents traced the change (the one that became a spare ends its
+	// span when it leaves), in one trace.
+	events := named("scale_event")
+	if len(events) != 2 {
+		t.Fatalf("%d scale_event spans for the target change among %d spans, want one per agent", len(events), len(spans))
 	}
-	traceID := event.SpanContext.TraceID()
+	traceID := events[0].SpanContext.TraceID()
+	for _, d := range append(events, named("decision")...) {
+		if d.SpanContext.TraceID() != traceID {
+			t.Errorf("an agent traced the change in another trace (%s %s, want %s)", d.Name, d.SpanContext.TraceID(), traceID)
+		}
+	}
 	got := map[string]bool{}
 	for _, s := range spans {
 		if s.SpanContext.TraceID() == traceID {

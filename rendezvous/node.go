@@ -95,6 +95,9 @@ type Change struct {
 	// while it waits for nodes). A proposal can still fail its
 	// acknowledgements, so they are what is planned, not yet agreed.
 	NumNodes, WorldSize int
+	// ID identifies the proposal: the same on every member (for tracing
+	// one change across agents); empty while the round waits for nodes.
+	ID string
 }
 
 // Node is one agent's participation in a job's rendezvous. Its methods are
@@ -444,7 +447,7 @@ func (n *Node) Next(ctx context.Context, r *Round) (Change, error) {
 		if h := n.head; h != nil && h.Round > r.Number {
 			c := Change{Reason: h.Reason, Detail: h.Detail, Round: h.Round}
 			if h.State != stateOpen {
-				c.NumNodes, c.WorldSize = h.Nodes, h.World
+				c.NumNodes, c.WorldSize, c.ID = h.Nodes, h.World, h.Nonce
 			}
 			n.mu.Unlock()
 			return c, nil
