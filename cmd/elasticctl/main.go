@@ -384,8 +384,8 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 			for _, u := range usage {
 				var weight float64 = 1
 				for _, t := range teams {
-					if t.Name == u.Team && t.Weight > 0 {
-						weight = t.Weight
+					if t.Name == u.Team {
+						weight = weightOf(t)
 					}
 				}
 				fmt.Fprintf(w, "%s\t%s\t%g\t%s\t%d\t%d\t%d\t%d\t%d\n", u.Team, orDash(u.Cohort), weight, u.Flavor, u.Nominal, u.Used, u.Borrowed, u.Running, u.Pending)
@@ -393,7 +393,7 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 			if len(usage) == 0 {
 				for _, t := range teams {
 					for _, q := range t.Quotas {
-						fmt.Fprintf(w, "%s\t%s\t%g\t%s\t%d\t-\t-\t-\t-\n", t.Name, orDash(t.Cohort), t.Weight, q.Flavor, q.Nominal)
+						fmt.Fprintf(w, "%s\t%s\t%g\t%s\t%d\t-\t-\t-\t-\n", t.Name, orDash(t.Cohort), weightOf(t), q.Flavor, q.Nominal)
 					}
 				}
 			}
@@ -452,7 +452,7 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 		if o := c.String("output"); o == "json" || o == "yaml" {
 			return printOut(c, t, nil)
 		}
-		fmt.Fprintf(w, "Team:        %s\nCohort:      %s\nWeight:      %g\nPreemption:  %s\n", t.Name, orDash(t.Cohort), t.Weight, orDash(string(t.Preemption)))
+		fmt.Fprintf(w, "Team:        %s\nCohort:      %s\nWeight:      %g\nPreemption:  %s\n", t.Name, orDash(t.Cohort), weightOf(*t), orDash(string(t.Preemption)))
 		for _, q := range t.Quotas {
 			fmt.Fprintf(w, "Quota %s: nominal %d, borrowing limit %s, lending limit %s\n", q.Flavor, q.Nominal, limit(q.BorrowingLimit), limit(q.LendingLimit))
 		}
@@ -686,4 +686,12 @@ func printEvent(c *cli.Context, e fleet.Event) {
 		return
 	}
 	fmt.Fprintf(c.App.Writer, "%s  %s\n", e.Time.Format(time.RFC3339), eventLine(e, ""))
+}
+
+// weightOf is a team's fair-share weight as the engine uses it (unset: 1).
+func weightOf(t policy.Team) float64 {
+	if t.Weight > 0 {
+		return t.Weight
+	}
+	return 1
 }

@@ -832,4 +832,13 @@ func TestBoundsShownAndSizesKeptOnResize(t *testing.T) {
 		}
 	}
 	waitJobRow(t, ep, "one", "1:1")
+
+	// A team without a weight shows the weight the engine uses: 1.
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "plain.yaml", "teams:\n- name: plain\n  quotas:\n  - flavor: nvidia-h100-80gb\n    nominal: 8\n"))
+	if out := mustCtl(t, ep, "describe", "team", "plain"); !regexp.MustCompile(`(?m)^Weight:\s+1$`).MatchString(out) {
+		t.Errorf("describe team plain (no weight set):\n%s", out)
+	}
+	if out := mustCtl(t, ep, "get", "teams"); !regexp.MustCompile(`(?m)^plain\s+-\s+1\s`).MatchString(out) {
+		t.Errorf("get teams (no weight set):\n%s", out)
+	}
 }
