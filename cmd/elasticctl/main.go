@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -479,7 +480,26 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 				if o := c.String("output"); o == "json" || o == "yaml" {
 					return printOut(c, n, nil)
 				}
-				return n.WriteTable(w)
+				if err := n.WriteTable(w); err != nil {
+					return err
+				}
+				// The work placed on the node.
+				allocs, _, err := st.Allocations(ctx)
+				if err != nil {
+					return err
+				}
+				var jobs []string
+				for _, a := range allocs {
+					if slices.Contains(a.Nodes, name) {
+						jobs = append(jobs, fmt.Sprintf("%s (team %s, %d accelerator(s))", a.Job, orDash(a.Team), a.AcceleratorsPerNode))
+					}
+				}
+				sort.Strings(jobs)
+				if len(jobs) == 0 {
+					jobs = []string{"none"}
+				}
+				_, err = fmt.Fprintf(w, "Jobs:        %s\n", strings.Join(jobs, ", "))
+				return err
 			}
 		}
 		return fmt.Errorf("node %q not found: 'elasticctl get nodes' lists the registered nodes", name)

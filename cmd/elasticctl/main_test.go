@@ -573,6 +573,13 @@ func TestGetJobsYAMLAndJSON(t *testing.T) {
 	if strings.Count(out, "hog") != 2 || strings.Contains(out, "waiter") {
 		t.Errorf("get nodes: hog holds exactly 2 nodes and waiter none:\n%s", out)
 	}
+	// describe node names the work placed on it.
+	if jv[0].Allocation != nil {
+		n := jv[0].Allocation.Nodes[0]
+		if out := mustCtl(t, ep, "describe", "node", n); !regexp.MustCompile(`(?m)^Jobs:\s+hog \(team solo, 8 accelerator\(s\)\)$`).MatchString(out) {
+			t.Errorf("describe node %s should list hog:\n%s", n, out)
+		}
+	}
 }
 
 func TestResizeMinAndNodes(t *testing.T) {
