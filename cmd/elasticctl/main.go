@@ -284,13 +284,13 @@ func (v jobView) size() int {
 	return 0
 }
 
-func loadJobViews(ctx context.Context, st *fleet.Store) ([]jobView, error) {
+func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer) ([]jobView, error) {
 	specs, bad, err := st.Jobs(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, b := range bad {
-		fmt.Fprintf(os.Stderr, "warning: %v\n", b)
+		fmt.Fprintf(warn, "warning: %v\n", b)
 	}
 	allocs, _, err := st.Allocations(ctx)
 	if err != nil {
@@ -330,7 +330,7 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 	defer cancel()
 	switch what := c.Args().First(); what {
 	case "jobs", "job":
-		jobs, err := loadJobViews(ctx, st)
+		jobs, err := loadJobViews(ctx, st, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
@@ -352,7 +352,7 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 			return err
 		}
 		for _, b := range bad {
-			fmt.Fprintf(os.Stderr, "warning: %v\n", b)
+			fmt.Fprintf(c.App.ErrWriter, "warning: %v\n", b)
 		}
 		allocs, _, _ := st.Allocations(ctx)
 		jobsOn := map[string][]string{}
@@ -421,7 +421,7 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 	w := c.App.Writer
 	switch kind {
 	case "job":
-		jobs, err := loadJobViews(ctx, st)
+		jobs, err := loadJobViews(ctx, st, c.App.ErrWriter)
 		if err != nil {
 			return err
 		}
@@ -449,7 +449,7 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 			return fmt.Errorf("team %q: %w", name, err)
 		}
 		usage, _ := st.Usage(ctx)
-		jobs, _ := loadJobViews(ctx, st)
+		jobs, _ := loadJobViews(ctx, st, c.App.ErrWriter)
 		if o := c.String("output"); o == "json" || o == "yaml" {
 			return printOut(c, t, nil)
 		}

@@ -849,3 +849,27 @@ func TestBoundsShownAndSizesKeptOnResize(t *testing.T) {
 		t.Errorf("get teams (no weight set):\n%s", out)
 	}
 }
+
+// A malformed record in etcd is reported on the command's error output,
+// naming the key, and the rest is still listed.
+func TestMalformedRecordsWarnOnErrorOutput(t *testing.T) {
+	ep, cli := startFleet(t, 1)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	mustCtl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli.Put(ctx, "/hyperpodrun/specs/broken", "{not json")
+	cli.Put(ctx, "/hyperpodrun/nodes/broken", "[]")
+	for _, what := range []string{"jobs", "nodes"} {
+		out, errs, code := ctl(t, ep, "get", what)
+		if code != 0 || !strings.Contains(errs, "warning") || !strings.Contains(errs, "broken") {
+			t.Errorf("get %s with a malformed record: exit %d, stderr %q", what, code, errs)
+		}
+		if strings.Contains(out, "warning") {
+			t.Errorf("get %s printed the warning on standard output:\n%s", what, out)
+		}
+	}
+	if out, _, _ := ctl(t, ep, "get", "jobs"); !strings.Contains(out, "sweep") {
+		t.Errorf("get jobs lost the valid job:\n%s", out)
+	}
+}
