@@ -33,6 +33,12 @@
 //
 //	{"type":"checkpoint","step":120,"path":"/ckpt/step-120","rank":0,"world_size":3}
 //	{"type":"stopping","step":120,"rank":1,"world_size":3}
+//	{"type":"stopping","detected":true,"step":0,"rank":1,"world_size":3}
+//
+// The Python helper sends the "detected" stopping report from every rank as
+// soon as the ranks agree on an event (step unknown), so an agent whose
+// workers learned of the change only through the agreement knows that
+// their exit 0 is not the end of training.
 //
 // A checkpoint message means committed: the worker that sends it (rank 0 in
 // the Python helper) does so only after every rank has finished writing its
