@@ -440,6 +440,45 @@ func TestReportFailureCountsOncePerRound(t *testing.T) {
 	}
 }
 
+// deadNodeRound runs a, b and c (2..3 nodes, lease TTL 20 s; a registered
+// first is the closer), crashes node dead without revoking its lease, has
+// node reporter report a worker failure, and returns the nodes, the
+// survivors' next round and how long it took after the report.
+func deadNodeRound(t *testing.T, h *harness, ctx context.Context, dead, reporter int) ([]*Node, []*Round, time.Duration) {
+	t.Helper()
+	var cfgs []Config
+	for _, id := range []string{"a", "b", "c"} {
+		c := h.cfg(id, 2, 3)
+		c.LeaseTTL = 20 * time.Second
+		cfgs = append(cfgs, c)
+	}
+	nodes := h.register(ctx, cfgs...)
+	rs := mustJoinAll(t, ctx, nodes...)
+	nodes[dead].crash() // its lease lives on for 20s
+	failed := time.Now()
+	if _, err := nodes[reporter].ReportFailure(ctx, rs[reporter], "gloo: connection reset by peer"); err != nil {
+		t.Fatal(err)
+	}
+	var survivors []*Node
+	for i, n := range nodes {
+		if i != dead {
+			survivors = append(survivors, n)
+		}
+	}
+	rs2 := mustJoinAll(t, ctx, survivors...)
+	took := time.Since(failed)
+	if rs2[0].NumNodes != 2 || rs2[0].Reason != MemberLost {
+		t.Fatalf("round without the dead node: %+v", rs2[0])
+	}
+	// The survivors' workers failed because a node died: a membership
+	// change, not a failure of the job.
+	if n, err := nodes[reporter].Restarts(ctx); err != nil || n != 0 {
+		t.Fatalf("restarts %d %v after a dead node; want 0", n, err)
+	}
+	t.Logf("survivors in a new round %s after the failure report", took)
+	return nodes, rs2, took
+}
+
 // Fast failure path when the dead agent is the closer: the node that
 // reported the failure sees the closer not act within AckTimeout, revokes
 // its lease, and the next node in the closer queue forms the round; no
@@ -449,32 +488,11 @@ func TestDeadCloserReplacedWithoutWaitingForTTL(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var cfgs []Config
-	for _, id := range []string{"a", "b", "c"} {
-		c := h.cfg(id, 2, 3)
-		c.LeaseTTL = 20 * time.Second
-		cfgs = append(cfgs, c)
-	}
-	nodes := h.register(ctx, cfgs...) // a registered first: a is the closer
-	rs := mustJoinAll(t, ctx, nodes...)
-	nodes[0].crash() // its lease would live on for 20s
-	failed := time.Now()
-	if _, err := nodes[1].ReportFailure(ctx, rs[1], "gloo: connection reset by peer"); err != nil {
-		t.Fatal(err)
-	}
-	rs2 := mustJoinAll(t, ctx, nodes[1], nodes[2])
-	if took := time.Since(failed); took > 6*time.Second {
+	if _, _, took := deadNodeRound(t, h, ctx, 0, 1); took > 6*time.Second {
 		t.Fatalf("round without the dead closer took %s (TTL 20s, ack timeout 0.5s)", took)
-	}
-	if rs2[0].NumNodes != 2 || rs2[0].Reason != MemberLost {
-		t.Fatalf("round: %+v", rs2[0])
 	}
 	if !strings.Contains(h.logs.String(), "revoking its lease") {
 		t.Errorf("no log line says why the closer's lease was revoked")
-	}
-	// A dead node is a membership change, not a failure of the job.
-	if n, err := nodes[1].Restarts(ctx); err != nil || n != 0 {
-		t.Fatalf("restarts %d %v after a dead closer; want 0", n, err)
 	}
 }
 
@@ -486,33 +504,13 @@ func TestDeadAgentLeftOutWithoutWaitingForTTL(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var cfgs []Config
-	for _, id := range []string{"a", "b", "c"} {
-		c := h.cfg(id, 2, 3)
-		c.LeaseTTL = 20 * time.Second
-		cfgs = append(cfgs, c)
-	}
-	nodes := h.register(ctx, cfgs...)
-	rs := mustJoinAll(t, ctx, nodes...)
-	nodes[2].crash() // its lease lives on for 20s
-	failed := time.Now()
-	if _, err := nodes[0].ReportFailure(ctx, rs[0], "gloo: connection reset by peer"); err != nil {
-		t.Fatal(err)
-	}
-	rs2 := mustJoinAll(t, ctx, nodes[0], nodes[1])
-	took := time.Since(failed)
+	_, rs2, took := deadNodeRound(t, h, ctx, 2, 0)
 	if took > 4*time.Second {
 		t.Fatalf("round without the dead agent took %s (TTL 20s, ack timeout 0.5s)", took)
 	}
-	if rs2[0].NumNodes != 2 || rs2[0].Reason != MemberLost || !strings.Contains(rs2[0].Detail, "did not acknowledge") {
+	if !strings.Contains(rs2[0].Detail, "did not acknowledge") {
 		t.Fatalf("round: %+v", rs2[0])
 	}
-	// The survivors' workers failed because a node died: a membership
-	// change, not a failure of the job.
-	if n, err := nodes[0].Restarts(ctx); err != nil || n != 0 {
-		t.Fatalf("restarts %d %v after a dead node; want 0", n, err)
-	}
-	t.Logf("survivors in a new round %s after the failure report", took)
 }
 
 // A node whose workers succeeded leaves with Finish without restarting the
