@@ -216,11 +216,13 @@ func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) err
 
 // DeleteJob removes a job's spec (the coordinator then releases it).
 func (s *Store) DeleteJob(ctx context.Context, name string) error {
-	r, err := s.Cli.Delete(ctx, s.SpecKey(name))
+	// The finish record goes with the spec: a job submitted again under
+	// the same name runs again.
+	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(s.SpecKey(name)), clientv3.OpDelete(s.FinishKey(name))).Commit()
 	if err != nil {
 		return fmt.Errorf("delete job %q: %w", name, err)
 	}
-	if r.Deleted == 0 {
+	if r.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return fmt.Errorf("job %q: %w", name, ErrNotFound)
 	}
 	return nil
@@ -388,8 +390,13 @@ const (
 // StopKey names the record of why a job's allocation was taken away.
 func (s *Store) StopKey(j string) string { return s.Key("jobs", j, "stopped") }
 
-// FinishKey names a job's finish record.
-func (s *Store) FinishKey(j string) string { return s.Key("jobs", j, "finished") }
+// FinishKey names a job's finish record. Finish records have a prefix of
+// their own: the coordinator lists them every cycle, and under jobs/ it
+// would read every running job's rendezvous keys too.
+func (s *Store) FinishKey(j string) string { return s.Key("finished", j) }
+
+// FinishedPrefix is the prefix of every finish record.
+func (s *Store) FinishedPrefix() string { return s.Key("finished") + "/" }
 
 // MarkFinished records the first finish of a job (later ones are ignored).
 func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
@@ -405,22 +412,17 @@ func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
 
 // Finished returns the finish record of every finished job.
 func (s *Store) Finished(ctx context.Context) (map[string]Finish, error) {
-	r, err := s.Cli.Get(ctx, s.Key("jobs")+"/", clientv3.WithPrefix())
+	r, err := s.Cli.Get(ctx, s.FinishedPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("list finished jobs: %w", err)
 	}
 	out := map[string]Finish{}
 	for _, kv := range r.Kvs {
-		k := string(kv.Key)
-		if !strings.HasSuffix(k, "/finished") {
-			continue
-		}
 		var f Finish
 		if json.Unmarshal(kv.Value, &f) != nil {
 			continue
 		}
-		job := strings.TrimSuffix(strings.TrimPrefix(k, s.Key("jobs")+"/"), "/finished")
-		out[job] = f
+		out[strings.TrimPrefix(string(kv.Key), s.FinishedPrefix())] = f
 	}
 	return out, nil
 }

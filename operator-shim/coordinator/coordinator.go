@@ -165,7 +165,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 func (c *Coordinator) relevant(evs []*clientv3.Event) bool {
 	for _, e := range evs {
 		k := string(e.Kv.Key)
-		for _, p := range []string{"/nodes/", "/teams/", "/specs/"} {
+		for _, p := range []string{"/nodes/", "/teams/", "/specs/", "/finished/"} {
 			if strings.HasPrefix(k, c.cfg.Prefix+p) {
 				return true
 			}

@@ -107,6 +107,12 @@ func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {
 	if _, err := st.Allocation(ctx, "j"); err == nil {
 		t.Error("finished job still allocated")
 	}
+	// Deleted and submitted again under the same name, it runs again.
+	if err := st.DeleteJob(ctx, "j"); err != nil {
+		t.Fatal(err)
+	}
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 3, Elastic: true}})
+	waitTarget(t, ctx, cli, "j", "3")
 }
 
 func TestMalformedInputsAreIgnoredNotFatal(t *testing.T) {
@@ -277,4 +283,21 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	if a, err := st.Allocation(ctx, "j"); err != nil || a.Size != 1 {
 		t.Errorf("leader's allocation %+v %v", a, err)
 	}
+}
+
+// A finish record is acted on at once, not at the next resync: the
+// coordinator watches finish records like specs, so the capacity goes back
+// to the fleet as soon as a node agent records the end of training.
+func TestFinishedJobReleasedWithoutWaitingForResync(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	c := New(cli, Config{Resync: time.Hour, Engine: policy.Config{MinStablePeriod: -1}})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "done-soon", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	waitTarget(t, ctx, cli, "done-soon", "1")
+	st.MarkFinished(ctx, "done-soon", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"})
+	waitTarget(t, ctx, cli, "done-soon", "0")
 }
