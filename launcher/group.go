@@ -69,12 +69,12 @@ func Start(spec Spec, a Assignment) (*Group, error) {
 	if spec.LogDir != "" {
 		g.dir = filepath.Join(spec.LogDir, "attempt_"+strconv.Itoa(a.Attempt))
 	}
-	base := os.Environ()
+	base := envMap(os.Environ())
 	for k, v := range spec.Env {
-		base = append(base, k+"="+v)
+		base[k] = v
 	}
 	for k, v := range a.Env {
-		base = append(base, k+"="+v)
+		base[k] = v
 	}
 	argv := spec.argv()
 	path, err := lookPath(argv[0])
@@ -106,7 +106,7 @@ func lookPath(name string) (string, error) {
 	return "", fmt.Errorf("cannot run %q: not found on PATH (set PYTHON_EXEC for the Python interpreter, or give a path)", name)
 }
 
-func (g *Group) startWorker(path string, argv, base []string, lr int) (*worker, error) {
+func (g *Group) startWorker(path string, argv []string, base map[string]string, lr int) (*worker, error) {
 	w := &worker{localRank: lr, rank: g.asg.BaseRank + lr, done: make(chan struct{})}
 	var rankDir string
 	if g.dir != "" {
@@ -116,15 +116,12 @@ func (g *Group) startWorker(path string, argv, base []string, lr int) (*worker, 
 		}
 		w.errorFile = filepath.Join(rankDir, "error.json")
 	}
-	env := base
+	layers := []map[string]string{base}
 	if g.spec.RankEnv != nil {
-		for k, v := range g.spec.RankEnv(lr) {
-			env = append(env, k+"="+v)
-		}
+		layers = append(layers, g.spec.RankEnv(lr))
 	}
-	for k, v := range g.spec.WorkerEnv(g.asg, lr, w.errorFile) {
-		env = append(env, k+"="+v)
-	}
+	layers = append(layers, g.spec.WorkerEnv(g.asg, lr, w.errorFile))
+	env := mergeEnv(layers...)
 	prefix := []byte("[" + g.spec.Role + strconv.Itoa(lr) + "]:")
 	showConsole := g.spec.RanksFilter == nil || g.spec.RanksFilter[lr]
 	redir, tee := g.spec.Redirects.For(lr), g.spec.Tee.For(lr)

@@ -41,8 +41,8 @@ type Spec struct {
 	Tee StdSpec
 	// RanksFilter limits console output to these local ranks (nil: all).
 	RanksFilter map[int]bool
-	// Env is extra environment given to every worker (after the inherited
-	// environment, before the torchrun variables).
+	// Env is extra environment given to every worker. It overrides the
+	// inherited environment; the torchrun variables override it.
 	Env map[string]string
 	// RankEnv, when set, adds environment for one local rank (device
 	// pinning: CUDA_VISIBLE_DEVICES or NEURON_RT_VISIBLE_CORES).
@@ -142,7 +142,9 @@ func (s *Spec) WorkerEnv(a Assignment, localRank int, errorFile string) map[stri
 		"TORCHELASTIC_RUN_ID":             s.RunID,
 		"TORCHELASTIC_USE_AGENT_STORE":    pyBool(s.UseAgentStore),
 		"TORCH_NCCL_ASYNC_ERROR_HANDLING": envOr("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-		"TORCHELASTIC_ERROR_FILE":         errorFile,
+		// torch before 2.2 reads only the old name.
+		"NCCL_ASYNC_ERROR_HANDLING": envOr("NCCL_ASYNC_ERROR_HANDLING", "1"),
+		"TORCHELASTIC_ERROR_FILE":   errorFile,
 	}
 	if _, set := os.LookupEnv("OMP_NUM_THREADS"); !set && s.NProcPerNode > 1 {
 		env["OMP_NUM_THREADS"] = "1"

@@ -126,7 +126,7 @@ func TestWorkerEnvironmentMatchesTorchrun(t *testing.T) {
 			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": strconv.Itoa(rank), "ROLE_WORLD_SIZE": "4",
 			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
-			"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+			"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
 			"TORCHELASTIC_ERROR_FILE": filepath.Join(logs, "job7", "attempt_0", strconv.Itoa(lr), "error.json"),
 			"OUT":                     out, // the inherited environment is kept
 		}
@@ -600,5 +600,71 @@ with open(os.path.join(out, "resumed"), "w") as f:
 	got, _ := os.ReadFile(filepath.Join(out, "resumed"))
 	if want := "7 " + filepath.Join(out, "step-7"); string(got) != want {
 		t.Errorf("restarted worker was told to resume from %q, want %q", got, want)
+	}
+}
+
+// A pod's environment often already holds RANK, WORLD_SIZE and MASTER_*
+// (Kubeflow's PyTorchJob, AWS's sample Dockerfiles). The values hyperpodrun
+// assigns must win, each variable must reach the worker exactly once, and a
+// parent PYTHONPATH is kept behind the helper's, not in place of it.
+func TestPollutedParentEnvironmentNeverOverridesWorkers(t *testing.T) {
+	out := t.TempDir()
+	logs := t.TempDir()
+	// /proc/self/environ is the environment exactly as exec'd: a shell's own
+	// "env" would hide duplicates (it keeps the last copy, getenv the first).
+	w := script(t, `tr '\0' '\n' < /proc/$$/environ > "$OUT/env.$LOCAL_RANK"`)
+	polluted := []string{"OUT=" + out, "PYTHONPATH=/user/site"}
+	for _, k := range []string{"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+		"GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+		"TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+		"TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"} {
+		polluted = append(polluted, k+"=polluted-"+k)
+	}
+	// Kubeflow's typical values, for the ones that must be numbers.
+	polluted = append(polluted, "RANK=0", "WORLD_SIZE=1", "MASTER_PORT=29777")
+	r := hpr(t, polluted, "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2",
+		"--master-addr", "10.1.2.3", "--master-port", "23456", "--rdzv-id", "job7", "--max-restarts", "3",
+		"--log-dir", logs, "--role", "trainer", "--no-python", w)
+	if r.code != 0 {
+		t.Fatalf("exit %d\n%s", r.code, r.stderr)
+	}
+	for lr := 0; lr < 2; lr++ {
+		raw, err := os.ReadFile(filepath.Join(out, "env."+strconv.Itoa(lr)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		env := map[string]string{}
+		for _, l := range strings.Split(string(raw), "\n") {
+			if k, v, ok := strings.Cut(l, "="); ok {
+				seen[k]++
+				if _, dup := env[k]; !dup {
+					env[k] = v // the first copy is the one getenv(3) returns
+				}
+			}
+		}
+		rank := 2 + lr
+		want := map[string]string{
+			"RANK": strconv.Itoa(rank), "LOCAL_RANK": strconv.Itoa(lr), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": strconv.Itoa(rank), "ROLE_WORLD_SIZE": "4",
+			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
+			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
+			"TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_ERROR_FILE":      filepath.Join(logs, "job7", "attempt_0", strconv.Itoa(lr), "error.json"),
+		}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("local rank %d: %s=%q, want %q (the parent's value must not win)", lr, k, env[k], v)
+			}
+		}
+		for k, n := range seen {
+			if n > 1 {
+				t.Errorf("local rank %d: %s is in the worker's environment %d times", lr, k, n)
+			}
+		}
+		pp := strings.Split(env["PYTHONPATH"], ":")
+		if len(pp) != 2 || pp[1] != "/user/site" || !strings.HasPrefix(pp[0], logs) {
+			t.Errorf("local rank %d: PYTHONPATH=%q, want the helper's directory then /user/site", lr, env["PYTHONPATH"])
+		}
 	}
 }
