@@ -24,8 +24,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
-	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
 // Config tunes the runner.
@@ -95,9 +95,9 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 			}
 			continue
 		}
-		allocs := map[string]policy.Allocation{}
+		allocs := map[string]api.Allocation{}
 		for _, kv := range resp.Kvs {
-			var a policy.Allocation
+			var a api.Allocation
 			if err := json.Unmarshal(kv.Value, &a); err != nil {
 				r.log.Warn("ignoring malformed allocation", "key", string(kv.Key), "err", err)
 				continue
@@ -116,7 +116,7 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 					delete(allocs, job)
 					continue
 				}
-				var a policy.Allocation
+				var a api.Allocation
 				if err := json.Unmarshal(ev.Kv.Value, &a); err != nil {
 					r.log.Warn("ignoring malformed allocation", "key", string(ev.Kv.Key), "err", err)
 					continue
@@ -130,7 +130,7 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 }
 
 // reconcile starts jobs placed here and drains jobs moved away.
-func (r *Runner) reconcile(ctx context.Context, allocs map[string]policy.Allocation) {
+func (r *Runner) reconcile(ctx context.Context, allocs map[string]api.Allocation) {
 	want := map[string]bool{}
 	for job, a := range allocs {
 		for _, n := range a.Nodes {

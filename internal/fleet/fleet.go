@@ -16,8 +16,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
 // DefaultPrefix is the etcd prefix of every hyperpodrun key.
@@ -51,13 +51,13 @@ type RunSpec struct {
 
 // JobSpec is a submitted job: the engine's view of it plus what it runs.
 type JobSpec struct {
-	policy.Job `yaml:",inline"`
-	Run        RunSpec `json:"run" yaml:"run"`
+	api.Job `yaml:",inline"`
+	Run     RunSpec `json:"run" yaml:"run"`
 }
 
 // Status is the coordinator's latest decision for a job.
 type Status struct {
-	policy.Reason
+	api.Reason
 	// Time is when the coordinator decided it.
 	Time time.Time `json:"time" yaml:"time"`
 	// Since is when the job entered this kind/code.
@@ -67,7 +67,7 @@ type Status struct {
 // Event is one decision that changed a job's state (for describe/events).
 type Event struct {
 	Time time.Time `json:"time" yaml:"time"`
-	policy.Reason
+	api.Reason
 }
 
 // Store reads and writes the layout under a prefix.
@@ -150,20 +150,20 @@ func (s *Store) putJSON(ctx context.Context, key string, v any, opts ...clientv3
 }
 
 // PutTeam creates or replaces a team.
-func (s *Store) PutTeam(ctx context.Context, t policy.Team) error {
+func (s *Store) PutTeam(ctx context.Context, t api.Team) error {
 	return s.putJSON(ctx, s.TeamKey(t.Name), t)
 }
 
 // Teams lists the teams.
-func (s *Store) Teams(ctx context.Context) ([]policy.Team, []error, error) {
-	ts, bad, err := listJSON[policy.Team](ctx, s, s.Key("teams")+"/")
+func (s *Store) Teams(ctx context.Context) ([]api.Team, []error, error) {
+	ts, bad, err := listJSON[api.Team](ctx, s, s.Key("teams")+"/")
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
 	return ts, bad, err
 }
 
 // Team reads one team.
-func (s *Store) Team(ctx context.Context, name string) (*policy.Team, error) {
-	return getJSON[policy.Team](ctx, s, s.TeamKey(name))
+func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
+	return getJSON[api.Team](ctx, s, s.TeamKey(name))
 }
 
 // SubmitJob stores a new job; it fails if the job exists.
@@ -241,15 +241,15 @@ func (s *Store) Job(ctx context.Context, name string) (*JobSpec, error) {
 }
 
 // Allocations lists the current allocations.
-func (s *Store) Allocations(ctx context.Context) ([]policy.Allocation, []error, error) {
-	as, bad, err := listJSON[policy.Allocation](ctx, s, s.Key("allocations")+"/")
+func (s *Store) Allocations(ctx context.Context) ([]api.Allocation, []error, error) {
+	as, bad, err := listJSON[api.Allocation](ctx, s, s.Key("allocations")+"/")
 	sort.Slice(as, func(i, j int) bool { return as[i].Job < as[j].Job })
 	return as, bad, err
 }
 
 // Allocation reads one allocation.
-func (s *Store) Allocation(ctx context.Context, job string) (*policy.Allocation, error) {
-	return getJSON[policy.Allocation](ctx, s, s.AllocationKey(job))
+func (s *Store) Allocation(ctx context.Context, job string) (*api.Allocation, error) {
+	return getJSON[api.Allocation](ctx, s, s.AllocationKey(job))
 }
 
 // Status reads the coordinator's latest decision for a job.
@@ -268,8 +268,8 @@ func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
 }
 
 // Usage reads the teams' usage from the last decision.
-func (s *Store) Usage(ctx context.Context) ([]policy.TeamUsage, error) {
-	u, err := getJSON[[]policy.TeamUsage](ctx, s, s.Key("coordinator", "usage"))
+func (s *Store) Usage(ctx context.Context) ([]api.TeamUsage, error) {
+	u, err := getJSON[[]api.TeamUsage](ctx, s, s.Key("coordinator", "usage"))
 	if errors.Is(err, ErrNotFound) {
 		return nil, nil
 	}

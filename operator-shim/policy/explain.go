@@ -19,7 +19,7 @@ func (s *sched) holdersOf(f *flavorRT, cache map[*flavorRT]*holders) *holders {
 	if h := cache[f]; h != nil {
 		return h
 	}
-	k := s.cfg.maxHolders()
+	k := s.cfg.HolderLimit()
 	h := &holders{team: map[*teamFlavor][]Holder{}, cohort: map[*cohortRT][]Holder{}}
 	better := func(a, b Holder) bool {
 		if a.Borrowing != b.Borrowing {

@@ -147,7 +147,7 @@ func checkInvariants(t *testing.T, st State, d Decision) {
 		if j.Suspended {
 			t.Fatalf("%s: suspended but allocated", a.Job)
 		}
-		sp, err := j.normalize(st.Config)
+		sp, err := normalize(j, st.Config)
 		if err != nil {
 			t.Fatalf("%s: invalid job allocated", a.Job)
 		}

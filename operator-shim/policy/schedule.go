@@ -156,7 +156,7 @@ func Schedule(st State) Decision {
 	s := &sched{
 		now:    st.Now,
 		cfg:    st.Config,
-		stable: st.Config.stablePeriod(),
+		stable: st.Config.StablePeriod(),
 		strict: st.Config.Queueing == StrictFIFO,
 	}
 	s.build(st)
@@ -334,7 +334,7 @@ func (s *sched) build(st State) {
 			continue
 		}
 		rt := jobRT{spec: j, name: j.Name, valid: true}
-		sp, err := j.normalize(s.cfg)
+		sp, err := normalize(*j, s.cfg)
 		if err != nil {
 			s.problem("job", j.Name, err)
 			rt.valid, rt.invalid = false, err.Error()
