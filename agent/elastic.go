@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
@@ -63,9 +63,7 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 	cfg.LocalWorldSize = o.Spec.NProcPerNode
 	cfg.MinNodes, cfg.MaxNodes = o.MinNodes, o.MaxNodes
 	cfg.Logger = log
-	if cfg.Prefix == "" {
-		cfg.Prefix = "/hyperpodrun"
-	}
+	cfg.Prefix = fleet.NormalizePrefix(cfg.Prefix)
 	if cfg.JobID == "" || cfg.JobID == "none" {
 		return &ExitError{2, errors.New("--rdzv-id: an elastic job needs an id shared by all its nodes, e.g. --rdzv-id my-job")}
 	}
@@ -283,14 +281,14 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 	}
 	_, span := e.tracer.Start(parent, "barrier", trace.WithAttributes(attribute.Int64("round", r.Number), attribute.Int("nodes", r.NumNodes)))
 	defer span.End()
-	base := fmt.Sprintf("%s/jobs/%s/ready/", e.cfg.Prefix, e.cfg.JobID)
-	dir := fmt.Sprintf("%s%016x/", base, r.Number)
-	if _, err := e.cli.Put(ctx, dir+e.node.ID(), "1"); err != nil {
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	dir := keys.ReadyRound(e.cfg.JobID, r.Number)
+	if _, err := e.cli.Put(ctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
 		return nil, fmt.Errorf("mark ready for round %d: %w", r.Number, err)
 	}
 	if r.Rank == 0 && r.Number > 1 {
 		// Old rounds' markers are garbage now.
-		e.cli.Delete(ctx, base, clientv3.WithRange(fmt.Sprintf("%s%016x/", base, r.Number-1)))
+		e.cli.Delete(ctx, keys.ReadyPrefix(e.cfg.JobID), clientv3.WithRange(keys.ReadyRound(e.cfg.JobID, r.Number-1)))
 	}
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -494,14 +492,14 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 // node are told through the sync signal, checkpoint and exit 0; then this
 // node leaves the rendezvous at once and hyperpodrun exits 0.
 //
-// When the coordinator took the whole job's allocation away, it left a stop
-// record (<prefix>/jobs/<job>/stopped) before deleting the allocation the
-// node agent reacted to: the workers are then told "preemption" or
-// "shutdown" (new world size 0) with the coordinator's reason, not "drain".
+// When the coordinator took the whole job's allocation away, the desired
+// record the node agent reacted to says why: the workers are then told
+// "preemption" or "shutdown" (new world size 0) with the coordinator's
+// reason, not "drain".
 func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
 	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(checkpoint.Drain, r)}
 	if stop, ok := e.stopRecord(); ok {
-		ev = checkpoint.Event{Kind: stop.Kind, Reason: stop.Reason}
+		ev = checkpoint.Event{Kind: checkpoint.EventKind(stop.Kind), Reason: stop.Reason}
 	} else {
 		// Tell every member first: the closer proposes the next round
 		// without this node at once, and the other agents announce it to
@@ -540,33 +538,27 @@ func (e *elastic) tellMembersWeDrain(r *rendezvous.Round, ev *checkpoint.Event) 
 	}
 }
 
-// jobStop is the coordinator's record of why a job's whole allocation was
-// taken away (fleet.Stop; docs/internals.md).
-type jobStop struct {
-	Kind   checkpoint.EventKind `json:"kind"`
-	Reason string               `json:"reason"`
-}
-
-// stopRecord reads the job's stop record; ok is false when there is none
-// (a single node drained, or no coordinator) or it cannot be used.
-func (e *elastic) stopRecord() (jobStop, bool) {
-	key := e.cfg.Prefix + "/jobs/" + e.cfg.JobID + "/stopped"
+// desired reads the job's desired record (nil when there is none, it
+// cannot be read in time, or it is malformed: each logged).
+func (e *elastic) desired() *fleet.Desired {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := e.cli.Get(ctx, key)
+	d, err := fleet.New(e.cli, e.cfg.Prefix).Desired(ctx, e.cfg.JobID)
 	if err != nil {
-		e.log.Warn("cannot read the job's stop record; announcing a drain", "key", key, "err", err)
-		return jobStop{}, false
+		e.log.Warn("cannot read the job's desired record", "err", err)
+		return nil
 	}
-	if len(resp.Kvs) == 0 {
-		return jobStop{}, false
+	return d
+}
+
+// stopRecord is why the coordinator took the job's whole allocation away;
+// ok is false when it did not (a single node drained, or no coordinator).
+func (e *elastic) stopRecord() (fleet.Stop, bool) {
+	d := e.desired()
+	if d == nil || d.Stop == nil {
+		return fleet.Stop{}, false
 	}
-	var s jobStop
-	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil || (s.Kind != checkpoint.Preemption && s.Kind != checkpoint.Shutdown) {
-		e.log.Warn("ignoring a malformed stop record; announcing a drain", "key", key, "value", string(resp.Kvs[0].Value))
-		return jobStop{}, false
-	}
-	return s, true
+	return *d.Stop, true
 }
 
 // newWorldSize estimates the world size after a planned change (nodes are
@@ -580,10 +572,8 @@ func (e *elastic) newWorldSize(kind checkpoint.EventKind, r *rendezvous.Round) i
 	case checkpoint.Drain:
 		nodes--
 	default:
-		if resp, err := e.cli.Get(context.Background(), e.cfg.Prefix+"/jobs/"+e.cfg.JobID+"/target"); err == nil && len(resp.Kvs) == 1 {
-			if t, err := strconv.Atoi(string(resp.Kvs[0].Value)); err == nil && t > 0 {
-				nodes = t
-			}
+		if t := e.desired().Target(); t > 0 {
+			nodes = t
 		}
 	}
 	nodes = max(e.cfg.MinNodes, min(e.cfg.MaxNodes, nodes))

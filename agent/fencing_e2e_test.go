@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
 )
 
@@ -165,7 +166,7 @@ func TestPartitionedNodeFencesDuringAPlannedChange(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if _, err := cli.Put(t.Context(), "/hyperpodrun/jobs/fence-planned/target", "1"); err != nil {
+	if err := fleet.New(cli, "").SetTarget(t.Context(), "fence-planned", 1); err != nil {
 		t.Fatal(err)
 	}
 	select {

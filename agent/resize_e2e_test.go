@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 type ckptRecord struct {
@@ -21,7 +23,7 @@ type ckptRecord struct {
 
 func latestCheckpoint(t *testing.T, cli *clientv3.Client, job string) (int64, bool) {
 	t.Helper()
-	r, err := cli.Get(context.Background(), "/hyperpodrun/jobs/"+job+"/checkpoint")
+	r, err := cli.Get(context.Background(), fleet.NewKeys("").Checkpoint(job))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,19 +59,19 @@ func resizeRun(t *testing.T, job string, steps int, extraTrain ...string) ([]ste
 	}
 	t0 := time.Now()
 	c.waitStep(90*time.Second, "training at world size 3", t0, func(s stepLine) bool { return s.World == 3 && s.Step >= 8 })
-	target := func(n string) {
-		if _, err := cli.Put(context.Background(), "/hyperpodrun/jobs/"+job+"/target", n); err != nil {
+	target := func(n int) {
+		if err := fleet.New(cli, "").SetTarget(context.Background(), job, n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	target("2")
+	target(2)
 	c.waitStep(60*time.Second, "training at world size 2", t0, func(s stepLine) bool { return s.World == 2 })
 	top := 0
 	for _, s := range c.allSteps() {
 		top = max(top, s.Step)
 	}
 	c.waitStep(60*time.Second, "progress at world size 2", t0, func(s stepLine) bool { return s.World == 2 && s.Step >= top+5 })
-	target("3")
+	target(3)
 	c.waitStep(60*time.Second, "training at world size 3 again", time.Now(), func(s stepLine) bool { return s.World == 3 })
 	for _, n := range []string{"a", "b", "c"} {
 		if code := c.wait(n, 120*time.Second); code != 0 {

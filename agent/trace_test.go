@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -111,7 +112,7 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 	waitFile("tp.1.0")
 	waitFile("tp.1.1")
 	// A planned change: the job's target goes from 2 nodes to 1.
-	if _, err := cli.Put(ctx, "/hyperpodrun/jobs/"+job+"/target", "1"); err != nil {
+	if err := fleet.New(cli, "").SetTarget(ctx, job, 1); err != nil {
 		t.Fatal(err)
 	}
 	tpWorker := waitFile("tp.2.0")

@@ -6,14 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-)
 
-// DefaultPrefix is the etcd prefix every hyperpodrun key lives under.
-const DefaultPrefix = "/hyperpodrun"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
 
 // ErrStale is returned by Store.Commit for a record older than the stored
 // one: the job's checkpoint never moves backwards.
@@ -71,12 +69,10 @@ type Store struct {
 	key string
 }
 
-// NewStore returns the store of job under prefix ("" means DefaultPrefix).
+// NewStore returns the store of job under prefix ("" means
+// fleet.DefaultPrefix); the key is fleet's.
 func NewStore(cli *clientv3.Client, prefix, job string) *Store {
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	return &Store{cli: cli, key: strings.TrimRight(prefix, "/") + "/jobs/" + job + "/checkpoint"}
+	return &Store{cli: cli, key: fleet.NewKeys(prefix).Checkpoint(job)}
 }
 
 // Key returns the etcd key of the record.

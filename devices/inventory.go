@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"time"
 )
 
@@ -209,16 +208,6 @@ func (inv *Inventory) Clone() *Inventory {
 		return &c
 	}
 	return &out
-}
-
-// NodesPrefix is the etcd prefix under which node inventories live.
-func NodesPrefix(prefix string) string {
-	return strings.TrimRight(prefix, "/") + "/nodes/"
-}
-
-// NodeKey is the etcd key of a node's inventory: <prefix>/nodes/<node>.
-func NodeKey(prefix, node string) string {
-	return NodesPrefix(prefix) + node
 }
 
 var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$`)

@@ -69,13 +69,7 @@ func TestInventoryJSON(t *testing.T) {
 	}
 }
 
-func TestNodeKeysAndNames(t *testing.T) {
-	if got := NodeKey("/hyperpodrun", "ip-10-0-0-1.ec2.internal"); got != "/hyperpodrun/nodes/ip-10-0-0-1.ec2.internal" {
-		t.Errorf("NodeKey = %q", got)
-	}
-	if got := NodesPrefix("/x/"); got != "/x/nodes/" {
-		t.Errorf("NodesPrefix = %q", got)
-	}
+func TestNodeNames(t *testing.T) {
 	for _, ok := range []string{"a", "node-1", "ip-10-0-0-1.ec2.internal", "N_1"} {
 		if err := ValidateNodeName(ok); err != nil {
 			t.Errorf("ValidateNodeName(%q): %v", ok, err)

@@ -14,6 +14,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // The closer is the one node (the oldest) that watches the whole job:
@@ -74,7 +76,8 @@ type closer struct {
 	failure *failureRec
 	finish  bool
 
-	target   int
+	target   int      // the desired record's size (0: none)
+	placed   []string // the desired record's nodes
 	lastCall time.Time
 	ackSince time.Time
 	timer    *time.Timer
@@ -91,7 +94,7 @@ func (n *Node) runCloser(ctx context.Context, elected int64) error {
 	mine := n.queueKey
 	n.mu.Unlock()
 	older := n.cli.Watch(clientv3.WithRequireLeader(ctx), mine+"\x00",
-		clientv3.WithRange(clientv3.GetPrefixRangeEnd(n.k.queue)), clientv3.WithRev(elected+1), clientv3.WithFilterDelete())
+		clientv3.WithRange(clientv3.GetPrefixRangeEnd(n.k.Queue)), clientv3.WithRev(elected+1), clientv3.WithFilterDelete())
 	for {
 		c, rev, err := n.snapshot(ctx)
 		if err != nil {
@@ -111,15 +114,15 @@ func (n *Node) snapshot(ctx context.Context) (*closer, int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
 	resp, err := n.cli.Txn(rctx).Then(
-		clientv3.OpGet(k.head),
-		clientv3.OpGet(k.members, clientv3.WithPrefix()),
-		clientv3.OpGet(k.acks, clientv3.WithPrefix()),
-		clientv3.OpGet(k.failures, clientv3.WithPrefix()),
-		clientv3.OpGet(k.done, clientv3.WithPrefix()),
-		clientv3.OpGet(k.target),
+		clientv3.OpGet(k.Head),
+		clientv3.OpGet(k.Members, clientv3.WithPrefix()),
+		clientv3.OpGet(k.Acks, clientv3.WithPrefix()),
+		clientv3.OpGet(k.Failures, clientv3.WithPrefix()),
+		clientv3.OpGet(k.Done, clientv3.WithPrefix()),
+		clientv3.OpGet(k.desired),
 	).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("rendezvous: closer: read job state under %s: %w", k.base, err)
+		return nil, 0, fmt.Errorf("rendezvous: closer: read job state under %s: %w", k.Base, err)
 	}
 	rev := resp.Header.Revision
 	c := &closer{
@@ -130,7 +133,7 @@ func (n *Node) snapshot(ctx context.Context) (*closer, int64, error) {
 	kvs := func(i int) []*mvccpb.KeyValue { return resp.Responses[i].GetResponseRange().Kvs }
 	if hk := kvs(0); len(hk) > 0 {
 		c.headRev = hk[0].ModRevision
-		h, err := decodeHeader(k.head, hk[0].Value)
+		h, err := decodeHeader(k.Head, hk[0].Value)
 		if err != nil {
 			c.log.Error("rendezvous: closer: replacing malformed round record", "err", err)
 			c.headBad = true
@@ -156,7 +159,7 @@ func (n *Node) snapshot(ctx context.Context) (*closer, int64, error) {
 		}
 	}
 	if tk := kvs(5); len(tk) > 0 {
-		c.applyTarget(tk[0])
+		c.applyDesired(tk[0])
 	}
 	// Members of the current round already gone (the previous closer itself,
 	// typically) are lost.
@@ -170,7 +173,7 @@ func (n *Node) snapshot(ctx context.Context) (*closer, int64, error) {
 }
 
 func (c *closer) loadRound(ctx context.Context, h *header, rev int64) error {
-	pfx := c.k.chunkPrefix(h.Round, h.Nonce)
+	pfx := c.k.ChunkPrefix(h.Round, h.Nonce)
 	g, err := c.n.cli.Get(ctx, pfx, clientv3.WithPrefix(), clientv3.WithRev(rev))
 	if err != nil {
 		return fmt.Errorf("rendezvous: closer: read %s: %w", pfx, err)
@@ -206,8 +209,8 @@ func (c *closer) setRound(ms []Member) {
 func (c *closer) run(ctx context.Context, rev int64, older clientv3.WatchChan) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	nodesW := c.n.cli.Watch(wctx, c.k.nodes, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	targetW := c.n.cli.Watch(wctx, c.k.target, clientv3.WithRev(rev+1))
+	nodesW := c.n.cli.Watch(wctx, c.k.Nodes, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	targetW := c.n.cli.Watch(wctx, c.k.desired, clientv3.WithRev(rev+1))
 	c.timer = time.NewTimer(time.Hour)
 	defer c.timer.Stop()
 	onNodes := func(wr clientv3.WatchResponse, ok bool) error {
@@ -215,7 +218,7 @@ func (c *closer) run(ctx context.Context, rev int64, older clientv3.WatchChan) e
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("%w: watch %s: %v", errResnapshot, c.k.nodes, wr.Err())
+			return fmt.Errorf("%w: watch %s: %v", errResnapshot, c.k.Nodes, wr.Err())
 		}
 		for _, ev := range wr.Events {
 			c.apply(ev)
@@ -227,13 +230,13 @@ func (c *closer) run(ctx context.Context, rev int64, older clientv3.WatchChan) e
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return fmt.Errorf("%w: watch %s: %v", errResnapshot, c.k.target, wr.Err())
+			return fmt.Errorf("%w: watch %s: %v", errResnapshot, c.k.desired, wr.Err())
 		}
 		for _, ev := range wr.Events {
 			if ev.Type == mvccpb.DELETE {
-				c.setTarget(0)
+				c.setDesired(nil)
 			} else {
-				c.applyTarget(ev.Kv)
+				c.applyDesired(ev.Kv)
 			}
 		}
 		return nil
@@ -291,8 +294,8 @@ func (c *closer) apply(ev *clientv3.Event) {
 	key := string(ev.Kv.Key)
 	put := ev.Type == mvccpb.PUT
 	switch {
-	case strings.HasPrefix(key, c.k.members):
-		id := key[len(c.k.members):]
+	case strings.HasPrefix(key, c.k.Members):
+		id := key[len(c.k.Members):]
 		if !put {
 			c.removeMember(id)
 			return
@@ -311,11 +314,11 @@ func (c *closer) apply(ev *clientv3.Event) {
 		if _, ok := c.inRound[id]; ok && !c.lostSet[id] {
 			c.present++
 		}
-	case strings.HasPrefix(key, c.k.acks):
+	case strings.HasPrefix(key, c.k.Acks):
 		if !put {
 			return
 		}
-		id := key[len(c.k.acks):]
+		id := key[len(c.k.Acks):]
 		a, err := decodeAck(key, ev.Kv.Value)
 		if err != nil {
 			c.log.Error("rendezvous: closer: ignoring malformed acknowledgement", "err", err)
@@ -339,11 +342,11 @@ func (c *closer) apply(ev *clientv3.Event) {
 		}
 		c.acked[id] = a
 		c.ackSince = time.Now()
-	case strings.HasPrefix(key, c.k.failures):
+	case strings.HasPrefix(key, c.k.Failures):
 		if !put || c.head == nil || c.head.State != stateClosed || c.failure != nil {
 			return
 		}
-		if r, err := strconv.ParseUint(key[len(c.k.failures):], 16, 63); err != nil || int64(r) != c.head.Round {
+		if r, err := strconv.ParseUint(key[len(c.k.Failures):], 16, 63); err != nil || int64(r) != c.head.Round {
 			return
 		}
 		var f failureRec
@@ -352,11 +355,11 @@ func (c *closer) apply(ev *clientv3.Event) {
 			f = failureRec{Node: "?", Detail: "malformed failure report at " + key}
 		}
 		c.failure = &f
-	case strings.HasPrefix(key, c.k.done):
+	case strings.HasPrefix(key, c.k.Done):
 		if !put || c.head == nil {
 			return
 		}
-		if r, err := strconv.ParseUint(key[len(c.k.done):], 16, 63); err == nil && int64(r) == c.head.Round {
+		if r, err := strconv.ParseUint(key[len(c.k.Done):], 16, 63); err == nil && int64(r) == c.head.Round {
 			c.finish = true
 		}
 	}
@@ -378,19 +381,25 @@ func (c *closer) removeMember(id string) {
 	}
 }
 
-func (c *closer) applyTarget(kv *mvccpb.KeyValue) {
-	t, err := parseCount(c.k.target, kv.Value, "target node count", 1)
+// applyDesired takes the job's target size and placement from the
+// coordinator's desired record.
+func (c *closer) applyDesired(kv *mvccpb.KeyValue) {
+	d, err := fleet.DecodeDesired(string(kv.Key), kv.Value)
 	if err != nil {
-		c.log.Error("rendezvous: closer: ignoring malformed target; sizing rounds as if none were set", "err", err)
-		t = 0
+		c.log.Error("rendezvous: closer: ignoring malformed desired record; sizing rounds as if no target were set", "err", err)
+		d = nil
 	}
-	c.setTarget(t)
+	c.setDesired(d)
 }
 
-func (c *closer) setTarget(t int) {
-	if t != c.target {
+func (c *closer) setDesired(d *fleet.Desired) {
+	if t := d.Target(); t != c.target {
 		c.log.Info("rendezvous: closer: target size changed", "from", c.target, "to", t)
 		c.target = t
+	}
+	c.placed = nil
+	if d.Target() > 0 {
+		c.placed = d.Nodes
 	}
 }
 
@@ -551,10 +560,10 @@ func (c *closer) acksNeeded() int {
 // after re-reading the acknowledgements (the watch may lag under load).
 func (c *closer) ackTimeout(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(ctx, c.n.opTimeout())
-	g, err := c.n.cli.Get(rctx, c.k.acks, clientv3.WithPrefix())
+	g, err := c.n.cli.Get(rctx, c.k.Acks, clientv3.WithPrefix())
 	cancel()
 	if err != nil {
-		return fmt.Errorf("rendezvous: closer: read %s: %w", c.k.acks, err)
+		return fmt.Errorf("rendezvous: closer: read %s: %w", c.k.Acks, err)
 	}
 	before := len(c.acked)
 	for _, kv := range g.Kvs {
@@ -618,28 +627,16 @@ func (c *closer) leavingInRound() []string {
 // assign picks size nodes and ranks them: members of the previous round
 // first (they keep their rank when it still exists), then the others in
 // join order; freed ranks go to the remaining nodes in that order.
-// placement reads the coordinator's node placement of the job
-// (<base>/placement, a JSON list of node ids) when the round cannot take
-// every candidate: the placed nodes are kept, the others become spares (and
-// are drained by their node agents). One read per proposal; nil when
-// absent or malformed.
-func (c *closer) placement(ctx context.Context, needed bool) map[string]bool {
-	if !needed {
+// placement is the coordinator's node placement of the job (the desired
+// record's nodes) when the round cannot take every candidate: the placed
+// nodes are kept, the others become spares (and are drained by their node
+// agents). nil when there is none.
+func (c *closer) placement(needed bool) map[string]bool {
+	if !needed || len(c.placed) == 0 {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	g, err := c.n.cli.Get(rctx, c.k.base+"/placement")
-	if err != nil || len(g.Kvs) == 0 {
-		return nil
-	}
-	var ids []string
-	if err := json.Unmarshal(g.Kvs[0].Value, &ids); err != nil {
-		c.log.Warn("rendezvous: closer: ignoring a malformed placement", "key", c.k.base+"/placement", "err", err)
-		return nil
-	}
-	set := make(map[string]bool, len(ids))
-	for _, id := range ids {
+	set := make(map[string]bool, len(c.placed))
+	for _, id := range c.placed {
 		set[id] = true
 	}
 	return set
@@ -732,7 +729,7 @@ func (c *closer) propose(ctx context.Context, reason Reason, detail string) erro
 		return c.writeHead(ctx, h, nil)
 	}
 	size := min(len(cands), c.capacity())
-	ms := assign(c.round, cands, size, c.placement(ctx, size < len(cands)))
+	ms := assign(c.round, cands, size, c.placement(size < len(cands)))
 	world := 0
 	for _, m := range ms {
 		world += m.LocalWorldSize
@@ -764,7 +761,7 @@ func (c *closer) writeChunks(ctx context.Context, h *header, ms []Member) error 
 		_, err := c.n.cli.Txn(wctx).Then(ops...).Commit()
 		ops, bytes = ops[:0], 0
 		if err != nil {
-			return fmt.Errorf("rendezvous: closer: write member list of round %d under %s: %w", h.Round, c.k.chunkPrefix(h.Round, h.Nonce), err)
+			return fmt.Errorf("rendezvous: closer: write member list of round %d under %s: %w", h.Round, c.k.ChunkPrefix(h.Round, h.Nonce), err)
 		}
 		return nil
 	}
@@ -774,7 +771,7 @@ func (c *closer) writeChunks(ctx context.Context, h *header, ms []Member) error 
 				return err
 			}
 		}
-		ops = append(ops, clientv3.OpPut(c.k.chunk(h.Round, h.Nonce, i), string(v)))
+		ops = append(ops, clientv3.OpPut(c.k.Chunk(h.Round, h.Nonce, i), string(v)))
 		bytes += len(v) + 64
 	}
 	return flush()
@@ -790,20 +787,20 @@ func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
 	c.n.mu.Lock()
 	memberRev := c.n.memberRev
 	c.n.mu.Unlock()
-	ops := []clientv3.Op{clientv3.OpPut(c.k.head, string(v))}
+	ops := []clientv3.Op{clientv3.OpPut(c.k.Head, string(v))}
 	if h.State != stateClosed {
-		seg := roundSeg(h.Round)
+		seg := fleet.Hex16(h.Round)
 		ops = append(ops,
-			clientv3.OpDelete(c.k.chunks, clientv3.WithRange(c.k.chunks+seg)),
-			clientv3.OpDelete(c.k.failures, clientv3.WithRange(c.k.failures+seg)),
-			clientv3.OpDelete(c.k.done, clientv3.WithRange(c.k.done+seg)),
+			clientv3.OpDelete(c.k.Chunks, clientv3.WithRange(c.k.Chunks+seg)),
+			clientv3.OpDelete(c.k.Failures, clientv3.WithRange(c.k.Failures+seg)),
+			clientv3.OpDelete(c.k.Done, clientv3.WithRange(c.k.Done+seg)),
 		)
 	}
 	wctx, cancel := context.WithTimeout(ctx, c.n.opTimeout())
 	defer cancel()
 	resp, err := c.n.cli.Txn(wctx).If(
-		clientv3.Compare(clientv3.ModRevision(c.k.head), "=", c.headRev),
-		clientv3.Compare(clientv3.CreateRevision(c.k.member(c.n.cfg.NodeID)), "=", memberRev),
+		clientv3.Compare(clientv3.ModRevision(c.k.Head), "=", c.headRev),
+		clientv3.Compare(clientv3.CreateRevision(c.k.Member(c.n.cfg.NodeID)), "=", memberRev),
 	).Then(ops...).Commit()
 	if err == nil && !resp.Succeeded {
 		err = errResnapshot
@@ -811,13 +808,13 @@ func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
 	if err != nil {
 		if h.State == stateProposed {
 			dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_, _ = c.n.cli.Delete(dctx, c.k.chunkPrefix(h.Round, h.Nonce), clientv3.WithPrefix())
+			_, _ = c.n.cli.Delete(dctx, c.k.ChunkPrefix(h.Round, h.Nonce), clientv3.WithPrefix())
 			dcancel()
 		}
 		if errors.Is(err, errResnapshot) {
-			return fmt.Errorf("%w: round record %s changed under us", errResnapshot, c.k.head)
+			return fmt.Errorf("%w: round record %s changed under us", errResnapshot, c.k.Head)
 		}
-		return fmt.Errorf("rendezvous: closer: write round record %s: %w", c.k.head, err)
+		return fmt.Errorf("rendezvous: closer: write round record %s: %w", c.k.Head, err)
 	}
 	c.head, c.headRev, c.headBad = h, resp.Header.Revision, false
 	if h.State == stateProposed {
@@ -855,24 +852,24 @@ func (c *closer) close(ctx context.Context) error {
 // counted for, so a closer that takes over and closes the same round again
 // does not count it twice.
 func (c *closer) countRestart(ctx context.Context, round int64) error {
-	marker := c.k.base + "/restarts-counted"
+	marker := c.k.restartsCounted
 	for {
 		g, err := c.n.cli.Txn(ctx).Then(clientv3.OpGet(c.k.restarts), clientv3.OpGet(marker)).Commit()
 		if err != nil {
 			return fmt.Errorf("rendezvous: read %s: %w", c.k.restarts, err)
 		}
-		cur, mod := 0, int64(0)
+		cur, mod := int64(0), int64(0)
 		if kv := g.Responses[0].GetResponseRange().Kvs; len(kv) > 0 {
-			if cur, err = parseCount(c.k.restarts, kv[0].Value, "restart count", 0); err != nil {
-				return err
+			if cur, err = fleet.ParseCount(c.k.restarts, kv[0].Value, "restart count", 0); err != nil {
+				return fmt.Errorf("rendezvous: %w", err)
 			}
 			mod = kv[0].ModRevision
 		}
-		if kv := g.Responses[1].GetResponseRange().Kvs; len(kv) > 0 && string(kv[0].Value) == strconv.FormatInt(round, 10) {
+		if kv := g.Responses[1].GetResponseRange().Kvs; len(kv) > 0 && string(kv[0].Value) == fleet.FormatCount(round) {
 			return nil
 		}
 		t, err := c.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(c.k.restarts), "=", mod)).
-			Then(clientv3.OpPut(c.k.restarts, strconv.Itoa(cur+1)), clientv3.OpPut(marker, strconv.FormatInt(round, 10))).Commit()
+			Then(clientv3.OpPut(c.k.restarts, fleet.FormatCount(cur+1)), clientv3.OpPut(marker, fleet.FormatCount(round))).Commit()
 		if err != nil {
 			return fmt.Errorf("rendezvous: count restart: %w", err)
 		}

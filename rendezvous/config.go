@@ -20,11 +20,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Defaults for the Config fields left zero.
 const (
-	DefaultPrefix          = "/hyperpodrun"
 	DefaultLeaseTTL        = 3 * time.Second
 	DefaultLastCallTimeout = 1 * time.Second
 	DefaultJoinTimeout     = 600 * time.Second
@@ -36,10 +37,10 @@ const (
 
 // Config configures one node's participation in a job's rendezvous.
 type Config struct {
-	// Prefix is the etcd key prefix (default "/hyperpodrun"). The rendezvous
-	// keeps its private keys under <Prefix>/jobs/<JobID>/rdzv/ and reads
-	// <Prefix>/jobs/<JobID>/target (decimal node count; absent means none)
-	// and <Prefix>/jobs/<JobID>/restarts (decimal global failure restarts).
+	// Prefix is the etcd key prefix (default fleet.DefaultPrefix). The
+	// rendezvous keeps its private records under the job's rdzv/ keys and
+	// reads the job's desired record (target size and placement) and its
+	// global restart count; package fleet names them all.
 	Prefix string
 	// JobID identifies the job (torchrun's --rdzv-id). Required.
 	JobID string
@@ -82,10 +83,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	c.Prefix = strings.TrimRight(c.Prefix, "/")
+	c.Prefix = fleet.NormalizePrefix(c.Prefix)
 	if c.Prefix == "" || !strings.HasPrefix(c.Prefix, "/") {
 		return fmt.Errorf("rendezvous: prefix %q must start with '/' and name a key path", c.Prefix)
 	}

@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"net"
 	"strings"
 	"testing"
@@ -89,7 +90,7 @@ func TestConfigValidation(t *testing.T) {
 	if err := c.setDefaults(); err != nil {
 		t.Fatal(err)
 	}
-	if c.NodeID == "" || c.Addr == "" || c.Prefix != DefaultPrefix || c.LeaseTTL != DefaultLeaseTTL ||
+	if c.NodeID == "" || c.Addr == "" || c.Prefix != fleet.DefaultPrefix || c.LeaseTTL != DefaultLeaseTTL ||
 		c.LastCallTimeout != DefaultLastCallTimeout || c.JoinTimeout != DefaultJoinTimeout || c.Logger == nil {
 		t.Fatalf("defaults: %+v", c)
 	}

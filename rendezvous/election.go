@@ -84,9 +84,9 @@ func (n *Node) campaign(ctx context.Context, first predResult) {
 // oldest possible entry.
 func (n *Node) window(hi, w int64) (from, to string, last bool) {
 	lo := max(hi-w+1, 1)
-	from, to = n.k.queueKey(hi), n.k.queueKey(lo)+"\x00"
+	from, to = n.k.QueueKey(hi), n.k.QueueKey(lo)+"\x00"
 	if lo == 1 {
-		to = clientv3.GetPrefixRangeEnd(n.k.queue)
+		to = clientv3.GetPrefixRangeEnd(n.k.Queue)
 	}
 	return from, to, lo == 1
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"go.uber.org/zap"
 )
 
@@ -135,13 +137,13 @@ func TestMalformedRecords(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := newKeys(DefaultPrefix, h.job)
+	k := newKeys(fleet.DefaultPrefix, h.job)
 
 	// A garbage round record: Join fails at once, naming the key.
-	h.put(ctx, k.head, "{not json")
+	h.put(ctx, k.Head, "{not json")
 	n := h.node(h.cfg("a", 2, 2))
 	_, err := n.Join(ctx)
-	if err == nil || !strings.Contains(err.Error(), k.head) || !strings.Contains(err.Error(), "malformed round record") {
+	if err == nil || !strings.Contains(err.Error(), k.Head) || !strings.Contains(err.Error(), "malformed round record") {
 		t.Fatalf("join on a garbage round record: %v", err)
 	}
 	_ = n.Close()
@@ -149,10 +151,10 @@ func TestMalformedRecords(t *testing.T) {
 	// A garbage target is ignored with an error log naming the key; the
 	// round is sized as if none were set. The closer replaces the garbage
 	// round record.
-	h.put(ctx, k.target, "lots")
+	h.put(ctx, k.desired, "lots")
 	nodes := h.register(ctx, h.cfg("b", 1, 2), h.cfg("c", 1, 2))
 	waitFor(t, 10*time.Second, "the closer to replace the garbage round record", func() bool {
-		g, err := h.cli.Get(ctx, k.head)
+		g, err := h.cli.Get(ctx, k.Head)
 		return err == nil && len(g.Kvs) > 0 && strings.HasPrefix(string(g.Kvs[0].Value), `{"v":1`)
 	})
 	for _, n := range nodes {
@@ -166,7 +168,7 @@ func TestMalformedRecords(t *testing.T) {
 	if rs[0].NumNodes != 2 || rs[0].Target != 0 {
 		t.Fatalf("round with a garbage target: %+v", rs[0])
 	}
-	if logs := h.logs.String(); !strings.Contains(logs, "malformed target node count at "+k.target) {
+	if logs := h.logs.String(); !strings.Contains(logs, "malformed desired record at "+k.desired) {
 		t.Fatalf("no log naming the bad target key:\n%s", logs)
 	}
 
@@ -180,9 +182,9 @@ func TestMalformedRecords(t *testing.T) {
 	}
 
 	// A garbage member record is ignored by the closer, with a log naming it.
-	h.put(ctx, k.member("zz"), `{"addr":""}`)
+	h.put(ctx, k.Member("zz"), `{"addr":""}`)
 	waitFor(t, 5*time.Second, "a log naming the bad member record", func() bool {
-		return strings.Contains(h.logs.String(), "malformed member record at "+k.member("zz"))
+		return strings.Contains(h.logs.String(), "malformed member record at "+k.Member("zz"))
 	})
 }
 
@@ -205,8 +207,8 @@ func TestDecodersRejectGarbage(t *testing.T) {
 		}
 	}
 	for _, v := range []string{"", "x", "-1", "1.5", "9999999999999999999999"} {
-		if _, err := parseCount(key, []byte(v), "target", 1); err == nil || !strings.Contains(err.Error(), key) {
-			t.Errorf("parseCount(%q): %v", v, err)
+		if _, err := fleet.ParseCount(key, []byte(v), "restart count", 0); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("ParseCount(%q): %v", v, err)
 		}
 	}
 	rng := rand.New(rand.NewSource(1))
@@ -245,7 +247,7 @@ func TestPredecessorWindows(t *testing.T) {
 	defer cancel()
 	n := h.node(h.cfg("x", 1, 1))
 	for _, r := range []int64{5, 100, 1000, 50000} {
-		h.put(ctx, n.k.queueKey(r), fmt.Sprint(r))
+		h.put(ctx, n.k.QueueKey(r), fmt.Sprint(r))
 	}
 	for my, want := range map[int64]int64{50001: 50000, 60000: 50000, 49999: 1000, 1001: 1000, 999: 100, 101: 100, 64: 5, 6: 5, 5: 0, 2: 0} {
 		for _, prev := range []predResult{{}, {rev: 1}} {
@@ -256,7 +258,7 @@ func TestPredecessorWindows(t *testing.T) {
 			got := int64(0)
 			if p.key != "" {
 				for _, r := range []int64{5, 100, 1000, 50000} {
-					if p.key == n.k.queueKey(r) {
+					if p.key == n.k.QueueKey(r) {
 						got = r
 					}
 				}
@@ -283,7 +285,7 @@ func TestCloserStepsDownForOlderEntry(t *testing.T) {
 	defer cancel()
 	nodes := h.register(ctx, h.cfg("a", 1, 2), h.cfg("b", 1, 2))
 	rs := mustJoinAll(t, ctx, nodes...)
-	older := nodes[0].k.queueKey(1)
+	older := nodes[0].k.QueueKey(1)
 	h.put(ctx, older, "ghost")
 	waitFor(t, 5*time.Second, "the closer to hand over", func() bool {
 		return strings.Contains(h.logs.String(), "an older node entered the election; handing over")

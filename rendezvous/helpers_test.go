@@ -17,6 +17,9 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // One embedded etcd serves the whole package; every test uses its own job
@@ -185,6 +188,28 @@ func (h *harness) register(ctx context.Context, cfgs ...Config) []*Node {
 		out = append(out, n)
 	}
 	return out
+}
+
+// setTarget sets the job's target size the way a coordinator-less
+// operator would: a desired record without a placement.
+func (h *harness) setTarget(ctx context.Context, n int) {
+	h.t.Helper()
+	if err := fleet.New(h.cli, "").SetTarget(ctx, h.job, n); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// place writes the coordinator's desired record: size and placement.
+func (h *harness) place(ctx context.Context, nodes ...string) {
+	h.t.Helper()
+	st := fleet.New(h.cli, "")
+	op, err := st.PutDesiredOp(fleet.Desired{Allocation: api.Allocation{Job: h.job, Size: len(nodes), Nodes: nodes}, Generation: 1})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.cli.Do(ctx, op); err != nil {
+		h.t.Fatal(err)
+	}
 }
 
 func (h *harness) put(ctx context.Context, key, val string) {

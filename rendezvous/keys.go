@@ -4,72 +4,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"strconv"
 	"strings"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
-// keys is the etcd key layout of one job.
-//
-//	<base>/target                      decimal node count (coordinator; absent = none)
-//	<base>/restarts                    decimal global failure-restart count
-//	<base>/rdzv/n/m/<node>             member record, JSON, under the node's lease
-//	<base>/rdzv/q/<inverted rev>       queue entry -> node id, under the node's lease
-//	<base>/rdzv/n/a/<node>             the node's acknowledgement of a proposal, under its lease
-//	<base>/rdzv/n/f/<round>            first failure report of a round (no lease)
-//	<base>/rdzv/n/d/<round>            first node that finished a round (no lease)
-//	<base>/rdzv/r/head                 round header, JSON; written only by the closer
-//	<base>/rdzv/r/c/<round>/<nonce>/<i> member chunks of a round; written only by the closer
-//
-// Nodes write only keys that name themselves (m, q, a) or a round (f, d,
-// guarded by create-revision 0); the closer alone writes under r/. The
-// closer watches n/ (not q/, which only orders the closer election).
+// keys is the etcd layout of one job as the rendezvous uses it: its own
+// private records (fleet.RdzvKeys) and the job's desired record and restart
+// counters, all named by package fleet.
 type keys struct {
-	base, target, restarts string
-	nodes                  string // prefix of everything nodes write
-	members, queue, acks   string
-	failures, done         string
-	head, chunks           string
+	fleet.RdzvKeys
+	desired, restarts, restartsCounted string
 }
 
 func newKeys(prefix, job string) keys {
-	base := prefix + "/jobs/" + job
-	r := base + "/rdzv/"
-	return keys{
-		base:     base,
-		target:   base + "/target",
-		restarts: base + "/restarts",
-		nodes:    r + "n/",
-		members:  r + "n/m/",
-		queue:    r + "q/",
-		acks:     r + "n/a/",
-		failures: r + "n/f/",
-		done:     r + "n/d/",
-		head:     r + "r/head",
-		chunks:   r + "r/c/",
-	}
-}
-
-func (k keys) member(id string) string { return k.members + id }
-func (k keys) ack(id string) string    { return k.acks + id }
-
-// queueKey sorts queue entries newest first: the first key after a node's
-// own entry is its predecessor (the youngest older node), found with a plain
-// ascending range of limit 1 (etcd can push the limit down only for
-// ascending key order; sorting by create revision reads the whole prefix).
-func (k keys) queueKey(rev int64) string {
-	return fmt.Sprintf("%s%016x", k.queue, uint64(math.MaxInt64-rev))
-}
-
-func roundSeg(n int64) string { return fmt.Sprintf("%016x", uint64(n)) }
-
-func (k keys) failure(round int64) string { return k.failures + roundSeg(round) }
-func (k keys) doneKey(round int64) string { return k.done + roundSeg(round) }
-func (k keys) chunkPrefix(round int64, nonce string) string {
-	return k.chunks + roundSeg(round) + "/" + nonce + "/"
-}
-func (k keys) chunk(round int64, nonce string, i int) string {
-	return fmt.Sprintf("%s%06d", k.chunkPrefix(round, nonce), i)
+	l := fleet.NewKeys(prefix)
+	return keys{RdzvKeys: l.Rdzv(job), desired: l.Desired(job), restarts: l.Restarts(job), restartsCounted: l.RestartsCounted(job)}
 }
 
 // Header states.
@@ -175,16 +126,6 @@ func decodeAck(key string, v []byte) (ackRec, error) {
 type failureRec struct {
 	Node   string `json:"node"`
 	Detail string `json:"detail,omitempty"`
-}
-
-// parseCount parses the decimal values of the target and restarts keys.
-func parseCount(key string, v []byte, what string, minimum int) (int, error) {
-	s := strings.TrimSpace(string(v))
-	n, err := strconv.Atoi(s)
-	if err != nil || n < minimum {
-		return 0, fmt.Errorf("rendezvous: malformed %s at %s: %q is not a decimal integer >= %d", what, key, clip(v), minimum)
-	}
-	return n, nil
 }
 
 func clip(v []byte) string {

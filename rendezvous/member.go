@@ -25,10 +25,10 @@ func (n *Node) watchHead(ctx context.Context, kv *mvccpb.KeyValue, rev int64) {
 	backoff := newBackoff()
 	for first := true; ctx.Err() == nil; first = false {
 		if !first {
-			g, err := n.cli.Get(ctx, n.k.head)
+			g, err := n.cli.Get(ctx, n.k.Head)
 			if err != nil {
 				if ctx.Err() == nil {
-					n.log.Warn("rendezvous: read round record", "key", n.k.head, "err", err)
+					n.log.Warn("rendezvous: read round record", "key", n.k.Head, "err", err)
 					backoff.wait(ctx)
 				}
 				continue
@@ -40,7 +40,7 @@ func (n *Node) watchHead(ctx context.Context, kv *mvccpb.KeyValue, rev int64) {
 		}
 		n.onHead(ctx, kv)
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for wr := range n.cli.Watch(wctx, n.k.head, clientv3.WithRev(rev+1)) {
+		for wr := range n.cli.Watch(wctx, n.k.Head, clientv3.WithRev(rev+1)) {
 			if err := wr.Err(); err != nil {
 				if ctx.Err() == nil {
 					n.log.Warn("rendezvous: round record watch interrupted; re-reading", "err", err)
@@ -71,7 +71,7 @@ func (n *Node) onHead(ctx context.Context, kv *mvccpb.KeyValue) {
 		n.mu.Unlock()
 		return
 	}
-	h, err := decodeHeader(n.k.head, kv.Value)
+	h, err := decodeHeader(n.k.Head, kv.Value)
 	if err != nil {
 		n.log.Error("rendezvous: bad round record", "err", err)
 		n.mu.Lock()
@@ -147,7 +147,7 @@ func (n *Node) assignment(ctx context.Context, h *header) (assignment, error) {
 		}
 		return a, nil
 	}
-	key := n.k.chunk(h.Round, h.Nonce, bucket(n.cfg.NodeID, h.Chunks))
+	key := n.k.Chunk(h.Round, h.Nonce, bucket(n.cfg.NodeID, h.Chunks))
 	var g *clientv3.GetResponse
 	// Chunks never change once written, so a serializable read that finds
 	// one is as good as a linearizable one and skips the read-index round;
@@ -177,7 +177,7 @@ func (n *Node) assignment(ctx context.Context, h *header) (assignment, error) {
 
 // readAll reads and checks a round's whole member list.
 func (n *Node) readAll(ctx context.Context, h *header) ([]Member, error) {
-	pfx := n.k.chunkPrefix(h.Round, h.Nonce)
+	pfx := n.k.ChunkPrefix(h.Round, h.Nonce)
 	g, err := n.cli.Get(ctx, pfx, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("rendezvous: job %q: read %s: %w", n.cfg.JobID, pfx, err)
@@ -250,7 +250,7 @@ func (n *Node) acknowledge(ctx context.Context, h *header, a assignment) {
 		t.Stop()
 	}
 	err := n.do(ctx, "acknowledge round", func(ctx context.Context) error {
-		_, err := n.cli.Put(ctx, n.k.ack(n.cfg.NodeID), string(v), clientv3.WithLease(lease))
+		_, err := n.cli.Put(ctx, n.k.Ack(n.cfg.NodeID), string(v), clientv3.WithLease(lease))
 		return err
 	})
 	if err != nil && ctx.Err() == nil {

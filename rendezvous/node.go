@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"runtime/pprof"
 	"slices"
@@ -17,6 +18,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Reason says why a round ended (and why the next one formed).
@@ -287,7 +290,7 @@ func (n *Node) register(ctx context.Context) error {
 		return err
 	}
 	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
-	mk := n.k.member(n.cfg.NodeID)
+	mk := n.k.Member(n.cfg.NodeID)
 	// The member write also reads the round header (the head watcher
 	// starts from it) and the queue write also looks for the predecessor in
 	// the election: one round trip each.
@@ -302,8 +305,8 @@ func (n *Node) register(ctx context.Context) error {
 	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
 		tr, err := n.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
-			Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(g.ID)), clientv3.OpGet(n.k.head)).
-			Else(clientv3.OpGet(mk), clientv3.OpGet(n.k.head)).
+			Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(g.ID)), clientv3.OpGet(n.k.Head)).
+			Else(clientv3.OpGet(mk), clientv3.OpGet(n.k.Head)).
 			Commit()
 		if err != nil {
 			return err
@@ -329,7 +332,7 @@ func (n *Node) register(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("rendezvous: job %q node %q: write member key %s: %w", n.cfg.JobID, n.cfg.NodeID, mk, err))
 	}
-	qk := n.k.queueKey(rev)
+	qk := n.k.QueueKey(rev)
 	var pred predResult
 	err = n.retry(ctx, "write queue key", false, func(ctx context.Context) error {
 		from, to, last := n.window(rev-1, firstWindow)
@@ -482,10 +485,10 @@ func (n *Node) ReportFailure(ctx context.Context, r *Round, detail string) (int,
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
-	fk := n.k.failure(r.Number)
+	fk := n.k.Failure(r.Number)
 	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail})
 	t, err := n.cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.ModRevision(n.k.head), "=", r.headRev),
+		clientv3.Compare(clientv3.ModRevision(n.k.Head), "=", r.headRev),
 		clientv3.Compare(clientv3.CreateRevision(fk), "=", 0),
 	).Then(
 		clientv3.OpPut(fk, string(rec)),
@@ -538,7 +541,7 @@ func (n *Node) superviseCloser(r int64, closer string) {
 		// A closer still writing the next round's member chunks (a large
 		// job) is alive: give it another grace period.
 		ctx, cancel := context.WithTimeout(n.ctx, n.opTimeout())
-		g, err := n.cli.Get(ctx, n.k.chunks+roundSeg(r+1)+"/", clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		g, err := n.cli.Get(ctx, n.k.RoundChunks(r+1), clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly())
 		cancel()
 		if err != nil || len(g.Kvs) > 0 {
 			timer.Reset(grace)
@@ -548,7 +551,7 @@ func (n *Node) superviseCloser(r int64, closer string) {
 	}
 	ctx, cancel := context.WithTimeout(n.ctx, n.opTimeout())
 	defer cancel()
-	m, err := n.cli.Get(ctx, n.k.member(closer))
+	m, err := n.cli.Get(ctx, n.k.Member(closer))
 	if err != nil || len(m.Kvs) == 0 || m.Kvs[0].Lease == 0 {
 		return // gone already: its successor is taking over
 	}
@@ -573,7 +576,7 @@ func (n *Node) Drain(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
-	mk := n.k.member(n.cfg.NodeID)
+	mk := n.k.Member(n.cfg.NodeID)
 	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize, Leaving: true})
 	// Only while this node's own record stands: never recreate it.
 	t, err := n.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(mk), "=", lease)).
@@ -599,7 +602,11 @@ func (n *Node) Restarts(ctx context.Context) (int, error) {
 	if len(g.Kvs) == 0 {
 		return 0, nil
 	}
-	return parseCount(n.k.restarts, g.Kvs[0].Value, "restart count", 0)
+	c, err := fleet.ParseCount(n.k.restarts, g.Kvs[0].Value, "restart count", 0)
+	if err != nil {
+		return 0, fmt.Errorf("rendezvous: %w", err)
+	}
+	return int(min(c, math.MaxInt32)), nil
 }
 
 // Members returns every member of round r in rank order (Round.Members is
@@ -639,11 +646,11 @@ func (n *Node) Finish(ctx context.Context, r *Round) error {
 	}
 	if reg {
 		tctx, cancel := context.WithTimeout(ctx, n.opTimeout())
-		dk := n.k.doneKey(r.Number)
+		dk := n.k.DoneKey(r.Number)
 		mine := []clientv3.Op{
-			clientv3.OpDelete(n.k.member(n.cfg.NodeID)),
+			clientv3.OpDelete(n.k.Member(n.cfg.NodeID)),
 			clientv3.OpDelete(qk),
-			clientv3.OpDelete(n.k.ack(n.cfg.NodeID)),
+			clientv3.OpDelete(n.k.Ack(n.cfg.NodeID)),
 		}
 		_, err = n.cli.Txn(tctx).
 			If(clientv3.Compare(clientv3.CreateRevision(dk), "=", 0)).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"log/slog"
 	"strings"
 	"sync"
@@ -95,8 +96,8 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := newKeys(DefaultPrefix, h.job)
-	h.put(ctx, k.target, "2")
+	k := newKeys(fleet.DefaultPrefix, h.job)
+	h.setTarget(ctx, 2)
 	var cfgs []Config
 	for _, id := range []string{"a", "b", "c"} {
 		c := h.cfg(id, 1, 3)
@@ -116,7 +117,7 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 
 	// Raise the target: members are told at once, c joins, a and b keep ranks.
 	changed := time.Now()
-	h.put(ctx, k.target, "3")
+	h.setTarget(ctx, 3)
 	ch := nextAll(t, ctx, []*Node{a, b}, rs)
 	// The change says the planned size, so the agent can tell its workers
 	// the world size they will restart at.
@@ -138,7 +139,7 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	}
 
 	// Target above MAX is clamped; below MIN too. Shrink to 1: rank 0 stays.
-	h.put(ctx, k.target, "1")
+	h.setTarget(ctx, 1)
 	ch = nextAll(t, ctx, []*Node{a, b, c}, rs)
 	if ch[0].Reason != TargetChanged || ch[0].NumNodes != 1 || ch[0].WorldSize != 1 {
 		t.Fatalf("change: %+v", ch[0])
@@ -152,7 +153,7 @@ func TestTargetSparesAndStableRanks(t *testing.T) {
 	}
 
 	// No target: MAX again, the spares come back with their old ranks.
-	if _, err := h.cli.Delete(ctx, k.target); err != nil {
+	if _, err := h.cli.Delete(ctx, k.desired); err != nil {
 		t.Fatal(err)
 	}
 	rs = mustJoinAll(t, ctx, a, b, c)
@@ -168,8 +169,7 @@ func runningAtTarget2(t *testing.T, lastCall time.Duration) (context.Context, []
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	k := newKeys(DefaultPrefix, h.job)
-	h.put(ctx, k.target, "2")
+	h.setTarget(ctx, 2)
 	cfg := func(id string) Config {
 		c := h.cfg(id, 1, 4)
 		c.LastCallTimeout = lastCall
@@ -177,7 +177,7 @@ func runningAtTarget2(t *testing.T, lastCall time.Duration) (context.Context, []
 	}
 	nodes := h.register(ctx, cfg("a"), cfg("b"))
 	rs := mustJoinAll(t, ctx, nodes...)
-	h.put(ctx, k.target, "4")
+	h.setTarget(ctx, 4)
 	joinLater := func(id string) chan joinResult {
 		n := h.node(cfg(id))
 		out := make(chan joinResult, 1)
@@ -407,8 +407,10 @@ func TestReportFailureCountsOncePerRound(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range nodes {
-		if errs[i] != nil || counts[i] != 0 {
-			t.Fatalf("node %d: restarts so far %d err %v; want 0 (counted when the next round closes)", i, counts[i], errs[i])
+		// The count grows when the next round closes, which may already
+		// have happened when ReportFailure reads it back: 0 or 1, never more.
+		if errs[i] != nil || counts[i] > 1 {
+			t.Fatalf("node %d: restarts so far %d err %v; want at most 1 (one failed round)", i, counts[i], errs[i])
 		}
 	}
 	ch := nextAll(t, ctx, nodes, rs)
@@ -616,14 +618,12 @@ func TestShrinkKeepsPlacedNodes(t *testing.T) {
 	h := newHarness(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	k := newKeys(DefaultPrefix, h.job)
 	nodes := h.register(ctx, h.cfg("a", 1, 3), h.cfg("b", 1, 3), h.cfg("c", 1, 3))
 	rs := mustJoinAll(t, ctx, nodes...)
 	if rs[0].NumNodes != 3 {
 		t.Fatalf("round: %+v", rs[0])
 	}
-	h.put(ctx, k.base+"/placement", `["c","a"]`)
-	h.put(ctx, k.target, "2")
+	h.place(ctx, "c", "a")
 	nextAll(t, ctx, nodes, rs)
 	r2 := mustJoinAll(t, ctx, nodes[0], nodes[2])
 	if r2[0].NumNodes != 2 {

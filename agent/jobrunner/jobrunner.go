@@ -1,13 +1,12 @@
 // Package jobrunner is the node agent's workload runtime: it starts a job's
-// hyperpodrun on this node when the coordinator's allocation places the job
-// here, and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
+// hyperpodrun on this node when the coordinator's desired record places the
+// job here, and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
 // moved off the node. Jobs run as plain processes (the process runtime).
 package jobrunner
 
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +25,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
-	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -77,82 +77,85 @@ func New(cfg Config) *Runner {
 
 var _ nodeagent.Workloads = (*Runner)(nil)
 
-// Run reconciles the jobs on this node with the allocations until ctx ends;
-// then (an agent crash) the jobs are killed as they would be with the node.
+// Run reconciles the jobs on this node with the desired records until ctx
+// ends; then (an agent crash) the jobs are killed as they would be with the
+// node.
 func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	r.node = node
 	r.st = fleet.New(node.Client, node.Prefix)
 	r.log = r.log.With("node", node.Name)
 	defer r.killAll()
-	prefix := r.st.Key("allocations") + "/"
+	prefix := r.st.Keys.DesiredPrefix()
 	for ctx.Err() == nil {
-		resp, err := node.Client.Get(ctx, prefix, clientv3.WithPrefix())
+		rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+		resp, err := node.Client.Get(rctx, prefix, clientv3.WithPrefix())
+		cancel()
 		if err != nil {
-			r.log.Warn("read allocations", "err", err)
+			r.log.Warn("read desired records", "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
 			}
 			continue
 		}
-		allocs := map[string]api.Allocation{}
+		placed := map[string]bool{}
 		for _, kv := range resp.Kvs {
-			var a api.Allocation
-			if err := json.Unmarshal(kv.Value, &a); err != nil {
-				r.log.Warn("ignoring malformed allocation", "key", string(kv.Key), "err", err)
-				continue
-			}
-			allocs[a.Job] = a
+			r.apply(placed, kv.Key, kv.Value)
 		}
-		r.reconcile(ctx, allocs)
+		r.reconcile(ctx, placed)
 		wch := node.Client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 		for w := range wch {
 			if w.Err() != nil {
 				break
 			}
 			for _, ev := range w.Events {
-				job := strings.TrimPrefix(string(ev.Kv.Key), prefix)
 				if ev.Type == clientv3.EventTypeDelete {
-					delete(allocs, job)
+					delete(placed, strings.TrimPrefix(string(ev.Kv.Key), prefix))
 					continue
 				}
-				var a api.Allocation
-				if err := json.Unmarshal(ev.Kv.Value, &a); err != nil {
-					r.log.Warn("ignoring malformed allocation", "key", string(ev.Kv.Key), "err", err)
-					continue
-				}
-				allocs[job] = a
+				r.apply(placed, ev.Kv.Key, ev.Kv.Value)
 			}
-			r.reconcile(ctx, allocs)
+			r.reconcile(ctx, placed)
 		}
 	}
 	return nil
 }
 
-// reconcile starts jobs placed here and drains jobs moved away.
-func (r *Runner) reconcile(ctx context.Context, allocs map[string]api.Allocation) {
-	want := map[string]bool{}
-	for job, a := range allocs {
-		for _, n := range a.Nodes {
-			if n == r.node.Name {
-				want[job] = true
-			}
-		}
+// etcdTimeout bounds every etcd call of the runner.
+const etcdTimeout = 5 * time.Second
+
+// apply records whether a desired record places its job on this node. A
+// malformed record is logged with its key and leaves the job as it was.
+func (r *Runner) apply(placed map[string]bool, key, value []byte) {
+	d, err := fleet.DecodeDesired(string(key), value)
+	if err != nil {
+		r.log.Warn("ignoring malformed desired record", "key", string(key), "err", err)
+		return
 	}
+	placed[d.Job] = d.Running() && slices.Contains(d.Nodes, r.node.Name)
+}
+
+// reconcile starts jobs placed here and drains jobs moved away. The
+// runner's lock is never held across an etcd call.
+func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
+	var start []string
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	for job, p := range r.jobs {
-		if !want[job] && !p.draining {
+		if !placed[job] && !p.draining {
 			r.log.Info("job moved off this node: draining its hyperpodrun", "job", job)
 			p.draining = true
 			p.cmd.Process.Signal(syscall.SIGUSR2)
 		}
 	}
-	for job := range want {
-		if _, running := r.jobs[job]; running {
-			continue
+	for job, here := range placed {
+		if _, running := r.jobs[job]; here && !running {
+			start = append(start, job)
 		}
-		if err := r.startLocked(ctx, job); err != nil {
+	}
+	r.mu.Unlock()
+	sort.Strings(start)
+	for _, job := range start {
+		if err := r.start(ctx, job); err != nil {
 			r.log.Error("cannot start job", "job", job, "err", err)
 		}
 	}
@@ -193,21 +196,33 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	return append(append(args, spec.Run.Script), spec.Run.Args...)
 }
 
-func (r *Runner) startLocked(ctx context.Context, job string) error {
-	if fin, _ := r.st.Finished(ctx); fin != nil {
-		if _, done := fin[job]; done {
-			return nil // finished: the coordinator releases it
-		}
-	}
-	spec, err := r.st.Job(ctx, job)
+func (r *Runner) start(ctx context.Context, job string) error {
+	rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	fin, bad, err := r.st.Finished(rctx)
 	if err != nil {
 		return err
+	}
+	for _, b := range bad {
+		r.log.Warn("ignoring malformed finish record", "err", b)
+	}
+	if _, done := fin[job]; done {
+		return nil // finished: the coordinator releases it
+	}
+	spec, err := r.st.Job(rctx, job)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, running := r.jobs[job]; running {
+		return nil
 	}
 	logDir := ""
 	if r.cfg.LogDir != "" {
 		logDir = filepath.Join(r.cfg.LogDir, r.node.Name)
 	}
-	args := Args(*spec, r.cfg.Endpoints, r.st.Prefix, r.cfg.RdzvConf, logDir)
+	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), r.cfg.RdzvConf, logDir)
 	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
 	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID="+r.node.Name)
 	if spec.Run.Python != "" {

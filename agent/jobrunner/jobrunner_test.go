@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -47,9 +45,21 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()
 	defer func() { stop(); <-done }()
 
+	gen := int64(0)
+	desire := func(d fleet.Desired) {
+		t.Helper()
+		gen++
+		d.Job, d.Generation = "j", gen
+		op, err := st.PutDesiredOp(d)
+		if err == nil {
+			_, err = cli.Do(ctx, op)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	alloc := func(nodes ...string) {
-		b, _ := json.Marshal(policy.Allocation{Job: "j", Size: len(nodes), Nodes: nodes})
-		cli.Put(ctx, st.AllocationKey("j"), string(b))
+		desire(fleet.Desired{Allocation: policy.Allocation{Size: len(nodes), Nodes: nodes}})
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -88,7 +98,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 		}
 		os.Remove(filepath.Join(dir, "drained"))
 		os.Remove(filepath.Join(dir, "started"))
-		if f, _ := st.Finished(ctx); len(f) != 0 {
+		if f, _, _ := st.Finished(ctx); len(f) != 0 {
 			t.Errorf("a drained job was recorded as finished: %v", f)
 		}
 		return ev
@@ -98,26 +108,22 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	if ev := drainedEvent("the worker to be told to checkpoint and leave"); ev["kind"] != "drain" {
 		t.Errorf("moved off this node: worker got %v, want kind drain", ev)
 	}
-	// Preempted: the coordinator writes the stop record, then deletes the
-	// allocation in the same transaction. The workers are told it is a
-	// preemption, to world size 0, and why.
+	// Preempted: the coordinator's desired record takes the nodes away and
+	// says why. The workers are told it is a preemption, to world size 0,
+	// and why.
 	alloc("node-a")
 	waitFor("the job to start again", exists("started"))
-	b, _ := json.Marshal(fleet.Stop{Kind: fleet.StopPreemption, Reason: "preempted by higher-priority urgent of the same team t"})
-	if _, err := cli.Txn(ctx).Then(clientv3.OpPut(st.StopKey("j"), string(b)), clientv3.OpDelete(st.AllocationKey("j"))).Commit(); err != nil {
-		t.Fatal(err)
-	}
+	desire(fleet.Desired{Stop: &fleet.Stop{Kind: fleet.StopPreemption, Reason: "preempted by higher-priority urgent of the same team t"}})
 	ev := drainedEvent("the worker to be told of the preemption")
 	if ev["kind"] != "preemption" || ev["new_world_size"] != 0.0 || !strings.Contains(fmt.Sprint(ev["reason"]), "higher-priority urgent") {
 		t.Errorf("preempted: worker got %v, want kind preemption, new world size 0 and the coordinator's reason", ev)
 	}
-	// Placed here again (the coordinator deletes the stale stop record
-	// first), then training ends by itself: recorded Succeeded.
-	cli.Delete(ctx, st.StopKey("j"))
+	// Placed here again (the new record has no stop), then training ends by
+	// itself: recorded Succeeded.
 	alloc("node-a")
 	waitFor("the job to start again", exists("started"))
 	os.WriteFile(filepath.Join(dir, "finish"), nil, 0o644)
-	waitFor("the finish record", func() bool { f, _ := st.Finished(ctx); return f["j"].Outcome == fleet.Succeeded })
+	waitFor("the finish record", func() bool { f, _, _ := st.Finished(ctx); return f["j"].Outcome == fleet.Succeeded })
 }
 
 func TestArgs(t *testing.T) {

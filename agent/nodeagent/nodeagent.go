@@ -28,11 +28,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Defaults.
 const (
-	DefaultPrefix          = "/hyperpodrun"
 	DefaultListen          = "127.0.0.1:9400"
 	DefaultLeaseTTL        = 10 * time.Second
 	DefaultRefreshInterval = 5 * time.Second
@@ -48,7 +48,7 @@ const (
 type Config struct {
 	// NodeName is the node's name and etcd key segment (required).
 	NodeName string
-	// Prefix is the etcd key prefix (default "/hyperpodrun").
+	// Prefix is the etcd key prefix (default fleet.DefaultPrefix).
 	Prefix string
 	// LeaseTTL is how long the node outlives a dead agent (default 10s,
 	// rounded up to whole seconds; etcd may raise very small values).
@@ -136,9 +136,7 @@ func New(cli *clientv3.Client, cfg Config) (*Agent, error) {
 	if cfg.Discover == nil {
 		return nil, errors.New("nodeagent: Config.Discover is required")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
+	cfg.Prefix = fleet.NormalizePrefix(cfg.Prefix)
 	if cfg.LeaseTTL < 0 || cfg.RefreshInterval < 0 {
 		return nil, fmt.Errorf("nodeagent: negative lease TTL %s or refresh interval %s", cfg.LeaseTTL, cfg.RefreshInterval)
 	}
@@ -154,7 +152,7 @@ func New(cli *clientv3.Client, cfg Config) (*Agent, error) {
 	a := &Agent{
 		cli:     cli,
 		cfg:     cfg,
-		key:     devices.NodeKey(cfg.Prefix, cfg.NodeName),
+		key:     fleet.NewKeys(cfg.Prefix).Node(cfg.NodeName),
 		ttl:     int64(math.Ceil(cfg.LeaseTTL.Seconds())),
 		log:     cfg.Logger.With("node", cfg.NodeName),
 		metrics: newMetrics(cfg.NodeName),

@@ -24,6 +24,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 const (
@@ -99,7 +100,7 @@ func watchNodes(t *testing.T, cli *clientv3.Client) *watcher {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{notify: make(chan struct{}, 1)}
-	wch := cli.Watch(ctx, devices.NodesPrefix(prefix), clientv3.WithPrefix())
+	wch := cli.Watch(ctx, fleet.NewKeys(prefix).NodesPrefix(), clientv3.WithPrefix())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -123,7 +124,7 @@ func (w *watcher) forNode(node string) []*clientv3.Event {
 	defer w.mu.Unlock()
 	var out []*clientv3.Event
 	for _, ev := range w.events {
-		if string(ev.Kv.Key) == devices.NodeKey(prefix, node) {
+		if string(ev.Kv.Key) == fleet.NewKeys(prefix).Node(node) {
 			out = append(out, ev)
 		}
 	}
@@ -250,7 +251,7 @@ func TestAgentsAgainstEmbeddedEtcd(t *testing.T) {
 	if inv := w.lastInventory(t, "trn2-1"); inv.NeuronCores() != 64 || len(inv.NeuronDevices()) != 16 || inv.VCPUs != 32 {
 		t.Errorf("trn2-1 inventory: %d cores, %d devices", inv.NeuronCores(), len(inv.NeuronDevices()))
 	}
-	resp, err := cli.Get(context.Background(), devices.NodesPrefix(prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := cli.Get(context.Background(), fleet.NewKeys(prefix).NodesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || resp.Count != 3 {
 		t.Fatalf("nodes in etcd: %v %v", resp, err)
 	}
@@ -303,7 +304,7 @@ func TestAgentsAgainstEmbeddedEtcd(t *testing.T) {
 	crashed := time.Now()
 	trn.cancel()
 	trn.wait(t)
-	if r, err := cli.Get(context.Background(), devices.NodeKey(prefix, "trn2-1")); err != nil || len(r.Kvs) != 1 {
+	if r, err := cli.Get(context.Background(), fleet.NewKeys(prefix).Node("trn2-1")); err != nil || len(r.Kvs) != 1 {
 		t.Fatalf("crashed node's key vanished at once (revoked?): %v %v", r, err)
 	}
 	w.waitFor(t, ttl+3*time.Second, "crashed node deleted", func() bool {
@@ -352,7 +353,7 @@ func TestAgentsAgainstEmbeddedEtcd(t *testing.T) {
 		t.Fatalf("Drain gpu-1: %v", err)
 	}
 	gpu.wait(t)
-	if r, err := cli.Get(context.Background(), devices.NodesPrefix(prefix), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
+	if r, err := cli.Get(context.Background(), fleet.NewKeys(prefix).NodesPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
 		t.Errorf("nodes left in etcd: %v %v", r, err)
 	}
 	if _, err := http.Get(base + "/healthz"); err == nil {
@@ -522,7 +523,7 @@ func (f *fakeWorkloads) Run(ctx context.Context, node nodeagent.Node) error {
 }
 
 func (f *fakeWorkloads) Drain(ctx context.Context) error {
-	r, err := f.cli.Get(ctx, devices.NodeKey(prefix, "w1"))
+	r, err := f.cli.Get(ctx, fleet.NewKeys(prefix).Node("w1"))
 	if err != nil || len(r.Kvs) != 1 {
 		f.drainSaw <- "key missing"
 		return nil

@@ -6,9 +6,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
-func putKey(ep, key, value string) error {
+// setTarget sets a job's target size (its desired record, no placement).
+func setTarget(ep, job string, n int) error {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return err
@@ -16,6 +19,5 @@ func putKey(ep, key, value string) error {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = cli.Put(ctx, key, value)
-	return err
+	return fleet.New(cli, "").SetTarget(ctx, job, n)
 }

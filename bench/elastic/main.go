@@ -170,7 +170,7 @@ func resizeOverhead(hpr, py, script, ep, job string) (float64, float64) {
 	startAll(c, "a", "b", "c")
 	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 3 && s.Step >= 8 }))
 	t0 := time.Now()
-	if err := putTarget(ep, job, "2"); err != nil {
+	if err := setTarget(ep, job, 2); err != nil {
 		fail("%v", err)
 	}
 	must(c.WaitStep(60*time.Second, t0, func(s testcluster.Step) bool { return s.World == 2 }))
@@ -200,8 +200,4 @@ func resizeOverhead(hpr, py, script, ep, job string) (float64, float64) {
 	}
 	total := float64(lastStart.Sub(t0).Milliseconds())
 	return total - workersOwn, workersOwn
-}
-
-func putTarget(ep, job, n string) error {
-	return putKey(ep, "/hyperpodrun/jobs/"+job+"/target", n)
 }

@@ -292,22 +292,25 @@ func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer) ([]jobVi
 	for _, b := range bad {
 		fmt.Fprintf(warn, "warning: %v\n", b)
 	}
-	allocs, _, err := st.Allocations(ctx)
+	allocs, bad, err := st.Allocations(ctx)
 	if err != nil {
 		return nil, err
 	}
+	warnAll(warn, bad)
 	am := map[string]policy.Allocation{}
 	for _, a := range allocs {
 		am[a.Job] = a
 	}
-	stat, err := st.Statuses(ctx)
+	stat, bad, err := st.Statuses(ctx)
 	if err != nil {
 		return nil, err
 	}
-	fin, err := st.Finished(ctx)
+	warnAll(warn, bad)
+	fin, bad, err := st.Finished(ctx)
 	if err != nil {
 		return nil, err
 	}
+	warnAll(warn, bad)
 	var out []jobView
 	for _, s := range specs {
 		v := jobView{Spec: s}
@@ -434,10 +437,11 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 		if v == nil {
 			return fmt.Errorf("job %q not found: 'elasticctl get jobs' lists them", name)
 		}
-		history, err := st.Events(ctx, name)
+		history, bad, err := st.Events(ctx, name)
 		if err != nil {
 			return err
 		}
+		warnAll(c.App.ErrWriter, bad)
 		if o := c.String("output"); o == "json" || o == "yaml" {
 			return printOut(c, map[string]any{"job": v, "history": history}, nil)
 		}
@@ -661,11 +665,12 @@ func cmdDelete(c *cli.Context, st *fleet.Store) error {
 func cmdEvents(c *cli.Context, st *fleet.Store) error {
 	job := c.Args().First()
 	ctx, cancel := ctxOf(c)
-	evs, rev, err := st.EventsAt(ctx, job)
+	evs, bad, rev, err := st.EventsAt(ctx, job)
 	cancel()
 	if err != nil {
 		return err
 	}
+	warnAll(c.App.ErrWriter, bad)
 	if !c.Bool("follow") {
 		return printOut(c, evs, func(w *tabwriter.Writer) {
 			for _, e := range evs {
@@ -679,19 +684,30 @@ func cmdEvents(c *cli.Context, st *fleet.Store) error {
 	fctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	// From the revision after the history: nothing written in between is lost.
-	for w := range st.Cli.Watch(fctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(rev+1)) {
+	for w := range st.Cli.Watch(fctx, st.Keys.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete(), clientv3.WithRev(rev+1)) {
 		if w.Err() != nil {
 			return w.Err()
 		}
 		sort.Slice(w.Events, func(i, j int) bool { return string(w.Events[i].Kv.Key) < string(w.Events[j].Kv.Key) })
 		for _, ev := range w.Events {
-			var e fleet.Event
-			if json.Unmarshal(ev.Kv.Value, &e) == nil && e.Concerns(job) {
-				printEvent(c, e)
+			e, err := fleet.DecodeEvent(string(ev.Kv.Key), ev.Kv.Value)
+			if err != nil {
+				warnAll(c.App.ErrWriter, []error{err})
+				continue
+			}
+			if e.Concerns(job) {
+				printEvent(c, *e)
 			}
 		}
 	}
 	return nil
+}
+
+// warnAll prints the malformed records a read skipped.
+func warnAll(w io.Writer, bad []error) {
+	for _, b := range bad {
+		fmt.Fprintf(w, "warning: %v\n", b)
+	}
 }
 
 func printEvent(c *cli.Context, e fleet.Event) {

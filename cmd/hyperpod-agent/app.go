@@ -21,6 +21,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Exit statuses.
@@ -84,7 +85,7 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 				OnUsageError: onUsageError,
 				Flags: append([]cli.Flag{
 					&cli.StringSliceFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Usage: "etcd client URLs, e.g. https://etcd-0:2379,https://etcd-1:2379"},
-					&cli.StringFlag{Name: "etcd-prefix", Value: nodeagent.DefaultPrefix, Usage: "etcd key prefix"},
+					&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix, Usage: "etcd key prefix"},
 					&cli.StringFlag{Name: "etcd-cacert", EnvVars: []string{"HYPERPOD_ETCD_CACERT"}, Usage: "CA bundle that signed etcd's server certificate"},
 					&cli.StringFlag{Name: "etcd-cert", EnvVars: []string{"HYPERPOD_ETCD_CERT"}, Usage: "client certificate for etcd (with --etcd-key)"},
 					&cli.StringFlag{Name: "etcd-key", EnvVars: []string{"HYPERPOD_ETCD_KEY"}, Usage: "client key for etcd (with --etcd-cert)"},

@@ -6,6 +6,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"io"
 	"log/slog"
 	"net"
@@ -36,7 +37,7 @@ func run(args []string, stderr io.Writer) int {
 		Usage: "quota-aware fair-share admission and elastic sizing",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Value: "127.0.0.1:2379"},
-			&cli.StringFlag{Name: "etcd-prefix", Value: "/hyperpodrun"},
+			&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix},
 			&cli.StringFlag{Name: "etcd-cacert"}, &cli.StringFlag{Name: "etcd-cert"}, &cli.StringFlag{Name: "etcd-key"},
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},

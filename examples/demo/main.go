@@ -248,7 +248,7 @@ func scenario(o options) (*result, error) {
 		PerNode: policy.Resources{Accelerators: gpusPerNode}, MinNodes: 2, MaxNodes: 2}, Run: prodRun}); err != nil {
 		return nil, err
 	}
-	if err := waitUntil(ctx, func() bool { f, _ := st.Finished(ctx); _, ok := f["prod"]; return ok }); err != nil {
+	if err := waitUntil(ctx, func() bool { f, _, _ := st.Finished(ctx); _, ok := f["prod"]; return ok }); err != nil {
 		return nil, fmt.Errorf("prod never finished: %w", err)
 	}
 	tl.say("prod finished: its nodes are idle again")
@@ -258,7 +258,7 @@ func scenario(o options) (*result, error) {
 	_, s0 := prog.at("sweep")
 	waitUntil(ctx, func() bool { _, s := prog.at("sweep"); return s >= s0+20 })
 	res := &result{prodFinished: true}
-	res.history, _ = st.Events(ctx, "sweep")
+	res.history, _, _ = st.Events(ctx, "sweep")
 	st.DeleteJob(ctx, "sweep")
 	for _, a := range agents {
 		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
@@ -371,7 +371,7 @@ func (u *utilization) percent() float64 {
 
 // followEvents prints the coordinator's decisions as they happen.
 func followEvents(ctx context.Context, cli *clientv3.Client, st *fleet.Store, tl *timeline) {
-	for w := range cli.Watch(ctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete()) {
+	for w := range cli.Watch(ctx, st.Keys.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithFilterDelete()) {
 		evs := w.Events
 		sort.Slice(evs, func(i, j int) bool { return string(evs[i].Kv.Key) < string(evs[j].Kv.Key) })
 		for _, ev := range evs {

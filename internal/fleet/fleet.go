@@ -1,6 +1,8 @@
-// Package fleet is the typed etcd layout shared by the coordinator,
-// elasticctl and the node agents: teams, job specs, allocations, decision
-// status and events (docs/internals.md lists the keys).
+// Package fleet owns the etcd layout: every key (Keys) and every record's
+// value, with a typed read and write for each, shared by the coordinator,
+// elasticctl, the node agents, hyperpodrun's elastic agent, the rendezvous
+// and the checkpoint store (docs/internals.md lists them, and a test keeps
+// that table and this package in step). No other package formats a key.
 package fleet
 
 import (
@@ -9,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -19,9 +22,6 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 )
-
-// DefaultPrefix is the etcd prefix of every hyperpodrun key.
-const DefaultPrefix = "/hyperpodrun"
 
 // RunSpec says what a job runs on each of its nodes: hyperpodrun's
 // training script and options. The node agent turns it into a hyperpodrun
@@ -70,289 +70,10 @@ type Event struct {
 	api.Reason
 }
 
-// Store reads and writes the layout under a prefix.
-type Store struct {
-	Cli    *clientv3.Client
-	Prefix string
-}
-
-// New returns a Store; prefix "" is DefaultPrefix.
-func New(cli *clientv3.Client, prefix string) *Store {
-	if prefix == "" {
-		prefix = DefaultPrefix
-	}
-	return &Store{Cli: cli, Prefix: strings.TrimSuffix(prefix, "/")}
-}
-
-// Key builds a key under the prefix.
-func (s *Store) Key(parts ...string) string {
-	return s.Prefix + "/" + path.Join(parts...)
-}
-
-// TeamKey, SpecKey, AllocationKey, StatusKey, TargetKey, PlacementKey and
-// NodesPrefix name the keys of docs/internals.md.
-func (s *Store) TeamKey(t string) string       { return s.Key("teams", t) }
-func (s *Store) SpecKey(j string) string       { return s.Key("specs", j) }
-func (s *Store) AllocationKey(j string) string { return s.Key("allocations", j) }
-func (s *Store) StatusKey(j string) string     { return s.Key("status", j) }
-func (s *Store) TargetKey(j string) string     { return s.Key("jobs", j, "target") }
-func (s *Store) PlacementKey(j string) string  { return s.Key("jobs", j, "placement") }
-func (s *Store) NodesPrefix() string           { return s.Key("nodes") + "/" }
-func (s *Store) EventsPrefix() string          { return s.Key("events") + "/" }
-
-// ErrNotFound is returned for a missing job, team or allocation.
-var ErrNotFound = errors.New("not found")
-
-func getJSON[T any](ctx context.Context, s *Store, key string) (*T, error) {
-	r, err := s.Cli.Get(ctx, key)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	}
-	if len(r.Kvs) == 0 {
-		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
-	}
-	var v T
-	if err := json.Unmarshal(r.Kvs[0].Value, &v); err != nil {
-		return nil, fmt.Errorf("malformed value at %s: %w", key, err)
-	}
-	return &v, nil
-}
-
-// listJSON decodes every value under prefix; malformed values are returned
-// as problems, not errors, so one bad key cannot stop the fleet.
-func listJSON[T any](ctx context.Context, s *Store, prefix string) ([]T, []error, error) {
-	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
-	if err != nil {
-		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
-	}
-	var out []T
-	var bad []error
-	for _, kv := range r.Kvs {
-		var v T
-		if err := json.Unmarshal(kv.Value, &v); err != nil {
-			bad = append(bad, fmt.Errorf("malformed value at %s: %w", kv.Key, err))
-			continue
-		}
-		out = append(out, v)
-	}
-	return out, bad, nil
-}
-
-func (s *Store) putJSON(ctx context.Context, key string, v any, opts ...clientv3.OpOption) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	if _, err := s.Cli.Put(ctx, key, string(b), opts...); err != nil {
-		return fmt.Errorf("write %s: %w", key, err)
-	}
-	return nil
-}
-
-// PutTeam creates or replaces a team.
-func (s *Store) PutTeam(ctx context.Context, t api.Team) error {
-	return s.putJSON(ctx, s.TeamKey(t.Name), t)
-}
-
-// Teams lists the teams.
-func (s *Store) Teams(ctx context.Context) ([]api.Team, []error, error) {
-	ts, bad, err := listJSON[api.Team](ctx, s, s.Key("teams")+"/")
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
-	return ts, bad, err
-}
-
-// Team reads one team.
-func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
-	return getJSON[api.Team](ctx, s, s.TeamKey(name))
-}
-
-// SubmitJob stores a new job; it fails if the job exists.
-func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
-	b, err := json.Marshal(j)
-	if err != nil {
-		return err
-	}
-	key := s.SpecKey(j.Name)
-	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(b))).Commit()
-	if err != nil {
-		return fmt.Errorf("write %s: %w", key, err)
-	}
-	if !r.Succeeded {
-		return fmt.Errorf("job %q already exists: delete it first, or choose another name", j.Name)
-	}
-	return nil
-}
-
-// UpdateJob applies f to a stored job atomically (retrying on conflicts).
-func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) error) (*JobSpec, error) {
-	key := s.SpecKey(name)
-	for {
-		r, err := s.Cli.Get(ctx, key)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", key, err)
-		}
-		if len(r.Kvs) == 0 {
-			return nil, fmt.Errorf("job %q: %w", name, ErrNotFound)
-		}
-		var j JobSpec
-		if err := json.Unmarshal(r.Kvs[0].Value, &j); err != nil {
-			return nil, fmt.Errorf("malformed value at %s: %w", key, err)
-		}
-		if err := f(&j); err != nil {
-			return nil, err
-		}
-		b, _ := json.Marshal(j)
-		tr, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", r.Kvs[0].ModRevision)).
-			Then(clientv3.OpPut(key, string(b))).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("write %s: %w", key, err)
-		}
-		if tr.Succeeded {
-			return &j, nil
-		}
-	}
-}
-
-// DeleteJob removes a job's spec (the coordinator then releases it).
-func (s *Store) DeleteJob(ctx context.Context, name string) error {
-	// The finish record goes with the spec: a job submitted again under
-	// the same name runs again.
-	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(s.SpecKey(name)), clientv3.OpDelete(s.FinishKey(name))).Commit()
-	if err != nil {
-		return fmt.Errorf("delete job %q: %w", name, err)
-	}
-	if r.Responses[0].GetResponseDeleteRange().Deleted == 0 {
-		return fmt.Errorf("job %q: %w", name, ErrNotFound)
-	}
-	return nil
-}
-
-// Jobs lists the job specs.
-func (s *Store) Jobs(ctx context.Context) ([]JobSpec, []error, error) {
-	js, bad, err := listJSON[JobSpec](ctx, s, s.Key("specs")+"/")
-	sort.Slice(js, func(i, j int) bool { return js[i].Name < js[j].Name })
-	return js, bad, err
-}
-
-// Job reads one job spec.
-func (s *Store) Job(ctx context.Context, name string) (*JobSpec, error) {
-	return getJSON[JobSpec](ctx, s, s.SpecKey(name))
-}
-
-// Allocations lists the current allocations.
-func (s *Store) Allocations(ctx context.Context) ([]api.Allocation, []error, error) {
-	as, bad, err := listJSON[api.Allocation](ctx, s, s.Key("allocations")+"/")
-	sort.Slice(as, func(i, j int) bool { return as[i].Job < as[j].Job })
-	return as, bad, err
-}
-
-// Allocation reads one allocation.
-func (s *Store) Allocation(ctx context.Context, job string) (*api.Allocation, error) {
-	return getJSON[api.Allocation](ctx, s, s.AllocationKey(job))
-}
-
-// Status reads the coordinator's latest decision for a job.
-func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
-	return getJSON[Status](ctx, s, s.StatusKey(job))
-}
-
-// Statuses lists every job's latest decision.
-func (s *Store) Statuses(ctx context.Context) (map[string]Status, error) {
-	st, _, err := listJSON[Status](ctx, s, s.Key("status")+"/")
-	out := map[string]Status{}
-	for _, x := range st {
-		out[x.Job] = x
-	}
-	return out, err
-}
-
-// Usage reads the teams' usage from the last decision.
-func (s *Store) Usage(ctx context.Context) ([]api.TeamUsage, error) {
-	u, err := getJSON[[]api.TeamUsage](ctx, s, s.Key("coordinator", "usage"))
-	if errors.Is(err, ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return *u, nil
-}
-
-// Nodes lists the node inventories the agents registered.
-func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error) {
-	r, err := s.Cli.Get(ctx, s.NodesPrefix(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, nil, fmt.Errorf("list nodes: %w", err)
-	}
-	var out []devices.Inventory
-	var bad []error
-	for _, kv := range r.Kvs {
-		inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
-		if err != nil {
-			bad = append(bad, err)
-			continue
-		}
-		out = append(out, *inv)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out, bad, nil
-}
-
-// Target reads a job's target node count (0: none).
-func (s *Store) Target(ctx context.Context, job string) (int, error) {
-	r, err := s.Cli.Get(ctx, s.TargetKey(job))
-	if err != nil || len(r.Kvs) == 0 {
-		return 0, err
-	}
-	n, err := strconv.Atoi(string(r.Kvs[0].Value))
-	if err != nil {
-		return 0, fmt.Errorf("malformed target at %s: %q", s.TargetKey(job), r.Kvs[0].Value)
-	}
-	return n, nil
-}
-
-// Events lists the decision events, oldest first; job "" means all.
-func (s *Store) Events(ctx context.Context, job string) ([]Event, error) {
-	evs, _, err := s.EventsAt(ctx, job)
-	return evs, err
-}
-
-// EventsAt is Events plus the etcd revision it read at: watching the events
-// prefix from the revision after it misses none and repeats none.
-func (s *Store) EventsAt(ctx context.Context, job string) ([]Event, int64, error) {
-	r, err := s.Cli.Get(ctx, s.EventsPrefix(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, 0, fmt.Errorf("list %s: %w", s.EventsPrefix(), err)
-	}
-	var out []Event
-	for _, kv := range r.Kvs {
-		var e Event
-		if json.Unmarshal(kv.Value, &e) == nil && e.Concerns(job) {
-			out = append(out, e)
-		}
-	}
-	return out, r.Header.Revision, nil
-}
-
 // Concerns reports whether the event is about job ("" means every job):
 // its own, or one that names job as the job capacity was taken for.
 func (e Event) Concerns(job string) bool {
-	return job == "" || e.Job == job || contains(e.For, job)
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
-}
-
-// EventKey names an event's key: time-ordered.
-func (s *Store) EventKey(e Event) string {
-	return s.EventsPrefix() + fmt.Sprintf("%020d-%s", e.Time.UnixNano(), e.Job)
+	return job == "" || e.Job == job || slices.Contains(e.For, job)
 }
 
 // Finish records how a job ended on the nodes (written by node agents).
@@ -370,8 +91,7 @@ const (
 )
 
 // Stop says why the coordinator took a job's whole allocation away, so its
-// hyperpodruns can tell their workers (written in the same transaction that
-// deletes the allocation; deleted when the job is admitted again).
+// hyperpodruns can tell their workers.
 type Stop struct {
 	// Kind is a checkpoint event kind: "preemption" (requeued for another
 	// job) or "shutdown" (suspended, deleted or invalid).
@@ -387,42 +107,488 @@ const (
 	StopShutdown   = "shutdown"
 )
 
-// StopKey names the record of why a job's allocation was taken away.
-func (s *Store) StopKey(j string) string { return s.Key("jobs", j, "stopped") }
+// Desired is the coordinator's one record of what it wants of a job, at
+// <prefix>/desired/<job>, always written whole in one put: the size and
+// placement (the embedded allocation), or, when the job's whole allocation
+// was taken away, why (Stop, with Size 0 and no nodes). The rendezvous
+// closer, the elastic agent and the node agent's runner read this record and
+// nothing else. Generation grows by one with every change.
+type Desired struct {
+	api.Allocation
+	// Generation numbers the coordinator's changes of this record (1, 2, ...).
+	Generation int64 `json:"generation"`
+	// Stop is set when the job holds no allocation any more.
+	Stop *Stop `json:"stop,omitempty"`
+}
 
-// FinishKey names a job's finish record. Finish records have a prefix of
-// their own: the coordinator lists them every cycle, and under jobs/ it
-// would read every running job's rendezvous keys too.
-func (s *Store) FinishKey(j string) string { return s.Key("finished", j) }
+// Target is the node count the rendezvous should size the job to. 0 means
+// no target: the record is absent (nil), or the job was stopped.
+func (d *Desired) Target() int {
+	if d == nil || d.Stop != nil {
+		return 0
+	}
+	return d.Size
+}
 
-// FinishedPrefix is the prefix of every finish record.
-func (s *Store) FinishedPrefix() string { return s.Key("finished") + "/" }
+// Running reports whether the record places the job on nodes.
+func (d *Desired) Running() bool { return d != nil && d.Stop == nil && d.Size > 0 }
 
-// MarkFinished records the first finish of a job (later ones are ignored).
-func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
-	b, _ := json.Marshal(f)
-	key := s.FinishKey(job)
-	_, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(b))).Commit()
+// DecodeDesired decodes and checks a desired record read from key; the
+// error names the key and what is wrong.
+func DecodeDesired(key string, v []byte) (*Desired, error) {
+	var d Desired
+	if err := json.Unmarshal(v, &d); err != nil {
+		return nil, fmt.Errorf("malformed desired record at %s: %w (value %q)", key, err, clip(v))
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("malformed desired record at %s: %s (value %q)", key, why, clip(v))
+	}
+	switch {
+	case d.Job == "" || path.Base(key) != d.Job:
+		return nil, bad("its job name does not match its key")
+	case d.Generation < 0:
+		return nil, bad("negative generation")
+	case d.Stop != nil && (d.Size != 0 || len(d.Nodes) != 0):
+		return nil, bad("a stopped job holds no nodes")
+	case d.Stop != nil && d.Stop.Kind != StopPreemption && d.Stop.Kind != StopShutdown:
+		return nil, bad(fmt.Sprintf("unknown stop kind %q", d.Stop.Kind))
+	case d.Stop == nil && d.Size < 1:
+		return nil, bad("size must be at least 1 unless the job is stopped")
+	case len(d.Nodes) != 0 && len(d.Nodes) != d.Size:
+		return nil, bad(fmt.Sprintf("%d nodes for size %d", len(d.Nodes), d.Size))
+	}
+	return &d, nil
+}
+
+// ParseCount decodes the decimal counters of the layout (a job's restarts
+// and the round they were last counted for); the error names the key.
+func ParseCount(key string, v []byte, what string, minimum int64) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
+	if err != nil || n < minimum {
+		return 0, fmt.Errorf("malformed %s at %s: %q is not a decimal integer >= %d", what, key, clip(v), minimum)
+	}
+	return n, nil
+}
+
+// FormatCount encodes a counter as ParseCount reads it.
+func FormatCount(n int64) string { return strconv.FormatInt(n, 10) }
+
+func clip(v []byte) string {
+	if len(v) > 120 {
+		return string(v[:120]) + "..."
+	}
+	return string(v)
+}
+
+// ErrNotFound is returned for a missing job, team or record.
+var ErrNotFound = errors.New("not found")
+
+// Store reads and writes the layout under a prefix.
+type Store struct {
+	Cli  *clientv3.Client
+	Keys Keys
+}
+
+// New returns a Store; prefix "" is DefaultPrefix.
+func New(cli *clientv3.Client, prefix string) *Store {
+	return &Store{Cli: cli, Keys: NewKeys(prefix)}
+}
+
+func getJSON[T any](ctx context.Context, s *Store, key string) (*T, error) {
+	r, err := s.Cli.Get(ctx, key)
 	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, fmt.Errorf("%s: %w", key, ErrNotFound)
+	}
+	var v T
+	if err := json.Unmarshal(r.Kvs[0].Value, &v); err != nil {
+		return nil, fmt.Errorf("malformed value at %s: %w", key, err)
+	}
+	return &v, nil
+}
+
+// listJSON decodes every value under prefix; malformed values, and values
+// whose name (when name is set) disagrees with their key, are returned as
+// problems, not errors, so one bad key cannot stop the fleet.
+func listJSON[T any](ctx context.Context, s *Store, prefix string, name func(*T) string) ([]T, []error, error) {
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	var out []T
+	var bad []error
+	for _, kv := range r.Kvs {
+		var v T
+		if err := json.Unmarshal(kv.Value, &v); err != nil {
+			bad = append(bad, fmt.Errorf("malformed value at %s: %w", kv.Key, err))
+			continue
+		}
+		if name != nil && prefix+name(&v) != string(kv.Key) {
+			bad = append(bad, fmt.Errorf("ignoring %s: it names %q, which does not match its key", kv.Key, name(&v)))
+			continue
+		}
+		out = append(out, v)
+	}
+	return out, bad, nil
+}
+
+// putOp encodes v as the JSON value of key. Encoding fails only on values
+// JSON cannot hold (a NaN weight or timeout): the error names the key.
+func putOp(key string, v any) (clientv3.Op, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return clientv3.Op{}, fmt.Errorf("encode %s: %w", key, err)
+	}
+	return clientv3.OpPut(key, string(b)), nil
+}
+
+func (s *Store) put(ctx context.Context, key string, v any) error {
+	op, err := putOp(key, v)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Cli.Do(ctx, op); err != nil {
 		return fmt.Errorf("write %s: %w", key, err)
 	}
 	return nil
 }
 
-// Finished returns the finish record of every finished job.
-func (s *Store) Finished(ctx context.Context) (map[string]Finish, error) {
-	r, err := s.Cli.Get(ctx, s.FinishedPrefix(), clientv3.WithPrefix())
+// PutTeam creates or replaces a team.
+func (s *Store) PutTeam(ctx context.Context, t api.Team) error {
+	return s.put(ctx, s.Keys.Team(t.Name), t)
+}
+
+// Teams lists the teams.
+func (s *Store) Teams(ctx context.Context) ([]api.Team, []error, error) {
+	ts, bad, err := listJSON(ctx, s, s.Keys.TeamsPrefix(), func(t *api.Team) string { return t.Name })
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
+	return ts, bad, err
+}
+
+// Team reads one team.
+func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
+	return getJSON[api.Team](ctx, s, s.Keys.Team(name))
+}
+
+// SubmitJob stores a new job; it fails if the job exists.
+func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
+	key := s.Keys.Spec(j.Name)
+	op, err := putOp(key, j)
 	if err != nil {
-		return nil, fmt.Errorf("list finished jobs: %w", err)
+		return err
 	}
-	out := map[string]Finish{}
+	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(op).Commit()
+	if err != nil {
+		return fmt.Errorf("write %s: %w", key, err)
+	}
+	if !r.Succeeded {
+		return fmt.Errorf("job %q already exists: delete it first, or choose another name", j.Name)
+	}
+	return nil
+}
+
+// UpdateJob applies f to a stored job atomically (retrying on conflicts).
+func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) error) (*JobSpec, error) {
+	key := s.Keys.Spec(name)
+	for {
+		r, err := s.Cli.Get(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", key, err)
+		}
+		if len(r.Kvs) == 0 {
+			return nil, fmt.Errorf("job %q: %w", name, ErrNotFound)
+		}
+		var j JobSpec
+		if err := json.Unmarshal(r.Kvs[0].Value, &j); err != nil {
+			return nil, fmt.Errorf("malformed value at %s: %w", key, err)
+		}
+		if err := f(&j); err != nil {
+			return nil, err
+		}
+		op, err := putOp(key, j)
+		if err != nil {
+			return nil, err
+		}
+		tr, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", r.Kvs[0].ModRevision)).Then(op).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("write %s: %w", key, err)
+		}
+		if tr.Succeeded {
+			return &j, nil
+		}
+	}
+}
+
+// DeleteJob removes a job's spec (the coordinator then releases it).
+func (s *Store) DeleteJob(ctx context.Context, name string) error {
+	// The finish record goes with the spec: a job submitted again under
+	// the same name runs again.
+	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(s.Keys.Spec(name)), clientv3.OpDelete(s.Keys.Finish(name))).Commit()
+	if err != nil {
+		return fmt.Errorf("delete job %q: %w", name, err)
+	}
+	if r.Responses[0].GetResponseDeleteRange().Deleted == 0 {
+		return fmt.Errorf("job %q: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+// Jobs lists the job specs. A spec whose name disagrees with its key is
+// a problem, never a job.
+func (s *Store) Jobs(ctx context.Context) ([]JobSpec, []error, error) {
+	js, bad, err := listJSON(ctx, s, s.Keys.SpecsPrefix(), func(j *JobSpec) string { return j.Name })
+	sort.Slice(js, func(i, j int) bool { return js[i].Name < js[j].Name })
+	return js, bad, err
+}
+
+// Job reads one job spec.
+func (s *Store) Job(ctx context.Context, name string) (*JobSpec, error) {
+	return getJSON[JobSpec](ctx, s, s.Keys.Spec(name))
+}
+
+// Desired reads a job's desired record (nil, nil when there is none).
+func (s *Store) Desired(ctx context.Context, job string) (*Desired, error) {
+	key := s.Keys.Desired(job)
+	r, err := s.Cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, nil
+	}
+	return DecodeDesired(key, r.Kvs[0].Value)
+}
+
+// DesiredAll lists every job's desired record, sorted by job; malformed
+// records are returned as problems.
+func (s *Store) DesiredAll(ctx context.Context) ([]Desired, []error, error) {
+	prefix := s.Keys.DesiredPrefix()
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	var out []Desired
+	var bad []error
 	for _, kv := range r.Kvs {
-		var f Finish
-		if json.Unmarshal(kv.Value, &f) != nil {
+		d, err := DecodeDesired(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
 			continue
 		}
-		out[strings.TrimPrefix(string(kv.Key), s.FinishedPrefix())] = f
+		out = append(out, *d)
 	}
-	return out, nil
+	return out, bad, nil
+}
+
+// PutDesiredOp is the write of a job's whole desired record, for a
+// transaction.
+func (s *Store) PutDesiredOp(d Desired) (clientv3.Op, error) { return putOp(s.Keys.Desired(d.Job), d) }
+
+// SetTarget sets a job's target size without a placement (tests, and
+// rendezvous without a coordinator); the generation grows by one.
+func (s *Store) SetTarget(ctx context.Context, job string, size int) error {
+	key := s.Keys.Desired(job)
+	for {
+		r, err := s.Cli.Get(ctx, key)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", key, err)
+		}
+		d, rev := &Desired{Allocation: api.Allocation{Job: job}}, int64(0)
+		if len(r.Kvs) > 0 {
+			rev = r.Kvs[0].ModRevision
+			if old, err := DecodeDesired(key, r.Kvs[0].Value); err == nil {
+				d = old
+			}
+		}
+		d.Generation++
+		d.Size, d.Nodes, d.Stop = size, nil, nil
+		op, err := putOp(key, d)
+		if err != nil {
+			return err
+		}
+		tr, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).Then(op).Commit()
+		if err != nil {
+			return fmt.Errorf("write %s: %w", key, err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+}
+
+// Allocations lists the jobs the desired records place on nodes.
+func (s *Store) Allocations(ctx context.Context) ([]api.Allocation, []error, error) {
+	ds, bad, err := s.DesiredAll(ctx)
+	var as []api.Allocation
+	for _, d := range ds {
+		if d.Running() {
+			as = append(as, d.Allocation)
+		}
+	}
+	sort.Slice(as, func(i, j int) bool { return as[i].Job < as[j].Job })
+	return as, bad, err
+}
+
+// Allocation reads one job's allocation (ErrNotFound when it holds none).
+func (s *Store) Allocation(ctx context.Context, job string) (*api.Allocation, error) {
+	d, err := s.Desired(ctx, job)
+	if err != nil {
+		return nil, err
+	}
+	if !d.Running() {
+		return nil, fmt.Errorf("allocation of %q: %w", job, ErrNotFound)
+	}
+	return &d.Allocation, nil
+}
+
+// PutStatusOp writes a job's status, for a transaction.
+func (s *Store) PutStatusOp(st Status) (clientv3.Op, error) { return putOp(s.Keys.Status(st.Job), st) }
+
+// DeleteStatusOp deletes a job's status, for a transaction.
+func (s *Store) DeleteStatusOp(job string) clientv3.Op { return clientv3.OpDelete(s.Keys.Status(job)) }
+
+// PutEventOp writes a decision event, for a transaction.
+func (s *Store) PutEventOp(e Event) (clientv3.Op, error) {
+	return putOp(s.Keys.Event(e.Time, e.Job), e)
+}
+
+// PutUsageOp writes the teams' usage, for a transaction.
+func (s *Store) PutUsageOp(u []api.TeamUsage) (clientv3.Op, error) { return putOp(s.Keys.Usage(), u) }
+
+// PutEvent writes one decision event.
+func (s *Store) PutEvent(ctx context.Context, e Event) error {
+	return s.put(ctx, s.Keys.Event(e.Time, e.Job), e)
+}
+
+// Status reads the coordinator's latest decision for a job.
+func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
+	return getJSON[Status](ctx, s, s.Keys.Status(job))
+}
+
+// Statuses lists every job's latest decision; malformed records are
+// returned as problems.
+func (s *Store) Statuses(ctx context.Context) (map[string]Status, []error, error) {
+	st, bad, err := listJSON(ctx, s, s.Keys.StatusPrefix(), func(x *Status) string { return x.Job })
+	out := make(map[string]Status, len(st))
+	for _, x := range st {
+		out[x.Job] = x
+	}
+	return out, bad, err
+}
+
+// Usage reads the teams' usage from the last decision.
+func (s *Store) Usage(ctx context.Context) ([]api.TeamUsage, error) {
+	u, err := getJSON[[]api.TeamUsage](ctx, s, s.Keys.Usage())
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return *u, nil
+}
+
+// PutNodeOp writes a node's inventory, for a transaction (under the agent's
+// lease).
+func (s *Store) PutNodeOp(inv devices.Inventory, opts ...clientv3.OpOption) (clientv3.Op, error) {
+	b, err := json.Marshal(inv)
+	if err != nil {
+		return clientv3.Op{}, fmt.Errorf("encode inventory of %s: %w", inv.Node, err)
+	}
+	return clientv3.OpPut(s.Keys.Node(inv.Node), string(b), opts...), nil
+}
+
+// Nodes lists the node inventories the agents registered.
+func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error) {
+	r, err := s.Cli.Get(ctx, s.Keys.NodesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list nodes: %w", err)
+	}
+	var out []devices.Inventory
+	var bad []error
+	for _, kv := range r.Kvs {
+		inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, *inv)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out, bad, nil
+}
+
+// Events lists the decision events, oldest first; job "" means all.
+// Malformed events are returned as problems.
+func (s *Store) Events(ctx context.Context, job string) ([]Event, []error, error) {
+	evs, bad, _, err := s.EventsAt(ctx, job)
+	return evs, bad, err
+}
+
+// EventsAt is Events plus the etcd revision it read at: watching the events
+// prefix from the revision after it misses none and repeats none.
+func (s *Store) EventsAt(ctx context.Context, job string) ([]Event, []error, int64, error) {
+	prefix := s.Keys.EventsPrefix()
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	var out []Event
+	var bad []error
+	for _, kv := range r.Kvs {
+		e, err := DecodeEvent(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		if e.Concerns(job) {
+			out = append(out, *e)
+		}
+	}
+	return out, bad, r.Header.Revision, nil
+}
+
+// DecodeEvent decodes an event read from key.
+func DecodeEvent(key string, v []byte) (*Event, error) {
+	var e Event
+	if err := json.Unmarshal(v, &e); err != nil {
+		return nil, fmt.Errorf("malformed event at %s: %w (value %q)", key, err, clip(v))
+	}
+	return &e, nil
+}
+
+// MarkFinished records the first finish of a job (later ones are ignored).
+func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
+	key := s.Keys.Finish(job)
+	op, err := putOp(key, f)
+	if err != nil {
+		return err
+	}
+	if _, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(op).Commit(); err != nil {
+		return fmt.Errorf("write %s: %w", key, err)
+	}
+	return nil
+}
+
+// Finished returns the finish record of every finished job; malformed
+// records are returned as problems.
+func (s *Store) Finished(ctx context.Context) (map[string]Finish, []error, error) {
+	prefix := s.Keys.FinishedPrefix()
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list finished jobs: %w", err)
+	}
+	out := map[string]Finish{}
+	var bad []error
+	for _, kv := range r.Kvs {
+		var f Finish
+		if err := json.Unmarshal(kv.Value, &f); err != nil {
+			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
+			continue
+		}
+		out[strings.TrimPrefix(string(kv.Key), prefix)] = f
+	}
+	return out, bad, nil
 }

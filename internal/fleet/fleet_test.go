@@ -25,26 +25,26 @@ func TestEventsAtAndWatchFromItsRevision(t *testing.T) {
 		t.Helper()
 		e := fleet.Event{Time: time.Unix(1_800_000_000+int64(sec), 0), Reason: r}
 		b, _ := json.Marshal(e)
-		if _, err := cli.Put(ctx, st.EventKey(e), string(b)); err != nil {
+		if _, err := cli.Put(ctx, st.Keys.Event(e.Time, e.Job), string(b)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	put(1, policy.Reason{Job: "sweep", Kind: policy.KindAdmitted})
 	put(2, policy.Reason{Job: "sweep", Kind: policy.KindShrunk, For: []string{"prod"}})
 	put(3, policy.Reason{Job: "other", Kind: policy.KindAdmitted})
-	evs, rev, err := st.EventsAt(ctx, "prod")
+	evs, _, rev, err := st.EventsAt(ctx, "prod")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(evs) != 1 || evs[0].Job != "sweep" || evs[0].Kind != policy.KindShrunk {
 		t.Fatalf("events concerning prod: %+v, want sweep's shrink for it", evs)
 	}
-	if all, _ := st.Events(ctx, ""); len(all) != 3 {
+	if all, _, _ := st.Events(ctx, ""); len(all) != 3 {
 		t.Errorf("all events: %d, want 3", len(all))
 	}
 	// Written between the history read and the watch: still seen.
 	put(4, policy.Reason{Job: "prod", Kind: policy.KindAdmitted})
-	w := cli.Watch(ctx, st.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	w := cli.Watch(ctx, st.Keys.EventsPrefix(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	select {
 	case resp := <-w:
 		if len(resp.Events) != 1 {

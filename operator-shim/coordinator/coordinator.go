@@ -1,25 +1,25 @@
 // Package coordinator is the daemon around the policy engine: it watches
-// the fleet, teams and jobs in etcd, runs policy.Schedule, and writes the
-// allocations (size and placement), each job's target size for the
-// rendezvous, a status and an event for every decision. Two coordinators
+// the fleet, teams and jobs in etcd, runs policy.Schedule, and writes each
+// job's desired record (size, placement, or why it was stopped: one record,
+// one put), a status and an event for every decision. Two coordinators
 // can run for HA: leadership is an etcd election, and every write is a
 // transaction that only succeeds while this coordinator is the leader.
 package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
-	"strconv"
+	"sort"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -76,7 +76,7 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 		cfg.Identity = defaultIdentity()
 	}
 	st := fleet.New(cli, cfg.Prefix)
-	cfg.Prefix = st.Prefix
+	cfg.Prefix = st.Keys.Prefix()
 	return &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity)}
 }
 
@@ -103,7 +103,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("coordinator session: %w", err)
 	}
 	defer sess.Close()
-	el := concurrency.NewElection(sess, c.store.Key("coordinator", "leader"))
+	el := concurrency.NewElection(sess, c.store.Keys.Leader())
 	if err := el.Campaign(ctx, c.cfg.Identity); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
@@ -118,8 +118,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
 
 	// Watch what the engine reads: nodes, teams, job specs.
-	wch := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithFilterDelete())
-	del := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.cfg.Prefix+"/", clientv3.WithPrefix(), clientv3.WithFilterPut())
+	wch := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.store.Keys.Root(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
+	del := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.store.Keys.Root(), clientv3.WithPrefix(), clientv3.WithFilterPut())
 	tick := time.NewTicker(c.cfg.Resync)
 	defer tick.Stop()
 	dirty := true
@@ -165,8 +165,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 func (c *Coordinator) relevant(evs []*clientv3.Event) bool {
 	for _, e := range evs {
 		k := string(e.Kv.Key)
-		for _, p := range []string{"/nodes/", "/teams/", "/specs/", "/finished/"} {
-			if strings.HasPrefix(k, c.cfg.Prefix+p) {
+		for _, p := range []string{c.store.Keys.NodesPrefix(), c.store.Keys.TeamsPrefix(), c.store.Keys.SpecsPrefix(), c.store.Keys.FinishedPrefix()} {
+			if strings.HasPrefix(k, p) {
 				return true
 			}
 		}
@@ -198,47 +198,60 @@ func NodeFromInventory(inv devices.Inventory) policy.Node {
 
 // State reads the engine's input from etcd.
 func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
+	st, _, err := c.read(ctx)
+	return st, err
+}
+
+// read is State plus every job's desired record, by job.
+func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.Desired, error) {
 	st := policy.State{Now: c.cfg.Now(), Config: c.cfg.Engine}
 	invs, bad, err := c.store.Nodes(ctx)
 	if err != nil {
-		return st, err
+		return st, nil, err
 	}
-	for _, b := range bad {
-		c.log.Warn("ignoring node", "err", b)
-	}
+	c.logBad("node", bad)
 	for _, inv := range invs {
 		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
 	}
 	if st.Teams, bad, err = c.store.Teams(ctx); err != nil {
-		return st, err
+		return st, nil, err
 	}
-	for _, b := range bad {
-		c.log.Warn("ignoring team", "err", b)
-	}
+	c.logBad("team", bad)
 	specs, bad, err := c.store.Jobs(ctx)
 	if err != nil {
-		return st, err
+		return st, nil, err
 	}
-	for _, b := range bad {
-		c.log.Warn("ignoring job", "err", b)
-	}
-	finished, err := c.store.Finished(ctx)
+	c.logBad("job", bad)
+	finished, bad, err := c.store.Finished(ctx)
 	if err != nil {
-		return st, err
+		return st, nil, err
 	}
+	c.logBad("finish record", bad)
 	for _, s := range specs {
 		if _, done := finished[s.Name]; done {
 			continue // succeeded or failed: its capacity is released
 		}
 		st.Jobs = append(st.Jobs, s.Job)
 	}
-	if st.Allocations, bad, err = c.store.Allocations(ctx); err != nil {
-		return st, err
+	ds, bad, err := c.store.DesiredAll(ctx)
+	if err != nil {
+		return st, nil, err
 	}
+	c.logBad("desired record", bad)
+	desired := make(map[string]fleet.Desired, len(ds))
+	for _, d := range ds {
+		desired[d.Job] = d
+		if d.Running() {
+			st.Allocations = append(st.Allocations, d.Allocation)
+		}
+	}
+	return st, desired, nil
+}
+
+func (c *Coordinator) logBad(what string, bad []error) {
 	for _, b := range bad {
-		c.log.Warn("ignoring allocation", "err", b)
+		c.log.Warn("ignoring malformed "+what, "err", b)
 	}
-	return st, nil
 }
 
 // Cycle runs the engine once and writes what changed, guarded by leader.
@@ -249,7 +262,7 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 
 // cycle is Cycle; again says a follow-up cycle is due (a job was preempted).
 func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
-	st, err := c.State(ctx)
+	st, desired, err := c.read(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -257,77 +270,21 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	for _, p := range d.Problems {
 		c.log.Warn("invalid input ignored", "object", p.Object, "name", p.Name, "err", p.Error)
 	}
-	statuses, err := c.store.Statuses(ctx)
+	statuses, bad, err := c.store.Statuses(ctx)
 	if err != nil {
 		return false, err
 	}
-	old := map[string]policy.Allocation{}
-	for _, a := range st.Allocations {
-		old[a.Job] = a
+	c.logBad("status", bad)
+	ops, again, err := c.writes(d, desired, statuses)
+	if err != nil {
+		return false, err
 	}
-	var ops []clientv3.Op
-	put := func(key string, v any) {
-		b, _ := json.Marshal(v)
-		ops = append(ops, clientv3.OpPut(key, string(b)))
-	}
-	now := d.Now
-	for _, a := range d.Allocations {
-		prev, ok := old[a.Job]
-		if !ok { // (re)admitted: a stop record of an earlier run is stale
-			ops = append(ops, clientv3.OpDelete(c.store.StopKey(a.Job)))
-		}
-		if !ok || !reflect.DeepEqual(prev, a) {
-			put(c.store.AllocationKey(a.Job), a)
-			ops = append(ops, clientv3.OpPut(c.store.TargetKey(a.Job), strconv.Itoa(a.Size)))
-			put(c.store.PlacementKey(a.Job), a.Nodes)
-		}
-		delete(old, a.Job)
-	}
-	reasons := map[string]policy.Reason{}
-	for _, r := range d.Reasons {
-		reasons[r.Job] = r
-	}
-	for job := range old { // preempted, suspended or deleted
-		// The stop record is written before (or in the same transaction
-		// as) the allocation's delete, so a node agent that drains the job
-		// on that delete finds it, and the workers are told "preemption"
-		// or "shutdown" rather than "drain".
-		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
-		if r, ok := reasons[job]; ok {
-			stop.Reason = r.Message
-			if r.Kind == policy.KindPreempted {
-				stop.Kind = fleet.StopPreemption
-			}
-		}
-		put(c.store.StopKey(job), stop)
-		ops = append(ops, clientv3.OpDelete(c.store.AllocationKey(job)),
-			clientv3.OpPut(c.store.TargetKey(job), "0"), clientv3.OpDelete(c.store.PlacementKey(job)))
-	}
-	for _, job := range d.Released {
-		ops = append(ops, clientv3.OpDelete(c.store.StatusKey(job)))
-	}
-	for _, r := range d.Reasons {
-		prev, had := statuses[r.Job]
-		s := fleet.Status{Reason: r, Time: now, Since: now}
-		changed := !had || prev.Kind != r.Kind || prev.Code != r.Code || prev.FromSize != r.FromSize || prev.ToSize != r.ToSize || prev.Message != r.Message
-		if had && prev.Kind == r.Kind && prev.Code == r.Code {
-			s.Since = prev.Since
-		}
-		if changed {
-			put(c.store.StatusKey(r.Job), s)
-		}
-		again = again || r.Kind == policy.KindPreempted
-		if event(r, prev.Reason, had) {
-			e := fleet.Event{Time: now, Reason: r}
-			put(c.store.EventKey(e), e)
-		}
-	}
-	put(c.store.Key("coordinator", "usage"), d.Teams)
 	if c.cfg.OnDecision != nil {
 		c.cfg.OnDecision(d)
 	}
 	// etcd caps a transaction at 128 operations by default; write in
-	// chunks, each still guarded by leadership.
+	// chunks, each guarded by leadership. Each job's desired record is one
+	// put, so a job never sees half a decision.
 	for len(ops) > 0 {
 		n := min(len(ops), 100)
 		r, err := c.cli.Txn(ctx).If(leader).Then(ops[:n]...).Commit()
@@ -340,6 +297,79 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		ops = ops[n:]
 	}
 	return again, nil
+}
+
+// writes turns a decision into the etcd writes it needs: a job's desired
+// record only when it changed, statuses when they changed, events, usage.
+func (c *Coordinator) writes(d policy.Decision, desired map[string]fleet.Desired, statuses map[string]fleet.Status) (ops []clientv3.Op, again bool, err error) {
+	add := func(op clientv3.Op, e error) {
+		if e != nil && err == nil {
+			err = e
+		}
+		ops = append(ops, op)
+	}
+	running := make(map[string]bool, len(d.Allocations))
+	for _, a := range d.Allocations {
+		running[a.Job] = true
+		prev, had := desired[a.Job]
+		if had && prev.Running() && reflect.DeepEqual(prev.Allocation, a) {
+			continue
+		}
+		add(c.store.PutDesiredOp(fleet.Desired{Allocation: a, Generation: prev.Generation + 1}))
+	}
+	reasons := map[string]policy.Reason{}
+	for _, r := range d.Reasons {
+		reasons[r.Job] = r
+	}
+	jobs := make([]string, 0, len(desired))
+	for job := range desired {
+		jobs = append(jobs, job)
+	}
+	sort.Strings(jobs)
+	for _, job := range jobs { // preempted, suspended or deleted
+		prev := desired[job]
+		if running[job] || !prev.Running() {
+			continue
+		}
+		// The workers are told "preemption" or "shutdown", with the reason,
+		// rather than "drain": the stop travels in the same record that
+		// takes the nodes away.
+		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
+		if r, ok := reasons[job]; ok {
+			stop.Reason = r.Message
+			if r.Kind == policy.KindPreempted {
+				stop.Kind = fleet.StopPreemption
+			}
+		}
+		add(c.store.PutDesiredOp(fleet.Desired{
+			Allocation: api.Allocation{Job: job, Team: prev.Team, Flavor: prev.Flavor},
+			Generation: prev.Generation + 1, Stop: &stop,
+		}))
+	}
+	for _, job := range d.Released {
+		ops = append(ops, c.store.DeleteStatusOp(job))
+	}
+	now := d.Now
+	for _, r := range d.Reasons {
+		prev, had := statuses[r.Job]
+		s := fleet.Status{Reason: r, Time: now, Since: now}
+		changed := !had || prev.Kind != r.Kind || prev.Code != r.Code || prev.FromSize != r.FromSize || prev.ToSize != r.ToSize || prev.Message != r.Message
+		if had && prev.Kind == r.Kind && prev.Code == r.Code {
+			s.Since = prev.Since
+		}
+		if changed {
+			add(c.store.PutStatusOp(s))
+		}
+		again = again || r.Kind == policy.KindPreempted
+		if event(r, prev.Reason, had) {
+			add(c.store.PutEventOp(fleet.Event{Time: now, Reason: r}))
+		}
+	}
+	add(c.store.PutUsageOp(d.Teams))
+	if err != nil {
+		return nil, false, fmt.Errorf("encode decision: %w", err)
+	}
+	return ops, again, nil
 }
 
 // event says whether a decision is worth an event: every change of size or

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -39,8 +40,8 @@ func waitTarget(t *testing.T, ctx context.Context, cli *clientv3.Client, job, wa
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		r, err := cli.Get(ctx, "/hyperpodrun/jobs/"+job+"/target")
-		if err == nil && len(r.Kvs) == 1 && string(r.Kvs[0].Value) == want {
+		d, err := fleet.New(cli, "").Desired(ctx, job)
+		if err == nil && strconv.Itoa(d.Target()) == want {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -76,10 +77,9 @@ func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {
 	if err != nil || len(a.Nodes) != 3 {
 		t.Fatalf("allocation %+v %v", a, err)
 	}
-	r, _ := cli.Get(ctx, "/hyperpodrun/jobs/j/placement")
-	var placement []string
-	if len(r.Kvs) != 1 || json.Unmarshal(r.Kvs[0].Value, &placement) != nil || len(placement) != 3 {
-		t.Fatalf("placement %v", r.Kvs)
+	d, err := st.Desired(ctx, "j")
+	if err != nil || len(d.Nodes) != 3 || d.Size != 3 || d.Generation < 1 || d.Stop != nil {
+		t.Fatalf("desired record %+v %v, want 3 placed nodes", d, err)
 	}
 	// The leader goes away; the other coordinator takes over and keeps scheduling.
 	first := leaderIdentity(t, ctx, cli)
@@ -129,57 +129,52 @@ func TestMalformedInputsAreIgnoredNotFatal(t *testing.T) {
 	waitTarget(t, ctx, cli, "ok", "1")
 }
 
-// stopRecord reads /hyperpodrun/jobs/<job>/stopped (nil when absent).
+// stopRecord reads why the job's desired record stopped it (nil when it
+// did not).
 func stopRecord(t *testing.T, ctx context.Context, cli *clientv3.Client, job string) *fleet.Stop {
 	t.Helper()
-	r, err := cli.Get(ctx, fleet.New(cli, "").StopKey(job))
+	d, err := fleet.New(cli, "").Desired(ctx, job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Kvs) == 0 {
+	if d == nil {
 		return nil
 	}
-	var s fleet.Stop
-	if err := json.Unmarshal(r.Kvs[0].Value, &s); err != nil {
-		t.Fatalf("stop record %q: %v", r.Kvs[0].Value, err)
-	}
-	return &s
+	return d.Stop
 }
 
-// A job that loses its whole allocation gets a stop record saying why
-// (preemption or shutdown) before its allocation disappears, so the node
-// agents' drain reaches the workers as the right event kind; the record is
-// removed when the job is admitted again.
+// A job that loses its whole allocation has it taken away by the same
+// desired record that says why (preemption or shutdown), so the node
+// agents' drain reaches the workers as the right event kind; the stop is
+// gone when the job is admitted again.
 func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 	cli, ctx := setup(t)
 	st := fleet.New(cli, "")
 	st.PutTeam(ctx, policy.Team{Name: "a", Preemption: policy.PreemptLowerPriority,
 		Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 48}}})
-	// Every write of the allocation key is checked: the stop record must
-	// already be there when a node agent sees the allocation deleted.
+	// Every write of the desired record is checked: the one that takes the
+	// nodes away is the one that says why, and generations only grow.
 	wctx, wcancel := context.WithCancel(ctx)
 	deletes := make(chan *fleet.Stop, 10)
-	wch := cli.Watch(wctx, st.AllocationKey("low"))
+	wch := cli.Watch(wctx, st.Keys.Desired("low"))
 	watched := make(chan struct{})
 	defer func() { wcancel(); <-watched }()
 	go func() {
 		defer close(watched)
+		gen := int64(0)
 		for w := range wch {
 			for _, ev := range w.Events {
-				if ev.Type != clientv3.EventTypeDelete {
+				d, err := fleet.DecodeDesired(string(ev.Kv.Key), ev.Kv.Value)
+				if err != nil || d.Generation <= gen {
+					t.Errorf("desired record %s: %+v %v, want a generation above %d", ev.Kv.Value, d, err, gen)
 					continue
 				}
-				// The record as of the delete's revision, not later.
-				var s *fleet.Stop
-				r, err := cli.Get(ctx, st.StopKey("low"), clientv3.WithRev(ev.Kv.ModRevision))
-				if err == nil && len(r.Kvs) == 1 {
-					s = &fleet.Stop{}
-					if json.Unmarshal(r.Kvs[0].Value, s) != nil {
-						s = nil
-					}
+				gen = d.Generation
+				if d.Running() {
+					continue
 				}
 				select {
-				case deletes <- s:
+				case deletes <- d.Stop:
 				case <-wctx.Done():
 					return
 				}
@@ -232,7 +227,7 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 // leaderIdentity is the identity of the elected coordinator ("" if none).
 func leaderIdentity(t *testing.T, ctx context.Context, cli *clientv3.Client) string {
 	t.Helper()
-	r, err := cli.Get(ctx, fleet.New(cli, "").Key("coordinator", "leader")+"/", append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
+	r, err := cli.Get(ctx, fleet.New(cli, "").Keys.Leader()+"/", append(clientv3.WithFirstCreate(), clientv3.WithPrefix())...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +248,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	el := concurrency.NewElection(sess, st.Key("coordinator", "leader"))
+	el := concurrency.NewElection(sess, st.Keys.Leader())
 	if err := el.Campaign(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
@@ -273,7 +268,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sess2.Close()
-	el2 := concurrency.NewElection(sess2, st.Key("coordinator", "leader"))
+	el2 := concurrency.NewElection(sess2, st.Keys.Leader())
 	if err := el2.Campaign(ctx, "new"); err != nil {
 		t.Fatal(err)
 	}

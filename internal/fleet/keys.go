@@ -1,0 +1,227 @@
+package fleet
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// DefaultPrefix is the etcd prefix of every hyperpodrun key. It is defined
+// here and nowhere else.
+const DefaultPrefix = "/hyperpodrun"
+
+// Keys names every key of the etcd layout (docs/internals.md) under one
+// prefix. It is the only place a key is formatted: every other package asks
+// it for the keys it reads and writes. The zero value uses DefaultPrefix.
+type Keys struct {
+	prefix string
+}
+
+// NewKeys returns the layout under prefix ("" means DefaultPrefix; a
+// trailing slash is dropped).
+func NewKeys(prefix string) Keys {
+	return Keys{prefix: NormalizePrefix(prefix)}
+}
+
+// NormalizePrefix applies the default and drops a trailing slash.
+func NormalizePrefix(prefix string) string {
+	prefix = strings.TrimRight(prefix, "/")
+	if prefix == "" {
+		return DefaultPrefix
+	}
+	return prefix
+}
+
+// Prefix is the layout's prefix, without a trailing slash.
+func (k Keys) Prefix() string {
+	if k.prefix == "" {
+		return DefaultPrefix
+	}
+	return k.prefix
+}
+
+func (k Keys) under(dir string) string { return k.Prefix() + "/" + dir + "/" }
+
+// Root is the prefix of every key of the layout ("<prefix>/").
+func (k Keys) Root() string { return k.Prefix() + "/" }
+
+// TeamsPrefix is the prefix of every team record.
+func (k Keys) TeamsPrefix() string { return k.under("teams") }
+
+// Team is a team's record: api.Team.
+func (k Keys) Team(team string) string { return k.TeamsPrefix() + team }
+
+// SpecsPrefix is the prefix of every job spec.
+func (k Keys) SpecsPrefix() string { return k.under("specs") }
+
+// Spec is a job's spec: JobSpec.
+func (k Keys) Spec(job string) string { return k.SpecsPrefix() + job }
+
+// DesiredPrefix is the prefix of every desired record.
+func (k Keys) DesiredPrefix() string { return k.under("desired") }
+
+// Desired is the coordinator's one record of what it wants of a job:
+// Desired (size, nodes, stop, generation).
+func (k Keys) Desired(job string) string { return k.DesiredPrefix() + job }
+
+// StatusPrefix is the prefix of every status record.
+func (k Keys) StatusPrefix() string { return k.under("status") }
+
+// Status is a job's latest decision: Status.
+func (k Keys) Status(job string) string { return k.StatusPrefix() + job }
+
+// EventsPrefix is the prefix of the decision events, in time order.
+func (k Keys) EventsPrefix() string { return k.under("events") }
+
+// Event names a decision event: time-ordered.
+func (k Keys) Event(t time.Time, job string) string {
+	return k.EventsPrefix() + fmt.Sprintf("%020d-%s", t.UnixNano(), job)
+}
+
+// NodesPrefix is the prefix of every node inventory.
+func (k Keys) NodesPrefix() string { return k.under("nodes") }
+
+// Node is a node's inventory (devices.Inventory), under its agent's lease.
+func (k Keys) Node(node string) string { return k.NodesPrefix() + node }
+
+// FinishedPrefix is the prefix of every finish record. Finish records have
+// a prefix of their own: the coordinator lists them every cycle, and under
+// jobs/ it would read every running job's rendezvous keys too.
+func (k Keys) FinishedPrefix() string { return k.under("finished") }
+
+// Finish is a job's finish record: Finish.
+func (k Keys) Finish(job string) string { return k.FinishedPrefix() + job }
+
+// Usage is the teams' usage of the last decision: []api.TeamUsage.
+func (k Keys) Usage() string { return k.Prefix() + "/coordinator/usage" }
+
+// Leader is the coordinators' concurrency.Election prefix.
+func (k Keys) Leader() string { return k.Prefix() + "/coordinator/leader" }
+
+// Job is the prefix of everything a running job keeps: its rendezvous,
+// restart count, checkpoint record and ready barriers.
+func (k Keys) Job(job string) string { return k.under("jobs") + job + "/" }
+
+// Restarts is a job's global failure-restart count: a decimal (Count).
+func (k Keys) Restarts(job string) string { return k.Job(job) + "restarts" }
+
+// RestartsCounted is the last round whose failure was counted in Restarts:
+// a decimal (Count). It is written with Restarts in one transaction so a
+// round's failure is counted once however many closers see it.
+func (k Keys) RestartsCounted(job string) string { return k.Job(job) + "restarts-counted" }
+
+// Checkpoint is a job's latest committed checkpoint (checkpoint.Record).
+func (k Keys) Checkpoint(job string) string { return k.Job(job) + "checkpoint" }
+
+// ReadyPrefix is the prefix of a job's ready barriers.
+func (k Keys) ReadyPrefix(job string) string { return k.Job(job) + "ready/" }
+
+// ReadyRound is the prefix of round's ready barrier; keys under it sort by
+// round, so every older round's barrier lies before ReadyRound(job, round).
+func (k Keys) ReadyRound(job string, round int64) string {
+	return k.ReadyPrefix(job) + Hex16(round) + "/"
+}
+
+// Ready marks node ready for round: its previous workers are gone.
+func (k Keys) Ready(job string, round int64, node string) string {
+	return k.ReadyRound(job, round) + node
+}
+
+// Rdzv is the key layout of a job's rendezvous.
+func (k Keys) Rdzv(job string) RdzvKeys {
+	r := k.Job(job) + "rdzv/"
+	return RdzvKeys{
+		Base:     r,
+		Nodes:    r + "n/",
+		Members:  r + "n/m/",
+		Queue:    r + "q/",
+		Acks:     r + "n/a/",
+		Failures: r + "n/f/",
+		Done:     r + "n/d/",
+		Head:     r + "r/head",
+		Chunks:   r + "r/c/",
+	}
+}
+
+// RdzvKeys is the layout of one job's rendezvous; its records are private
+// to package rendezvous.
+//
+//	rdzv/n/m/<node>             member record, JSON, under the node's lease
+//	rdzv/q/<inverted rev>       queue entry -> node id, under the node's lease
+//	rdzv/n/a/<node>             the node's acknowledgement of a proposal, under its lease
+//	rdzv/n/f/<round>            first failure report of a round (no lease)
+//	rdzv/n/d/<round>            first node that finished a round (no lease)
+//	rdzv/r/head                 round header, JSON; written only by the closer
+//	rdzv/r/c/<round>/<nonce>/<i> member chunks of a round; written only by the closer
+//
+// Nodes write only keys that name themselves (m, q, a) or a round (f, d,
+// guarded by create-revision 0); the closer alone writes under r/. The
+// closer watches n/ (not q/, which only orders the closer election).
+type RdzvKeys struct {
+	Base                 string // prefix of the whole rendezvous
+	Nodes                string // prefix of everything nodes write
+	Members, Queue, Acks string
+	Failures, Done       string
+	Head, Chunks         string
+}
+
+// Member is a node's member record.
+func (k RdzvKeys) Member(node string) string { return k.Members + node }
+
+// Ack is a node's acknowledgement of a proposal.
+func (k RdzvKeys) Ack(node string) string { return k.Acks + node }
+
+// QueueKey sorts queue entries newest first: the first key after a node's
+// own entry is its predecessor (the youngest older node), found with a plain
+// ascending range of limit 1 (etcd can push the limit down only for
+// ascending key order; sorting by create revision reads the whole prefix).
+func (k RdzvKeys) QueueKey(rev int64) string {
+	return k.Queue + fmt.Sprintf("%016x", uint64(math.MaxInt64-rev))
+}
+
+// Failure is the first failure report of round.
+func (k RdzvKeys) Failure(round int64) string { return k.Failures + Hex16(round) }
+
+// DoneKey is the first node that finished round.
+func (k RdzvKeys) DoneKey(round int64) string { return k.Done + Hex16(round) }
+
+// RoundChunks is the prefix of every member chunk of round; keys under
+// Chunks sort by round.
+func (k RdzvKeys) RoundChunks(round int64) string { return k.Chunks + Hex16(round) + "/" }
+
+// ChunkPrefix is the prefix of round's member chunks under its nonce.
+func (k RdzvKeys) ChunkPrefix(round int64, nonce string) string {
+	return k.RoundChunks(round) + nonce + "/"
+}
+
+// Chunk is one member chunk of a round.
+func (k RdzvKeys) Chunk(round int64, nonce string, i int) string {
+	return fmt.Sprintf("%s%06d", k.ChunkPrefix(round, nonce), i)
+}
+
+// Hex16 renders a round number as the fixed-width segment that makes keys
+// sort by round.
+func Hex16(n int64) string { return fmt.Sprintf("%016x", uint64(n)) }
+
+// Documented lists every key of the layout, with placeholders (<job>,
+// <team>, <node>, <round>, <unix-nanos>), as docs/internals.md's table
+// does; a test keeps the two in step.
+func (k Keys) Documented() []string {
+	return []string{
+		k.Rdzv("<job>").Base + "...",
+		k.Restarts("<job>"),
+		k.RestartsCounted("<job>"),
+		k.Checkpoint("<job>"),
+		k.ReadyPrefix("<job>") + "<round>/<node>",
+		k.Desired("<job>"),
+		k.Finish("<job>"),
+		k.Node("<node>"),
+		k.Team("<team>"),
+		k.Spec("<job>"),
+		k.Status("<job>"),
+		k.Usage(),
+		k.EventsPrefix() + "<unix-nanos>-<job>",
+		k.Leader(),
+	}
+}

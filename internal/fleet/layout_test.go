@@ -1,0 +1,108 @@
+package fleet
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The table of docs/internals.md lists exactly the keys this package
+// names: a key added here without its row, or a row left behind, fails.
+func TestDocsTableMatchesTheLayout(t *testing.T) {
+	b, err := os.ReadFile("../../docs/internals.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("^\\| `(/hyperpodrun/[^`]*)` \\|")
+	var documented []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := row.FindStringSubmatch(l); m != nil {
+			documented = append(documented, m[1])
+		}
+	}
+	want := NewKeys("").Documented()
+	for _, k := range want {
+		if !slices.Contains(documented, k) {
+			t.Errorf("docs/internals.md has no row for %s", k)
+		}
+	}
+	for _, k := range documented {
+		if !slices.Contains(want, k) {
+			t.Errorf("docs/internals.md documents %s, which package fleet does not name", k)
+		}
+	}
+}
+
+// keyish matches a string that spells part of the etcd layout: the prefix,
+// or one of its top-level or per-job segments next to a slash.
+var keyish = regexp.MustCompile(`^/hyperpodrun(/|$)|(^|/)(jobs|specs|teams|desired|finished|allocations|coordinator|rdzv|ready)/|/(target|placement|stopped|restarts|restarts-counted|checkpoint|desired|specs|teams|jobs|finished|allocations|events|usage|leader)$|^(nodes|status|events)/`)
+
+// No package but this one formats a key: every production Go file of the
+// module is searched for string literals that spell part of the layout.
+func TestNoOtherPackageFormatsAKey(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, _ := filepath.Abs(".")
+	fset := token.NewFileSet()
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path == self || strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if _, ok := n.(*ast.ImportSpec); ok {
+				return false
+			}
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			s, err := strconv.Unquote(lit.Value)
+			if err == nil && keyish.MatchString(s) {
+				rel, _ := filepath.Rel(root, fset.Position(lit.Pos()).Filename)
+				t.Errorf("%s:%d: %q spells an etcd key: ask package fleet (Keys) for it", rel, fset.Position(lit.Pos()).Line, s)
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The test above catches what it is meant to catch.
+func TestKeyishCatchesHandMadeKeys(t *testing.T) {
+	for _, s := range []string{"/hyperpodrun", "/jobs/", "/target", "/placement", "/stopped", "/restarts-counted", "/checkpoint", "allocations/", "specs/", "nodes/", "/ready/"} {
+		if !keyish.MatchString(s) {
+			t.Errorf("keyish misses %q", s)
+		}
+	}
+	for _, s := range []string{"checkpoint", "/proc/%d/stat", "ready", "stopped", "status: ok", "bin/hyperpodrun", "github.com/hyperpodrun/hyperpodrun/agent"} {
+		if keyish.MatchString(s) {
+			t.Errorf("keyish flags %q", s)
+		}
+	}
+}
