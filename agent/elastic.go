@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
@@ -72,11 +73,11 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 		if o.RdzvEndpoint == "" {
 			return &ExitError{2, errors.New("--rdzv-endpoint: give the etcd endpoint(s), e.g. --rdzv-endpoint etcd-0:2379,etcd-1:2379")}
 		}
-		eps, err := rendezvous.ParseEndpoints(strings.Split(o.RdzvEndpoint, ","), "")
-		if err != nil {
-			return &ExitError{2, fmt.Errorf("--rdzv-endpoint: %w", err)}
+		copts.Endpoints = strings.Split(o.RdzvEndpoint, ",")
+		if err := copts.Validate(); err != nil {
+			return &ExitError{2, err}
 		}
-		if cli, err = rendezvous.NewClient(eps, copts); err != nil {
+		if cli, err = etcdconn.Connect(ctx, copts); err != nil {
 			return &ExitError{1, err}
 		}
 		defer cli.Close()

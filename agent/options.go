@@ -1,6 +1,14 @@
-// Package agent is hyperpodrun's per-node agent: it turns a rendezvous
-// decision into running workers (package launcher), restarts them on
-// failure, and (elastic mode) follows the job through rounds on etcd.
+// Package agent is hyperpodrun's elastic agent, the part of the
+// hyperpodrun process (one per node of one job) that plays torch's
+// elastic agent: it turns a rendezvous decision into running workers
+// (package launcher), restarts them on failure, and (elastic mode) follows
+// the job through rounds on etcd, announcing planned changes to its workers
+// through the scale sync signal (package checkpoint).
+//
+// It is not the node agent: that is package agent/nodeagent (the
+// hyperpod-agent daemon, one per node for the whole fleet), whose runner
+// (agent/jobrunner) starts this package's hyperpodrun for each job the
+// coordinator places on its node.
 package agent
 
 import (

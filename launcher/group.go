@@ -287,18 +287,6 @@ func (g *Group) monitor() {
 	close(g.exited)
 }
 
-// PIDs returns the workers' process ids, by local rank.
-func (g *Group) PIDs() []int {
-	out := make([]int, len(g.workers))
-	for i, w := range g.workers {
-		out[i] = w.pid
-	}
-	return out
-}
-
-// Dir is this attempt's log directory ("" when logs are not kept).
-func (g *Group) Dir() string { return g.dir }
-
 // Exited is closed when every worker has exited and its output is drained.
 func (g *Group) Exited() <-chan struct{} { return g.exited }
 

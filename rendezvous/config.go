@@ -3,24 +3,18 @@ package rendezvous
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"net"
-	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -31,8 +25,6 @@ const (
 	DefaultJoinTimeout     = 600 * time.Second
 	DefaultAckTimeout      = 1 * time.Second
 	DefaultMemberListLimit = 256
-	// DefaultDialTimeout bounds how long NewClient waits for etcd to answer.
-	DefaultDialTimeout = 5 * time.Second
 )
 
 // Config configures one node's participation in a job's rendezvous.
@@ -186,20 +178,10 @@ func defaultAddr() string {
 	return "127.0.0.1"
 }
 
-// ClientOptions are the etcd client settings carried by --rdzv-conf.
-type ClientOptions struct {
-	// CACert, Cert and Key are PEM file paths for TLS (cacert, cert, key).
-	CACert, Cert, Key string
-	// User and Password enable etcd authentication.
-	User, Password string
-	// Protocol is "http" or "https" (torch's protocol key); it applies to
-	// endpoints given without a scheme. TLS files imply https.
-	Protocol string
-	// DialTimeout bounds the reachability check (default 5s; dial_timeout).
-	DialTimeout time.Duration
-	// Logger receives the client's own logs (default: discarded).
-	Logger *zap.Logger
-}
+// ClientOptions are the etcd client settings carried by --rdzv-conf
+// (cacert, cert, key, user, password, protocol, dial_timeout); package
+// etcdconn connects with them, naming hyperpodrun's flags in its errors.
+type ClientOptions = etcdconn.Options
 
 var confKeys = []string{
 	"ack_timeout", "cacert", "cert", "dial_timeout", "join_timeout", "key",
@@ -214,7 +196,7 @@ var confKeys = []string{
 // protocol, dial_timeout. An unknown key is an error naming it and the valid
 // ones.
 func ParseConf(conf string, cfg *Config) (ClientOptions, error) {
-	var opts ClientOptions
+	opts := ClientOptions{Flags: etcdconn.RdzvFlags}
 	for _, kv := range strings.Split(conf, ",") {
 		kv = strings.TrimSpace(kv)
 		if kv == "" {
@@ -286,136 +268,4 @@ func parseSeconds(k, v string) (time.Duration, error) {
 		return 0, fmt.Errorf("rendezvous: --rdzv-conf %s=%s: want a positive number of seconds (e.g. 2.5) or a duration (e.g. 1500ms)", k, v)
 	}
 	return d, nil
-}
-
-// ParseEndpoints splits --rdzv-endpoint values ("host:port", URLs, several
-// comma-separated) into etcd client URLs. scheme applies to bare host:port
-// entries ("http" when empty).
-func ParseEndpoints(endpoints []string, scheme string) ([]string, error) {
-	if scheme == "" {
-		scheme = "http"
-	}
-	var out []string
-	for _, e := range endpoints {
-		for _, ep := range strings.Split(e, ",") {
-			ep = strings.TrimSpace(ep)
-			if ep == "" {
-				continue
-			}
-			if !strings.Contains(ep, "://") {
-				if _, _, err := net.SplitHostPort(ep); err != nil {
-					// torchrun accepts a bare host; etcd's default client port.
-					ep = net.JoinHostPort(strings.Trim(ep, "[]"), "2379")
-				}
-				ep = scheme + "://" + ep
-			}
-			u, err := url.Parse(ep)
-			if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "unix" && u.Scheme != "unixs") {
-				return nil, fmt.Errorf("rendezvous: bad etcd endpoint %q: want host:port or http(s)://host:port", ep)
-			}
-			out = append(out, ep)
-		}
-	}
-	if len(out) == 0 {
-		return nil, errors.New("rendezvous: no etcd endpoint given (--rdzv-endpoint host:port[,host:port...])")
-	}
-	return slices.Compact(out), nil
-}
-
-// NewClient connects to etcd and checks that it answers. endpoints may hold
-// "host:port" or URLs, several comma-separated. It fails with a clear error
-// ("cannot reach etcd at ...") when no endpoint answers within the dial
-// timeout.
-func NewClient(endpoints []string, opts ClientOptions) (*clientv3.Client, error) {
-	scheme := opts.Protocol
-	var tlsCfg *tls.Config
-	if opts.CACert != "" || opts.Cert != "" {
-		if scheme == "" {
-			scheme = "https"
-		}
-		var err error
-		if tlsCfg, err = loadTLS(opts); err != nil {
-			return nil, err
-		}
-	} else if scheme == "https" {
-		tlsCfg = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	eps, err := ParseEndpoints(endpoints, scheme)
-	if err != nil {
-		return nil, err
-	}
-	timeout := opts.DialTimeout
-	if timeout <= 0 {
-		timeout = DefaultDialTimeout
-	}
-	lg := opts.Logger
-	if lg == nil {
-		lg = zap.NewNop()
-	}
-	joined := strings.Join(eps, ",")
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            eps,
-		DialTimeout:          timeout,
-		DialKeepAliveTime:    10 * time.Second,
-		DialKeepAliveTimeout: 3 * time.Second,
-		TLS:                  tlsCfg,
-		Username:             opts.User,
-		Password:             opts.Password,
-		Logger:               lg,
-		MaxCallSendMsgSize:   4 << 20,
-		MaxCallRecvMsgSize:   64 << 20,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach etcd at %s: %w; check --rdzv-endpoint", joined, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := probe(ctx, cli, eps); err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("cannot reach etcd at %s within %s: %w; check --rdzv-endpoint (and TLS/auth in --rdzv-conf)", joined, timeout, err)
-	}
-	return cli, nil
-}
-
-// probe succeeds when any endpoint answers a Status call.
-func probe(ctx context.Context, cli *clientv3.Client, eps []string) error {
-	errc := make(chan error, len(eps))
-	for _, ep := range eps {
-		go func() {
-			_, err := cli.Status(ctx, ep)
-			errc <- err
-		}()
-	}
-	var errs []error
-	for range eps {
-		err := <-errc
-		if err == nil {
-			return nil
-		}
-		errs = append(errs, err)
-	}
-	return errs[0]
-}
-
-func loadTLS(opts ClientOptions) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if opts.CACert != "" {
-		pem, err := os.ReadFile(opts.CACert)
-		if err != nil {
-			return nil, fmt.Errorf("rendezvous: read cacert: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("rendezvous: cacert %s holds no PEM certificate", opts.CACert)
-		}
-		cfg.RootCAs = pool
-	}
-	if opts.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(opts.Cert, opts.Key)
-		if err != nil {
-			return nil, fmt.Errorf("rendezvous: load cert/key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
 }

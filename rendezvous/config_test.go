@@ -47,26 +47,6 @@ func TestParseConf(t *testing.T) {
 	}
 }
 
-func TestParseEndpoints(t *testing.T) {
-	got, err := ParseEndpoints([]string{"h1:2379,https://h2:2380", " 10.0.0.1:1 ", "h3"}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "http://h1:2379 https://h2:2380 http://10.0.0.1:1 http://h3:2379"
-	if strings.Join(got, " ") != want {
-		t.Fatalf("got %v want %s", got, want)
-	}
-	if got, _ := ParseEndpoints([]string{"h:1"}, "https"); got[0] != "https://h:1" {
-		t.Fatalf("scheme: %v", got)
-	}
-	if _, err := ParseEndpoints([]string{" , "}, ""); err == nil || !strings.Contains(err.Error(), "--rdzv-endpoint") {
-		t.Fatalf("empty: %v", err)
-	}
-	if _, err := ParseEndpoints([]string{"ftp://h:1"}, ""); err == nil {
-		t.Fatal("ftp endpoint accepted")
-	}
-}
-
 func TestConfigValidation(t *testing.T) {
 	base := Config{JobID: "j", NodeID: "n", Addr: "a", LocalWorldSize: 1, MinNodes: 1, MaxNodes: 1}
 	for name, mut := range map[string]func(*Config){

@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -188,6 +189,16 @@ func (h *harness) register(ctx context.Context, cfgs ...Config) []*Node {
 		out = append(out, n)
 	}
 	return out
+}
+
+// NewClient connects the way hyperpodrun does, with the options
+// --rdzv-conf carries.
+func NewClient(endpoints []string, opts ClientOptions) (*clientv3.Client, error) {
+	opts.Endpoints = endpoints
+	if opts.Flags.Endpoints == "" {
+		opts.Flags = etcdconn.RdzvFlags
+	}
+	return etcdconn.Connect(context.Background(), opts)
 }
 
 // setTarget sets the job's target size the way a coordinator-less

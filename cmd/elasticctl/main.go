@@ -21,9 +21,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
-	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
 func main() {
@@ -183,12 +183,12 @@ func withStore(f action) cli.ActionFunc {
 		if o := c.String("output"); o != "" && o != "table" && o != "json" && o != "yaml" {
 			return usageError{fmt.Errorf("-o %q: choose table, json or yaml", o)}
 		}
-		eps, err := rendezvous.ParseEndpoints(strings.Split(c.String("etcd-endpoints"), ","), "")
-		if err != nil {
-			return usageError{fmt.Errorf("--etcd-endpoints: %w", err)}
+		opts := etcdconn.Options{Endpoints: strings.Split(c.String("etcd-endpoints"), ","),
+			CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")}
+		if err := opts.Validate(); err != nil {
+			return usageError{err}
 		}
-		cli, err := rendezvous.NewClient(eps, rendezvous.ClientOptions{
-			CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")})
+		cli, err := etcdconn.Connect(c.Context, opts)
 		if err != nil {
 			return err
 		}

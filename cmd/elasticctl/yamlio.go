@@ -100,26 +100,6 @@ func (d doc) decode(v any) error {
 	}
 }
 
-// findKey finds the first mapping key named k anywhere in the tree.
-func findKey(n *yaml.Node, k string) *yaml.Node {
-	if n == nil {
-		return nil
-	}
-	if n.Kind == yaml.MappingNode {
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			if n.Content[i].Value == k {
-				return n.Content[i]
-			}
-		}
-	}
-	for _, c := range n.Content {
-		if f := findKey(c, k); f != nil {
-			return f
-		}
-	}
-	return nil
-}
-
 // root is the document's top node.
 func (d doc) root() *yaml.Node {
 	n := d.node

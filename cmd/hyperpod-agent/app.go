@@ -2,24 +2,23 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -178,30 +177,6 @@ func printDevices(c *cli.Context) error {
 	return nil
 }
 
-// etcdTLS builds the client TLS config from the --etcd-* files; nil when
-// none is given.
-func etcdTLS(cacert, cert, key string) (*tls.Config, error) {
-	if cacert == "" && cert == "" && key == "" {
-		return nil, nil
-	}
-	if (cert == "") != (key == "") {
-		return nil, usagef("--etcd-cert and --etcd-key go together")
-	}
-	for flag, f := range map[string]string{"--etcd-cacert": cacert, "--etcd-cert": cert, "--etcd-key": key} {
-		if f == "" {
-			continue
-		}
-		if _, err := os.Stat(f); err != nil {
-			return nil, usagef("%s: %v", flag, err)
-		}
-	}
-	cfg, err := transport.TLSInfo{CertFile: cert, KeyFile: key, TrustedCAFile: cacert}.ClientConfig()
-	if err != nil {
-		return nil, usagef("etcd TLS (--etcd-cacert %q, --etcd-cert %q, --etcd-key %q): %v", cacert, cert, key, err)
-	}
-	return cfg, nil
-}
-
 func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	log, err := newLogger(c)
 	if err != nil {
@@ -222,9 +197,15 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	if !strings.HasPrefix(prefix, "/") || strings.HasSuffix(prefix, "/") && prefix != "/" {
 		return usagef("--etcd-prefix %q: want an absolute key prefix like /hyperpodrun", prefix)
 	}
-	tlsCfg, err := etcdTLS(c.String("etcd-cacert"), c.String("etcd-cert"), c.String("etcd-key"))
-	if err != nil {
-		return err
+	if l := c.String("listen"); l != "" {
+		if _, err := net.ResolveTCPAddr("tcp", l); err != nil {
+			return usagef("--listen %s: %v", l, err)
+		}
+	}
+	conn := etcdconn.Options{CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key"),
+		DialTimeout: c.Duration("etcd-dial-timeout")}
+	if _, err := conn.TLSConfig(); err != nil {
+		return usagef("%v", err)
 	}
 	var endpoints []string
 	for _, e := range c.StringSlice("etcd-endpoints") {
@@ -254,14 +235,12 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			return err
 		}
 	} else {
-		etcdCli, err = clientv3.New(clientv3.Config{
-			Endpoints:   endpoints,
-			DialTimeout: c.Duration("etcd-dial-timeout"),
-			TLS:         tlsCfg,
-			Logger:      zap.NewNop(),
-		})
-		if err != nil {
-			return fmt.Errorf("etcd client: %w", err)
+		conn.Endpoints = endpoints
+		if err := conn.Validate(); err != nil {
+			return usagef("%v", err)
+		}
+		if etcdCli, err = etcdconn.Connect(ctx, conn); err != nil {
+			return err
 		}
 	}
 	defer etcdCli.Close()

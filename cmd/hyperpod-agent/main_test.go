@@ -8,6 +8,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"io"
 	"math/big"
@@ -103,10 +104,12 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 	// Good TLS flags pass validation (the run then fails later, not here).
-	if _, err := etcdTLS(cacert, cert, key); err != nil {
-		t.Errorf("etcdTLS: %v", err)
+	full := etcdconn.Options{CACert: cacert, Cert: cert, Key: key}
+	if _, err := full.TLSConfig(); err != nil {
+		t.Errorf("TLS config: %v", err)
 	}
-	if cfg, err := etcdTLS(cacert, "", ""); err != nil || cfg.RootCAs == nil {
+	caOnly := etcdconn.Options{CACert: cacert}
+	if cfg, err := caOnly.TLSConfig(); err != nil || cfg.RootCAs == nil {
 		t.Errorf("CA-only TLS: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"io"
 	"log/slog"
@@ -24,7 +25,6 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
-	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
 func main() { os.Exit(run(os.Args, os.Stderr)) }
@@ -75,11 +75,11 @@ func serve(c *cli.Context) error {
 		endpoints = srv.Endpoints
 		log.Info("embedded etcd", "endpoints", strings.Join(endpoints, ","))
 	}
-	eps, err := rendezvous.ParseEndpoints(endpoints, "")
-	if err != nil {
-		return usageError{fmt.Errorf("--etcd-endpoints: %w", err)}
+	opts := etcdconn.Options{Endpoints: endpoints, CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")}
+	if err := opts.Validate(); err != nil {
+		return usageError{err}
 	}
-	cli, err := rendezvous.NewClient(eps, rendezvous.ClientOptions{CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")})
+	cli, err := etcdconn.Connect(ctx, opts)
 	if err != nil {
 		return err
 	}
