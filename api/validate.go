@@ -40,6 +40,8 @@ func (t Team) Validate() error {
 	var errs []error
 	if t.Name == "" {
 		errs = append(errs, errors.New("name: must be set"))
+	} else if err := ValidateName("name", t.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if t.Weight < 0 || math.IsNaN(t.Weight) || math.IsInf(t.Weight, 0) {
 		errs = append(errs, fmt.Errorf("weight: must be a positive number (got %v); omit it for 1", t.Weight))
@@ -152,9 +154,13 @@ func (j Job) Normalize(cfg Config) (Shape, error) {
 	var s Shape
 	if j.Name == "" {
 		errs = append(errs, errors.New("name: must be set"))
+	} else if err := ValidateName("name", j.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if j.Team == "" {
 		errs = append(errs, errors.New("team: must be set"))
+	} else if err := ValidateName("team", j.Team); err != nil {
+		errs = append(errs, err)
 	}
 	p, err := j.ResolvePriority(cfg)
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -158,6 +159,8 @@ var checks = map[string]func(c *cli.Context) error{
 			return usageError{fmt.Errorf("describe %q: choose job, team or node", k)}
 		case c.Args().Get(1) == "":
 			return usageError{errors.New("describe needs a kind and a name: describe job|team|node NAME")}
+		case c.Args().Get(0) != "node":
+			return nameArg(c.Args().Get(0), c.Args().Get(1))
 		}
 		return nil
 	},
@@ -168,8 +171,17 @@ var checks = map[string]func(c *cli.Context) error{
 		if !c.IsSet("min") && !c.IsSet("max") && !c.IsSet("nodes") {
 			return usageError{errors.New("resize: give --min, --max or --nodes")}
 		}
-		return nil
+		return nameArg("job", c.Args().Get(1))
 	},
+}
+
+// nameArg refuses a job or team name that is not a DNS-1123 label: such a
+// name could escape its key prefix ("../nodes/node3").
+func nameArg(kind, name string) error {
+	if err := api.ValidateName(kind, name); err != nil {
+		return usageError{err}
+	}
+	return nil
 }
 
 // withStore connects to etcd for a command.
@@ -634,6 +646,9 @@ func setSuspended(v bool) action {
 		if name == "" {
 			return usageError{errors.New("give the job name")}
 		}
+		if err := nameArg("job", name); err != nil {
+			return err
+		}
 		ctx, cancel := ctxOf(c)
 		defer cancel()
 		if _, err := st.UpdateJob(ctx, name, func(j *fleet.JobSpec) error { j.Suspended = v; return nil }); err != nil {
@@ -652,6 +667,9 @@ func cmdDelete(c *cli.Context, st *fleet.Store) error {
 	name := c.Args().First()
 	if name == "" {
 		return usageError{errors.New("give the job name")}
+	}
+	if err := nameArg("job", name); err != nil {
+		return err
 	}
 	ctx, cancel := ctxOf(c)
 	defer cancel()

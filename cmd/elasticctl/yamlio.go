@@ -24,17 +24,37 @@ type doc struct {
 	node  *yaml.Node
 }
 
-// readDocs splits a (multi-document) YAML file. "-" reads standard input.
-func readDocs(file string) ([]doc, error) {
-	var data []byte
-	var err error
-	if file == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(file)
+// maxFileSize bounds a job or team file: etcd refuses values past 1.5 MiB
+// anyway, and a larger file costs seconds and hundreds of MiB to parse.
+const maxFileSize = 1 << 20
+
+// readFile reads a job or team file ("-" is standard input), refusing one
+// over maxFileSize at once.
+func readFile(file string) ([]byte, error) {
+	var r io.Reader = os.Stdin
+	if file != "-" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", file, err)
+		}
+		defer f.Close()
+		r = f
 	}
+	data, err := io.ReadAll(io.LimitReader(r, maxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", file, err)
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s: larger than 1 MiB: split it into several files (one job per document is enough)", file)
+	}
+	return data, nil
+}
+
+// readDocs splits a (multi-document) YAML file. "-" reads standard input.
+func readDocs(file string) ([]doc, error) {
+	data, err := readFile(file)
+	if err != nil {
+		return nil, err
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var out []doc
@@ -202,8 +222,8 @@ func loadJobs(file string) ([]fleet.JobSpec, error) {
 		if err := j.Validate(policy.Config{}); err != nil {
 			return nil, d.located(err)
 		}
-		if j.Run.Script == "" {
-			return nil, fmt.Errorf("%s:%d: run.script: must be set: the training script each node runs under hyperpodrun", d.file, d.fieldLine("run"))
+		if err := j.Run.Validate(); err != nil {
+			return nil, fmt.Errorf("%s:%d: %w", d.file, d.fieldLine("run"), err)
 		}
 		out = append(out, j)
 	}
@@ -214,15 +234,9 @@ func loadJobs(file string) ([]fleet.JobSpec, error) {
 // 'simulate --teams' (a "teams:" list, or a bare list of teams); errors
 // name the file, line and field. "-" reads standard input.
 func loadTeams(file string) ([]policy.Team, error) {
-	var data []byte
-	var err error
-	if file == "-" {
-		data, err = io.ReadAll(os.Stdin)
-	} else {
-		data, err = os.ReadFile(file)
-	}
+	data, err := readFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", file, err)
+		return nil, err
 	}
 	tf, err := sim.ParseTeams(data, file)
 	if err != nil {

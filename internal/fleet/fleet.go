@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"path"
 	"slices"
 	"sort"
@@ -47,6 +48,28 @@ type RunSpec struct {
 	GracefulTimeoutSeconds float64 `json:"gracefulTimeoutSeconds,omitempty" yaml:"gracefulTimeoutSeconds,omitempty"`
 	// WorkDir is the workers' working directory.
 	WorkDir string `json:"workDir,omitempty" yaml:"workDir,omitempty"`
+}
+
+// MaxGracefulTimeout bounds RunSpec.GracefulTimeoutSeconds.
+const MaxGracefulTimeout = 24 * time.Hour
+
+// Validate checks what a job runs, naming the field and the fix.
+func (r RunSpec) Validate() error {
+	switch {
+	case r.Script == "":
+		return errors.New("run.script: must be set: the training script each node runs under hyperpodrun")
+	case math.IsNaN(r.GracefulTimeoutSeconds) || math.IsInf(r.GracefulTimeoutSeconds, 0) ||
+		r.GracefulTimeoutSeconds < 0 || r.GracefulTimeoutSeconds > MaxGracefulTimeout.Seconds():
+		return fmt.Errorf("run.gracefulTimeoutSeconds: must be a number of seconds between 0 and %.0f (got %v)", MaxGracefulTimeout.Seconds(), r.GracefulTimeoutSeconds)
+	case r.MaxRestarts < 0:
+		return fmt.Errorf("run.maxRestarts: must be >= 0 (got %d)", r.MaxRestarts)
+	}
+	for k := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("run.env: %q is not a variable name", k)
+		}
+	}
+	return nil
 }
 
 // JobSpec is a submitted job: the engine's view of it plus what it runs.
@@ -257,6 +280,9 @@ func (s *Store) put(ctx context.Context, key string, v any) error {
 
 // PutTeam creates or replaces a team.
 func (s *Store) PutTeam(ctx context.Context, t api.Team) error {
+	if err := api.ValidateName("team", t.Name); err != nil {
+		return err
+	}
 	return s.put(ctx, s.Keys.Team(t.Name), t)
 }
 
@@ -269,11 +295,17 @@ func (s *Store) Teams(ctx context.Context) ([]api.Team, []error, error) {
 
 // Team reads one team.
 func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
+	if err := api.ValidateName("team", name); err != nil {
+		return nil, err
+	}
 	return getJSON[api.Team](ctx, s, s.Keys.Team(name))
 }
 
 // SubmitJob stores a new job; it fails if the job exists.
 func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
+	if err := api.ValidateName("job", j.Name); err != nil {
+		return err
+	}
 	key := s.Keys.Spec(j.Name)
 	op, err := putOp(key, j)
 	if err != nil {
@@ -291,6 +323,9 @@ func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
 
 // UpdateJob applies f to a stored job atomically (retrying on conflicts).
 func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) error) (*JobSpec, error) {
+	if err := api.ValidateName("job", name); err != nil {
+		return nil, err
+	}
 	key := s.Keys.Spec(name)
 	for {
 		r, err := s.Cli.Get(ctx, key)
@@ -323,6 +358,9 @@ func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) err
 
 // DeleteJob removes a job's spec (the coordinator then releases it).
 func (s *Store) DeleteJob(ctx context.Context, name string) error {
+	if err := api.ValidateName("job", name); err != nil {
+		return err
+	}
 	// The finish record goes with the spec: a job submitted again under
 	// the same name runs again.
 	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(s.Keys.Spec(name)), clientv3.OpDelete(s.Keys.Finish(name))).Commit()
@@ -345,6 +383,9 @@ func (s *Store) Jobs(ctx context.Context) ([]JobSpec, []error, error) {
 
 // Job reads one job spec.
 func (s *Store) Job(ctx context.Context, name string) (*JobSpec, error) {
+	if err := api.ValidateName("job", name); err != nil {
+		return nil, err
+	}
 	return getJSON[JobSpec](ctx, s, s.Keys.Spec(name))
 }
 
