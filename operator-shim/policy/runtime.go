@@ -1,0 +1,147 @@
+package policy
+
+import (
+	"math"
+	"time"
+)
+
+// unlimited stands for a missing borrowing limit.
+const unlimited = math.MaxInt32
+
+type flavorRT struct {
+	name      string
+	shapes    []*shape // ascending cap
+	maxCap    int
+	freeAccel int // free accelerators on nodes that take new work
+	wholeFree int // fully free nodes that take new work
+	capacity  int // accelerators on nodes that take new work
+	nominal   int // sum of nominal quotas
+	slack     int // capacity no nominal quota covers
+	overUsed  int // sum over cohorts of pool use beyond the cohort's pool
+	// reservedPhys is unplaceable within-nominal demand others may not borrow.
+	reservedPhys int
+	cohorts      map[string]*cohortRT
+	teams        []*teamFlavor // by team name
+	jobs         []*jobRT      // by job name
+	pending      []*jobRT      // admission order
+	// reclaim fail-fast memo: (team, exclusive, per) -> smallest failed minNodes.
+	failMemo map[memoKey]int
+	// borrower victim lists for the current phase: elastic jobs to shrink,
+	// jobs to preempt.
+	bShrink, bPreempt []*jobRT
+	bsPos, bpPos      int
+}
+
+type memoKey struct {
+	tf        *teamFlavor
+	exclusive bool
+	per       int
+}
+
+type cohortRT struct {
+	name     string
+	pool     int // sum of lendable quota
+	poolUsed int // sum of teams' use beyond their guaranteed part
+}
+
+func (c *cohortRT) over(pu int) int { return max(0, pu-c.pool) }
+
+type teamRT struct {
+	spec    *Team
+	name    string
+	weight  float64
+	policy  PreemptionPolicy
+	cohort  string
+	valid   bool
+	flavors map[string]*teamFlavor
+}
+
+type teamFlavor struct {
+	team        *teamRT
+	fl          *flavorRT
+	co          *cohortRT
+	nominal     int
+	borrowLimit int
+	guaranteed  int
+	used        int
+	reserved    int
+	vcpuCap     int
+	vcpuUsed    int
+	memCap      int64
+	memUsed     int64
+	jobs        []*jobRT // the team's jobs of this flavor, by name
+	queue       []*jobRT // pending, admission order
+	head        int      // StrictFIFO: first queue entry not admitted
+	running     int
+	// own victim lists (LowerPriority), built on first use in a phase.
+	ownShrink, ownPreempt []*jobRT
+	ownBuilt              bool
+}
+
+func (tf *teamFlavor) pu(u int) int { return max(0, u-tf.guaranteed) }
+
+type jobRT struct {
+	spec      *Job
+	name      string
+	sp        spec
+	team      *teamRT
+	tf        *teamFlavor
+	fl        *flavorRT
+	flavor    string
+	per       int
+	vcpu      int
+	mem       int64
+	exclusive bool
+	valid     bool
+	invalid   string
+	// pre-classified pending cause (team not found, no flavor)
+	preCode ReasonCode
+	preMsg  string
+
+	prevSize  int
+	prevNodes []string
+	// tookFrom: jobs this job took capacity from during its allocation.
+	tookFrom   []string
+	size       int
+	nodes      []*nodeRT
+	since      time.Time
+	lastResize time.Time
+	repairNeed int
+
+	// events of this cycle
+	code         ReasonCode
+	detail       string
+	forJobs      []string
+	forTeam      string
+	admittedNow  bool
+	shrunkNow    bool
+	preemptedNow bool
+	grownNow     bool
+	grewBorrow   bool
+	repairedNow  bool
+	movedNow     bool
+	released     bool // suspended/invalid/team gone: allocation dropped
+	stuck        bool // fits within nominal quota but could not be placed
+	reservedAcc  int
+	growBlock    ReasonCode
+	pendingWhy   ReasonCode
+	inQueue      bool
+}
+
+type sched struct {
+	now        time.Time
+	cfg        Config
+	stable     time.Duration
+	strict     bool
+	nodes      []nodeRT
+	nodeByName map[string]*nodeRT
+	teams      []teamRT
+	teamByName map[string]*teamRT
+	jobs       []jobRT
+	jobByName  map[string]*jobRT
+	flavors    []*flavorRT
+	flavorByNm map[string]*flavorRT
+	problems   []Problem
+	released   []string
+	scratch    []*nodeRT
+}
