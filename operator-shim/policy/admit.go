@@ -19,7 +19,6 @@ func (s *sched) finishSetup(f *flavorRT) {
 	}
 	slices.SortFunc(f.pending, jobOrder)
 	for _, j := range f.pending {
-		j.inQueue = true
 		j.tf.queue = append(j.tf.queue, j)
 	}
 }

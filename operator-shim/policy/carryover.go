@@ -38,14 +38,11 @@ func (s *sched) carryOver(allocs []Allocation) {
 		j.tookFrom = a.TookFrom
 		switch {
 		case !j.valid:
-			j.released = true
 			continue
 		case j.tf == nil:
-			j.released = true
 			j.code = j.preCode
 			continue
 		case j.spec.Suspended:
-			j.released = true
 			continue
 		case (a.Flavor != "" && a.Flavor != j.flavor) || (a.AcceleratorsPerNode != 0 && a.AcceleratorsPerNode != j.per):
 			j.code, j.detail = CodeSpecChanged, "flavor or perNode.accelerators changed"

@@ -79,7 +79,6 @@ func (s *sched) growStep(j *jobRT) bool {
 	if tf.used > tf.nominal {
 		j.grewBorrow = true
 	}
-	j.grownNow = true
 	j.growBlock = ""
 	j.lastResize = s.now
 	return true

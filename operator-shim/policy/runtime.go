@@ -116,16 +116,12 @@ type jobRT struct {
 	admittedNow  bool
 	shrunkNow    bool
 	preemptedNow bool
-	grownNow     bool
 	grewBorrow   bool
 	repairedNow  bool
 	movedNow     bool
-	released     bool // suspended/invalid/team gone: allocation dropped
 	stuck        bool // fits within nominal quota but could not be placed
 	reservedAcc  int
 	growBlock    ReasonCode
-	pendingWhy   ReasonCode
-	inQueue      bool
 }
 
 type sched struct {
