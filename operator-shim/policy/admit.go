@@ -43,7 +43,7 @@ func (s *sched) admit(j *jobRT, nodes []*nodeRT, code ReasonCode) {
 		s.attach(j, n)
 	}
 	j.admittedNow = true
-	j.code = code
+	j.setAdmitted(code)
 	j.since, j.lastResize = s.now, s.now
 }
 

@@ -154,7 +154,8 @@ func (s *sched) build(st State) {
 		sp, err := j.normalize(s.cfg)
 		if err != nil {
 			s.problem("job", j.Name, err)
-			rt.valid, rt.invalid = false, err.Error()
+			rt.valid = false
+			rt.setInvalid(err)
 		}
 		rt.sp = sp
 		rt.per, rt.vcpu, rt.mem = j.PerNode.Accelerators, j.PerNode.VCPUs, int64(j.PerNode.Memory)
@@ -167,35 +168,47 @@ func (s *sched) build(st State) {
 		if !j.valid {
 			continue
 		}
-		t := s.teamByName[j.spec.Team]
-		switch {
-		case t == nil:
-			j.preCode, j.preMsg = CodeTeamNotFound, fmt.Sprintf("team %q does not exist; apply it with elasticctl apply -f teams.yaml", j.spec.Team)
-			continue
-		case !t.valid:
-			j.preCode, j.preMsg = CodeTeamNotFound, fmt.Sprintf("team %q is invalid (see its problems); fix and re-apply it", t.name)
-			continue
+		s.resolve(j)
+		if j.spec.Suspended {
+			// Suspension is reported whatever else is wrong with the job.
+			j.setSuspended()
 		}
-		j.team = t
-		fname := j.spec.Flavor
-		if fname == "" {
-			if len(t.spec.Quotas) == 1 {
-				fname = t.spec.Quotas[0].Flavor
-			} else {
-				j.preCode, j.preMsg = CodeNoFlavor, fmt.Sprintf("flavor: not set and team %q has quotas for %d flavors (%s); set flavor", t.name, len(t.spec.Quotas), flavorList(t))
-				continue
-			}
-		}
-		j.flavor = fname
-		tf := t.flavors[fname]
-		if tf == nil {
-			j.preCode, j.preMsg = CodeNoFlavor, fmt.Sprintf("team %q has no quota for flavor %q (it has: %s); add a quota entry (nominal: 0 to only borrow)", t.name, fname, flavorList(t))
-			continue
-		}
-		j.tf, j.fl = tf, tf.fl
-		tf.jobs = append(tf.jobs, j)
-		tf.fl.jobs = append(tf.fl.jobs, j)
 	}
+}
+
+// resolve finds j's team and flavor quota and records j as pending: with
+// the cause when there is none (the job cannot be scheduled until the teams
+// change), else until a phase admits it.
+func (s *sched) resolve(j *jobRT) {
+	t := s.teamByName[j.spec.Team]
+	switch {
+	case t == nil:
+		j.setPending(CodeTeamNotFound, fmt.Sprintf("team %q does not exist; apply it with elasticctl apply -f teams.yaml", j.spec.Team))
+		return
+	case !t.valid:
+		j.setPending(CodeTeamNotFound, fmt.Sprintf("team %q is invalid (see its problems); fix and re-apply it", t.name))
+		return
+	}
+	j.team = t
+	fname := j.spec.Flavor
+	if fname == "" {
+		if len(t.spec.Quotas) == 1 {
+			fname = t.spec.Quotas[0].Flavor
+		} else {
+			j.setPending(CodeNoFlavor, fmt.Sprintf("flavor: not set and team %q has quotas for %d flavors (%s); set flavor", t.name, len(t.spec.Quotas), flavorList(t)))
+			return
+		}
+	}
+	j.flavor = fname
+	tf := t.flavors[fname]
+	if tf == nil {
+		j.setPending(CodeNoFlavor, fmt.Sprintf("team %q has no quota for flavor %q (it has: %s); add a quota entry (nominal: 0 to only borrow)", t.name, fname, flavorList(t)))
+		return
+	}
+	j.tf, j.fl = tf, tf.fl
+	tf.jobs = append(tf.jobs, j)
+	tf.fl.jobs = append(tf.fl.jobs, j)
+	j.setPending("", "")
 }
 
 func flavorList(t *teamRT) string {

@@ -6,7 +6,8 @@ import (
 	"strings"
 )
 
-// carryOver places the current allocations.
+// carryOver places the current allocations (rule 1) and records what
+// became of each: kept, shrunk to the spec, requeued, or released.
 func (s *sched) carryOver(allocs []Allocation) {
 	type carried struct {
 		a *Allocation
@@ -37,15 +38,11 @@ func (s *sched) carryOver(allocs []Allocation) {
 		j.since, j.lastResize = a.Since, a.LastResize
 		j.tookFrom = a.TookFrom
 		switch {
-		case !j.valid:
-			continue
-		case j.tf == nil:
-			j.code = j.preCode
-			continue
-		case j.spec.Suspended:
+		case !j.valid, j.tf == nil, j.spec.Suspended:
+			j.release()
 			continue
 		case (a.Flavor != "" && a.Flavor != j.flavor) || (a.AcceleratorsPerNode != 0 && a.AcceleratorsPerNode != j.per):
-			j.code, j.detail = CodeSpecChanged, "flavor or perNode.accelerators changed"
+			j.setRequeued(CodeSpecChanged, "spec changed (flavor or perNode.accelerators changed)")
 			continue
 		}
 		list = append(list, carried{a, j})
@@ -61,6 +58,7 @@ func (s *sched) carryOver(allocs []Allocation) {
 	})
 	for _, c := range list {
 		j, a := c.j, c.a
+		j.setCarried()
 		want := len(a.Nodes)
 		if !j.exclusive {
 			want = 1
@@ -94,18 +92,25 @@ func (s *sched) carryOver(allocs []Allocation) {
 		// Clamp to the spec (maxNodes lowered, sizes changed).
 		target := j.floorSize(min(want, j.sp.max))
 		if target == 0 {
-			j.code, j.detail = CodeSpecChanged, fmt.Sprintf("minNodes %d is above the allocated %d nodes", j.sp.min, want)
+			j.setRequeued(CodeSpecChanged, fmt.Sprintf("spec changed (minNodes %d is above the allocated %d nodes)", j.sp.min, want))
 			s.removeNodes(j, j.size)
 			continue
 		}
 		if target < want && lost == 0 {
-			j.code, j.detail = CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max)
+			j.setShrunk(CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max))
 		}
 		if j.size > target {
 			s.removeNodes(j, j.size-target)
 		}
-		if j.size < target {
+		switch {
+		case j.size < target:
+			// repair replaces the missing nodes and records the outcome.
 			j.repairNeed = target - j.size
+		case j.size < j.prevSize && j.out.kind == KindRunning:
+			// The allocation named nodes the job no longer holds (lost,
+			// listed twice, or more than a single-node job takes) and none
+			// need replacing.
+			j.setShrunk(CodeNodeLost, "")
 		}
 	}
 }
@@ -132,18 +137,18 @@ func (s *sched) repair(f *flavorRT) {
 			s.attach(j, n)
 		}
 		if len(nodes) == j.repairNeed {
-			j.repairedNow = true
-			j.code = CodeNodeLost
+			j.setRepaired()
 			j.lastResize = s.now
 			continue
 		}
 		target := j.floorSize(j.size)
-		j.code = CodeNodeLost
 		if target == 0 {
 			s.removeNodes(j, j.size)
+			j.setRequeued(CodeNodeLost, "node(s) of the allocation lost and no replacement free")
 			continue
 		}
 		s.removeNodes(j, j.size-target)
+		j.setShrunk(CodeNodeLost, "")
 		j.lastResize = s.now
 	}
 }

@@ -37,11 +37,7 @@ func (s *sched) tryDefrag(j *jobRT) bool {
 	for _, m := range moves {
 		v := m.v
 		v.movedNow = true
-		v.code = CodeDefragment
-		v.forTeam = j.tf.team.name
-		if !slices.Contains(v.forJobs, j.name) {
-			v.forJobs = append(v.forJobs, j.name)
-		}
+		v.setMoved(j)
 		v.lastResize = s.now
 	}
 	s.admit(j, s.findNodes(j, j.sp.min), CodeReclaim)

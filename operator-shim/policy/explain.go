@@ -88,135 +88,121 @@ func limitStr(l int) string {
 	return fmt.Sprint(l)
 }
 
+// reason renders j's outcome into its Reason. The outcome was recorded by the
+// phase that decided it (outcome.go); what is rendered here is only what
+// needs the end of the cycle: the team's usage that admitted, grown and
+// running jobs name, the final size of a shrunk job, and, for a pending job,
+// what blocks it now (quota, holders, free capacity; see pendingReason).
 func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
-	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size}
-	rel := ""
-	if j.prevSize > 0 && j.size == 0 {
-		rel = fmt.Sprintf("; released %s", plural(j.prevSize, "node"))
-	}
-	switch {
-	case !j.valid:
-		r.Kind, r.Code, r.Message = KindInvalid, CodeInvalidSpec, "invalid spec: "+j.invalid+rel
-		return r
-	case j.spec.Suspended:
-		r.Kind, r.Code, r.Message = KindSuspended, CodeSuspended, "suspended"+rel
-		return r
-	case j.tf == nil:
-		r.Kind, r.Code, r.Message = KindPending, j.preCode, j.preMsg+rel
-		if j.prevSize > 0 {
-			r.Kind = KindPreempted
-		}
+	o := &j.out
+	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size, Kind: o.kind, Code: o.code, Message: o.msg}
+	if j.tf == nil || o.kind == KindSuspended {
+		// Invalid, suspended, no team or flavor: the message is complete.
 		return r
 	}
+	r.For, r.ForTeam = o.forJobs, o.forTeam
 	tf := j.tf
-	acc := j.per * j.size
-	// Built without fmt: this runs for every job every cycle.
-	usage := "team " + tf.team.name + " uses " + strconv.Itoa(tf.used) + " of nominal " + strconv.Itoa(tf.nominal) + " on " + j.flavor
-	r.For, r.ForTeam = j.forJobs, j.forTeam
-	r.Code = j.code
-	switch {
-	case j.size == 0 && j.prevSize > 0:
-		r.Kind = KindPreempted
-		switch j.code {
-		case CodeReclaim:
-			r.Message = fmt.Sprintf("preempted: team %s reclaimed its nominal quota for %s while team %s was borrowing; requeued", j.forTeam, strings.Join(j.forJobs, ", "), tf.team.name)
-		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("preempted by higher-priority %s of the same team %s (this job's priority is %d); requeued", strings.Join(j.forJobs, ", "), tf.team.name, j.sp.prio)
-		case CodeSpecChanged:
-			r.Message = fmt.Sprintf("spec changed (%s); requeued", j.detail)
-		default:
-			r.Code = CodeNodeLost
-			r.Message = "node(s) of the allocation lost and no replacement free; requeued"
+	switch o.kind {
+	case KindPreempted:
+		if j.prevSize > 0 {
+			return r
 		}
-		r.Message += rel
-	case j.size == 0:
+		// Admitted and preempted in this cycle: it waits like any pending job.
 		r.Kind = KindPending
 		s.pendingReason(j, &r, cache)
-	case j.prevSize == 0 || j.admittedNow:
-		r.Kind = KindAdmitted
+	case KindPending:
+		s.pendingReason(j, &r, cache)
+	case KindMoved:
+	case KindAdmitted:
 		min := j.sp.min
-		switch j.code {
+		switch o.code {
 		case CodeBorrowing:
-			r.Message = fmt.Sprintf("admitted at %s by borrowing idle quota (%s, borrowing limit %s)", plural(min, "node"), usage, limitStr(tf.borrowLimit))
+			r.Message = fmt.Sprintf("admitted at %s by borrowing idle quota (%s, borrowing limit %s)", plural(min, "node"), s.usage(j), limitStr(tf.borrowLimit))
 		case CodeReclaim:
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), usage)
+			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), s.usage(j))
 		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("admitted at %s by preempting lower-priority jobs of team %s (priority %d; %s)", plural(min, "node"), tf.team.name, j.sp.prio, usage)
+			r.Message = fmt.Sprintf("admitted at %s by preempting lower-priority jobs of team %s (priority %d; %s)", plural(min, "node"), tf.team.name, j.sp.prio, s.usage(j))
 		default:
-			r.Code = CodeWithinQuota
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota (%s)", plural(min, "node"), usage)
+			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota (%s)", plural(min, "node"), s.usage(j))
 		}
 		if j.size > min {
 			r.Message += fmt.Sprintf("; grown to %d by fair share", j.size)
 		}
-	case j.size > j.prevSize:
-		r.Kind = KindGrown
-		if j.repairedNow || j.code == CodeNodeLost {
-			r.Code = CodeNodeLost
-		} else {
-			r.Code = CodeFairShare
-		}
+	case KindGrown:
 		how := "within the team's nominal quota"
-		if j.grewBorrow {
+		if o.borrowed {
 			how = "by borrowing idle quota"
 		}
-		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share %s (%s)", j.prevSize, j.size, how, usage)
-	case j.size < j.prevSize:
+		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share %s (%s)", j.prevSize, j.size, how, s.usage(j))
+	case KindRepaired, KindShrunk:
+		if o.kind == KindRepaired && j.size == j.prevSize {
+			r.Message = fmt.Sprintf("lost node(s) replaced; still %s", plural(j.size, "node"))
+			break
+		}
+		// A repair that left the job below its previous size is a shrink.
 		r.Kind = KindShrunk
-		switch j.code {
+		switch o.code {
 		case CodeReclaim:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: team %s reclaimed its nominal quota for %s while team %s was borrowing", j.prevSize, j.size, j.forTeam, strings.Join(j.forJobs, ", "), tf.team.name)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: team %s reclaimed its nominal quota for %s while team %s was borrowing", j.prevSize, j.size, o.forTeam, strings.Join(o.forJobs, ", "), tf.team.name)
 		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes for higher-priority %s of the same team %s (this job's priority is %d)", j.prevSize, j.size, strings.Join(j.forJobs, ", "), tf.team.name, j.sp.prio)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes for higher-priority %s of the same team %s (this job's priority is %d)", j.prevSize, j.size, strings.Join(o.forJobs, ", "), tf.team.name, j.sp.prio)
 		case CodeSpecChanged:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: spec changed (%s)", j.prevSize, j.size, j.detail)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: spec changed (%s)", j.prevSize, j.size, o.detail)
 		default:
-			r.Code = CodeNodeLost
 			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: node(s) lost and no replacement free", j.prevSize, j.size)
 		}
-	case j.movedNow:
-		r.Kind, r.Code = KindMoved, CodeDefragment
-		from := "?"
-		if len(j.prevNodes) > 0 {
-			from = j.prevNodes[0]
-		}
-		r.Message = fmt.Sprintf("moved from node %s to %s to make room for %s of team %s (guaranteed quota; free capacity was fragmented)", from, j.nodes[0].name, strings.Join(j.forJobs, ", "), j.forTeam)
-	case j.repairedNow:
-		r.Kind, r.Code = KindRepaired, CodeNodeLost
-		r.Message = fmt.Sprintf("lost node(s) replaced; still %s", plural(j.size, "node"))
-	default:
-		r.Kind = KindRunning
-		r.Code = ""
-		nodes := " nodes ("
-		if j.size == 1 {
-			nodes = " node ("
-		}
-		r.Message = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(acc) + " accelerators; " + usage + ")"
-		if j.spec.Elastic {
-			r.Code = j.growBlock
-			switch {
-			case j.size >= j.allowedMax():
-				r.Code = CodeAtMax
-				r.Message += "; at maxNodes"
-			case j.growBlock == CodeStablePeriod:
-				r.Message += fmt.Sprintf("; may grow again after %s (min stable period %s)", j.lastResize.Add(s.stable).UTC().Format("15:04:05"), s.stable)
-			case j.growBlock == CodeBorrowingLimit:
-				r.Message += "; cannot grow: team at its borrowing limit"
-			case j.growBlock == CodeCohortExhausted:
-				r.Message += "; cannot grow: no idle quota left to borrow in the cohort"
-			case j.growBlock == CodeReserved:
-				r.Message += "; cannot grow: idle capacity is reserved for another team's guaranteed demand"
-			case j.growBlock == CodeQuotaExceeded:
-				r.Message += "; cannot grow: vCPU/memory quota"
-			case j.growBlock != "":
-				r.Code = CodeNoCapacity
-				r.Message += "; cannot grow: no idle nodes"
-			}
-		}
+	case KindRunning:
+		s.runningReason(j, &r)
 	}
 	return r
 }
 
+// usage is the team's usage of j's flavor at the end of the cycle. Built
+// without fmt: running jobs name it every cycle.
+func (s *sched) usage(j *jobRT) string {
+	tf := j.tf
+	return "team " + tf.team.name + " uses " + strconv.Itoa(tf.used) + " of nominal " + strconv.Itoa(tf.nominal) + " on " + j.flavor
+}
+
+// runningReason renders an unchanged job: its size and usage and, for an
+// elastic job, why it did not grow (recorded by grow).
+func (s *sched) runningReason(j *jobRT, r *Reason) {
+	nodes := " nodes ("
+	if j.size == 1 {
+		nodes = " node ("
+	}
+	r.Message = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(j.per*j.size) + " accelerators; " + s.usage(j) + ")"
+	if !j.spec.Elastic {
+		return
+	}
+	block := j.out.growBlock
+	r.Code = block
+	switch {
+	case j.size >= j.allowedMax():
+		r.Code = CodeAtMax
+		r.Message += "; at maxNodes"
+	case block == CodeStablePeriod:
+		r.Message += fmt.Sprintf("; may grow again after %s (min stable period %s)", j.lastResize.Add(s.stable).UTC().Format("15:04:05"), s.stable)
+	case block == CodeBorrowingLimit:
+		r.Message += "; cannot grow: team at its borrowing limit"
+	case block == CodeCohortExhausted:
+		r.Message += "; cannot grow: no idle quota left to borrow in the cohort"
+	case block == CodeReserved:
+		r.Message += "; cannot grow: idle capacity is reserved for another team's guaranteed demand"
+	case block == CodeQuotaExceeded:
+		r.Message += "; cannot grow: vCPU/memory quota"
+	case block != "":
+		r.Code = CodeNoCapacity
+		r.Message += "; cannot grow: no idle nodes"
+	}
+}
+
+// pendingReason renders why a pending job waits. Unlike the other outcomes
+// it is derived from the end state of the cycle, after every phase: the
+// cause (quota, StrictFIFO order, reserved or fragmented capacity), the
+// usage and the holders it names are what blocks the job now, and what the
+// next cycle starts from; a phase after the one that left the job waiting
+// may have taken or freed the capacity in between.
 func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders) {
 	tf, f := j.tf, j.fl
 	need := j.per * j.sp.min

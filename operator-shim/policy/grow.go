@@ -13,11 +13,11 @@ func (s *sched) grow(f *flavorRT) {
 			continue
 		}
 		if j.nextSize(j.size) == 0 {
-			j.growBlock = CodeAtMax
+			j.blockGrowth(CodeAtMax)
 			continue
 		}
 		if !j.admittedNow && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable {
-			j.growBlock = CodeStablePeriod
+			j.blockGrowth(CodeStablePeriod)
 			continue
 		}
 		tj := byTeam[j.tf]
@@ -58,28 +58,25 @@ func (s *sched) grow(f *flavorRT) {
 func (s *sched) growStep(j *jobRT) bool {
 	nx := j.nextSize(j.size)
 	if nx == 0 {
-		j.growBlock = CodeAtMax
+		j.blockGrowth(CodeAtMax)
 		return false
 	}
 	d := nx - j.size
 	tf := j.tf
 	acc := d * j.per
 	if c := s.quotaCheck(tf, acc, d*j.vcpu, int64(d)*j.mem, false); c != "" {
-		j.growBlock = c
+		j.blockGrowth(c)
 		return false
 	}
 	nodes := s.findNodes(j, d)
 	if nodes == nil {
-		j.growBlock = CodeNoCapacity
+		j.blockGrowth(CodeNoCapacity)
 		return false
 	}
 	for _, n := range nodes {
 		s.attach(j, n)
 	}
-	if tf.used > tf.nominal {
-		j.grewBorrow = true
-	}
-	j.growBlock = ""
+	j.setGrown(tf.used > tf.nominal)
 	j.lastResize = s.now
 	return true
 }

@@ -93,10 +93,6 @@ type jobRT struct {
 	mem       int64
 	exclusive bool
 	valid     bool
-	invalid   string
-	// pre-classified pending cause (team not found, no flavor)
-	preCode ReasonCode
-	preMsg  string
 
 	prevSize  int
 	prevNodes []string
@@ -108,20 +104,16 @@ type jobRT struct {
 	lastResize time.Time
 	repairNeed int
 
+	// out is what this cycle decided for the job (outcome.go).
+	out outcome
+
 	// events of this cycle
-	code         ReasonCode
-	detail       string
-	forJobs      []string
-	forTeam      string
 	admittedNow  bool
 	shrunkNow    bool
 	preemptedNow bool
-	grewBorrow   bool
-	repairedNow  bool
 	movedNow     bool
 	stuck        bool // fits within nominal quota but could not be placed
 	reservedAcc  int
-	growBlock    ReasonCode
 }
 
 type sched struct {

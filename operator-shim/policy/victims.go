@@ -165,7 +165,7 @@ func (s *sched) undoAll(acts []action) {
 	}
 }
 
-// commitVictims records the reasons of the victim steps that were kept:
+// commitVictims records the outcome of the victim steps that were kept:
 // victims of j's own team lost to priority, others to reclaim (code).
 func (s *sched) commitVictims(j *jobRT, acts []action, code ReasonCode) {
 	for i := range acts {
@@ -174,13 +174,10 @@ func (s *sched) commitVictims(j *jobRT, acts []action, code ReasonCode) {
 			continue
 		}
 		v := a.v
-		v.code = code
-		if v.tf != j.tf {
-			v.code = CodeReclaim
-		}
-		v.forTeam = j.tf.team.name
-		if !slices.Contains(v.forJobs, j.name) {
-			v.forJobs = append(v.forJobs, j.name)
+		if v.tf == j.tf {
+			v.setTakenBy(j, code)
+		} else {
+			v.setTakenBy(j, CodeReclaim)
 		}
 		if !slices.Contains(j.tookFrom, v.name) {
 			j.tookFrom = append(j.tookFrom, v.name)
