@@ -25,7 +25,7 @@ func (s *sched) finishSetup(f *flavorRT) {
 
 // eligible reports whether j may be admitted now under the queueing strategy.
 func (s *sched) eligible(j *jobRT) bool {
-	if j.size > 0 || j.preemptedNow {
+	if j.size > 0 || j.preempted() {
 		return false
 	}
 	if !s.strict {
@@ -42,7 +42,6 @@ func (s *sched) admit(j *jobRT, nodes []*nodeRT, code ReasonCode) {
 	for _, n := range nodes {
 		s.attach(j, n)
 	}
-	j.admittedNow = true
 	j.setAdmitted(code)
 	j.since, j.lastResize = s.now, s.now
 }
@@ -98,7 +97,7 @@ func (s *sched) admitBorrowing(f *flavorRT) {
 		for ; i < len(tf.queue); i++ {
 			j := tf.queue[i]
 			if j.stuck || !s.eligible(j) {
-				if s.strict && j.size == 0 && !j.preemptedNow {
+				if s.strict && j.size == 0 && !j.preempted() {
 					i = len(tf.queue)
 					break
 				}

@@ -36,7 +36,6 @@ func (s *sched) tryDefrag(j *jobRT) bool {
 	s.commitVictims(j, acts, CodeReclaim)
 	for _, m := range moves {
 		v := m.v
-		v.movedNow = true
 		v.setMoved(j)
 		v.lastResize = s.now
 	}
@@ -73,8 +72,8 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 	// moved since admission may move; one resized or moved before only
 	// after the stable period.
 	movable := func(v *jobRT) bool {
-		return !v.exclusive && !v.movedNow && !v.shrunkNow && v.size == 1 &&
-			(v.admittedNow || v.since.Equal(v.lastResize) || s.stable <= 0 || s.now.Sub(v.lastResize) >= s.stable)
+		return !v.exclusive && !v.yielded() && v.size == 1 &&
+			(v.admitted() || v.since.Equal(v.lastResize) || s.stable <= 0 || s.now.Sub(v.lastResize) >= s.stable)
 	}
 	type cand struct {
 		n    *nodeRT

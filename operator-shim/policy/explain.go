@@ -218,7 +218,7 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 			if h == j {
 				break
 			}
-			if h.size == 0 && !h.preemptedNow {
+			if h.size == 0 && !h.preempted() {
 				r.Code = CodeStrictFIFO
 				r.Message = fmt.Sprintf("waiting behind %s of team %s (StrictFIFO queueing)", h.name, tf.team.name)
 				return

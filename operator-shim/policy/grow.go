@@ -9,14 +9,14 @@ func (s *sched) grow(f *flavorRT) {
 	byTeam := map[*teamFlavor]*teamJobs{}
 	var order []*teamJobs
 	for _, j := range f.jobs {
-		if !j.spec.Elastic || j.size == 0 || j.shrunkNow || j.preemptedNow || !j.exclusive {
+		if !j.spec.Elastic || j.size == 0 || j.yielded() || !j.exclusive {
 			continue
 		}
 		if j.nextSize(j.size) == 0 {
 			j.blockGrowth(CodeAtMax)
 			continue
 		}
-		if !j.admittedNow && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable {
+		if !j.admitted() && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable {
 			j.blockGrowth(CodeStablePeriod)
 			continue
 		}

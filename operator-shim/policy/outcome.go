@@ -102,8 +102,8 @@ func (j *jobRT) setAdmitted(code ReasonCode) {
 	j.out.kind, j.out.code = KindAdmitted, code
 }
 
-// gaveWay records that the job gave way to by.
-func (j *jobRT) gaveWay(by *jobRT) {
+// yieldTo records that the job gave capacity to by.
+func (j *jobRT) yieldTo(by *jobRT) {
 	j.out.forTeam = by.tf.team.name
 	if !slices.Contains(j.out.forJobs, by.name) {
 		j.out.forJobs = append(j.out.forJobs, by.name)
@@ -113,7 +113,7 @@ func (j *jobRT) gaveWay(by *jobRT) {
 // setTakenBy records that the job was shrunk or preempted for by (code
 // Reclaim or PriorityPreemption). Nothing later in the cycle resizes it.
 func (j *jobRT) setTakenBy(by *jobRT, code ReasonCode) {
-	j.gaveWay(by)
+	j.yieldTo(by)
 	j.out.code = code
 	if j.size > 0 {
 		j.out.kind = KindShrunk
@@ -134,7 +134,7 @@ func (j *jobRT) setTakenBy(by *jobRT, code ReasonCode) {
 // Admitted, reported as within quota as before this record existed; one
 // below its previous size stays a NodeLost shrink.
 func (j *jobRT) setMoved(by *jobRT) {
-	j.gaveWay(by)
+	j.yieldTo(by)
 	switch {
 	case j.out.kind == KindAdmitted:
 		j.out.code = CodeWithinQuota
@@ -175,3 +175,18 @@ func (j *jobRT) setGrown(borrowed bool) {
 func (j *jobRT) blockGrowth(code ReasonCode) {
 	j.out.growBlock = code
 }
+
+// The phases read back what they recorded: these replace the per-cycle
+// booleans the engine kept beside the record.
+
+// admitted reports whether the job was admitted in this cycle and holds that
+// allocation.
+func (j *jobRT) admitted() bool { return j.out.kind == KindAdmitted }
+
+// preempted reports whether the job lost its whole allocation in this cycle
+// (requeued or preempted): it is not admitted again before the next cycle.
+func (j *jobRT) preempted() bool { return j.out.kind == KindPreempted }
+
+// yielded reports whether the job gave capacity to another job in this
+// cycle, as a victim or moved: it is neither moved nor grown afterwards.
+func (j *jobRT) yielded() bool { return len(j.out.forJobs) > 0 }

@@ -107,13 +107,9 @@ type jobRT struct {
 	// out is what this cycle decided for the job (outcome.go).
 	out outcome
 
-	// events of this cycle
-	admittedNow  bool
-	shrunkNow    bool
-	preemptedNow bool
-	movedNow     bool
-	stuck        bool // fits within nominal quota but could not be placed
-	reservedAcc  int
+	// engine state of this cycle
+	stuck       bool // fits within nominal quota but could not be placed
+	reservedAcc int  // accelerators reserved for it (rule 4)
 }
 
 type sched struct {

@@ -95,7 +95,7 @@ func (s *sched) takeVictims(j *jobRT, own bool, goal func() bool) ([]action, boo
 	shrinkFrom := func(list []*jobRT, pos *int, ok func(*jobRT) bool, ordered bool) bool {
 		for i := *pos; i < len(list); i++ {
 			v := list[i]
-			if i == *pos && (v.size <= v.sp.min || v.preemptedNow) {
+			if i == *pos && (v.size <= v.sp.min || v.preempted()) {
 				*pos = i + 1
 				continue
 			}
@@ -182,9 +182,7 @@ func (s *sched) commitVictims(j *jobRT, acts []action, code ReasonCode) {
 		if !slices.Contains(j.tookFrom, v.name) {
 			j.tookFrom = append(j.tookFrom, v.name)
 		}
-		v.shrunkNow = true
 		if v.size == 0 {
-			v.preemptedNow = true
 			v.since, v.lastResize = time.Time{}, time.Time{}
 			v.tookFrom = nil
 		} else {
