@@ -57,6 +57,7 @@ func (s *sched) quotaCheck(tf *teamFlavor, acc, dv int, dm int64, within bool) R
 	return ""
 }
 
+// quotaOK reports whether j fits its team's nominal quota at its minimum size.
 func (s *sched) quotaOK(j *jobRT) bool {
 	return s.quotaCheck(j.tf, j.per*j.sp.min, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), true) == ""
 }

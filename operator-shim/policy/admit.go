@@ -5,8 +5,9 @@ import (
 	"time"
 )
 
-// finishSetup builds the pending queues of flavor f.
-func (s *sched) finishSetup(f *flavorRT) {
+// buildQueues builds the pending queues of flavor f: the flavor's in
+// admission order, and each team's.
+func (s *sched) buildQueues(f *flavorRT) {
 	for _, j := range f.jobs {
 		if j.size == 0 {
 			j.since, j.lastResize = time.Time{}, time.Time{}
@@ -38,6 +39,7 @@ func (s *sched) eligible(j *jobRT) bool {
 	return tf.head < len(tf.queue) && tf.queue[tf.head] == j
 }
 
+// admit places j on nodes and records it admitted (code: how).
 func (s *sched) admit(j *jobRT, nodes []*nodeRT, code ReasonCode) {
 	for _, n := range nodes {
 		s.attach(j, n)

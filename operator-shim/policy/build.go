@@ -211,6 +211,7 @@ func (s *sched) resolve(j *jobRT) {
 	j.setPending("", "")
 }
 
+// flavorList names the flavors team t has quotas for.
 func flavorList(t *teamRT) string {
 	var names []string
 	for _, q := range t.spec.Quotas {

@@ -5,6 +5,7 @@ import (
 	"strings"
 )
 
+// move is one job moved by defragmentation.
 type move struct {
 	v        *jobRT
 	from, to *nodeRT

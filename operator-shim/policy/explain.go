@@ -15,6 +15,8 @@ type holders struct {
 	all    []Holder
 }
 
+// holdersOf returns flavor f's holders, computed once per cycle from the
+// end state and cached.
 func (s *sched) holdersOf(f *flavorRT, cache map[*flavorRT]*holders) *holders {
 	if h := cache[f]; h != nil {
 		return h
@@ -59,6 +61,7 @@ func (s *sched) holdersOf(f *flavorRT, cache map[*flavorRT]*holders) *holders {
 	return h
 }
 
+// plural formats n with word, pluralised.
 func plural(n int, word string) string {
 	if n == 1 {
 		return fmt.Sprintf("%d %s", n, word)
@@ -66,6 +69,7 @@ func plural(n int, word string) string {
 	return fmt.Sprintf("%d %ss", n, word)
 }
 
+// holderNames lists holders for a message.
 func holderNames(hs []Holder) string {
 	if len(hs) == 0 {
 		return "nobody"
@@ -81,6 +85,7 @@ func holderNames(hs []Holder) string {
 	return strings.Join(parts, ", ")
 }
 
+// limitStr formats a borrowing limit.
 func limitStr(l int) string {
 	if l >= unlimited {
 		return "unlimited"

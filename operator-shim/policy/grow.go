@@ -55,6 +55,7 @@ func (s *sched) grow(f *flavorRT) {
 	}
 }
 
+// growStep grows j by one step if quota and nodes allow, else records why not.
 func (s *sched) growStep(j *jobRT) bool {
 	nx := j.nextSize(j.size)
 	if nx == 0 {

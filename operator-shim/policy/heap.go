@@ -6,17 +6,22 @@ type heap[T any] struct {
 	less  func(a, b T) bool
 }
 
+// newHeap returns an empty heap ordered by less.
 func newHeap[T any](less func(a, b T) bool) *heap[T] { return &heap[T]{less: less} }
 
+// len is the number of items.
 func (h *heap[T]) len() int { return len(h.items) }
 
+// top is the least item.
 func (h *heap[T]) top() T { return h.items[0] }
 
+// push adds x.
 func (h *heap[T]) push(x T) {
 	h.items = append(h.items, x)
 	h.up(len(h.items) - 1)
 }
 
+// pop removes and returns the least item.
 func (h *heap[T]) pop() T {
 	x := h.items[0]
 	n := len(h.items) - 1
@@ -28,12 +33,14 @@ func (h *heap[T]) pop() T {
 	return x
 }
 
+// fix restores the order after item i changed.
 func (h *heap[T]) fix(i int) {
 	if !h.down(i) {
 		h.up(i)
 	}
 }
 
+// up moves item i toward the root while it is less than its parent.
 func (h *heap[T]) up(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
@@ -45,6 +52,7 @@ func (h *heap[T]) up(i int) {
 	}
 }
 
+// down moves item i toward the leaves; it reports whether it moved.
 func (h *heap[T]) down(i int) bool {
 	start := i
 	n := len(h.items)

@@ -2,6 +2,7 @@ package policy
 
 import "slices"
 
+// attach places one more node of j on n and charges its team.
 func (s *sched) attach(j *jobRT, n *nodeRT) {
 	n.used += j.per
 	n.vcpuUsed += j.vcpu
@@ -22,6 +23,7 @@ func (s *sched) attach(j *jobRT, n *nodeRT) {
 	}
 }
 
+// detachNode releases j's node n (the caller updates j.nodes).
 func (s *sched) detachNode(j *jobRT, n *nodeRT) {
 	n.used -= j.per
 	n.vcpuUsed -= j.vcpu
@@ -98,6 +100,7 @@ func (s *sched) findNodes(j *jobRT, count int) []*nodeRT {
 	return s.scratch
 }
 
+// canPlace reports whether count more nodes for j are free.
 func (s *sched) canPlace(j *jobRT, count int) bool { return s.findNodes(j, count) != nil }
 
 // removeNodesExact releases exactly the given nodes of j.
@@ -119,6 +122,7 @@ func (s *sched) removeNodesExact(j *jobRT, rel []*nodeRT) []*nodeRT {
 	return rel
 }
 
+// moveJob moves single-node job v from node from to node to.
 func (s *sched) moveJob(v *jobRT, from, to *nodeRT) {
 	s.detachNode(v, from)
 	v.nodes = v.nodes[:0]

@@ -34,6 +34,7 @@ func (s *sched) priorityPreempt(f *flavorRT) {
 	}
 }
 
+// buildOwnLists builds tf's own victim lists (LowerPriority), once per cycle.
 func (s *sched) buildOwnLists(tf *teamFlavor) {
 	if tf.ownBuilt {
 		return

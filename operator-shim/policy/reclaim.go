@@ -32,6 +32,8 @@ func (s *sched) reclaim(f *flavorRT) {
 	}
 }
 
+// buildBorrowerLists builds flavor f's victim lists: running jobs of teams
+// above their nominal quota.
 func (s *sched) buildBorrowerLists(f *flavorRT) {
 	f.bShrink, f.bPreempt = f.bShrink[:0], f.bPreempt[:0]
 	f.bsPos, f.bpPos = 0, 0

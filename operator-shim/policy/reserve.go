@@ -17,6 +17,7 @@ func (s *sched) reserve(f *flavorRT) {
 	}
 }
 
+// unreserve gives back j's reservation.
 func (s *sched) unreserve(j *jobRT) {
 	if j.reservedAcc == 0 {
 		return

@@ -8,6 +8,9 @@ import (
 // unlimited stands for a missing borrowing limit.
 const unlimited = math.MaxInt32
 
+// flavorRT is one accelerator flavor: its nodes (by shape), capacity and
+// the cohorts, teams and jobs that use it. Flavors are scheduled
+// independently.
 type flavorRT struct {
 	name      string
 	shapes    []*shape // ascending cap
@@ -32,20 +35,24 @@ type flavorRT struct {
 	bsPos, bpPos      int
 }
 
+// memoKey keys the reclaim fail-fast memo.
 type memoKey struct {
 	tf        *teamFlavor
 	exclusive bool
 	per       int
 }
 
+// cohortRT is a cohort's lendable pool on one flavor.
 type cohortRT struct {
 	name     string
 	pool     int // sum of lendable quota
 	poolUsed int // sum of teams' use beyond their guaranteed part
 }
 
+// over is how far pool use pu exceeds the pool.
 func (c *cohortRT) over(pu int) int { return max(0, pu-c.pool) }
 
+// teamRT is a validated team.
 type teamRT struct {
 	spec    *Team
 	name    string
@@ -56,6 +63,7 @@ type teamRT struct {
 	flavors map[string]*teamFlavor
 }
 
+// teamFlavor is a team's quota on one flavor and its use in this cycle.
 type teamFlavor struct {
 	team        *teamRT
 	fl          *flavorRT
@@ -78,8 +86,12 @@ type teamFlavor struct {
 	ownBuilt              bool
 }
 
+// pu is the part of use u that draws on the cohort's pool (beyond the
+// guaranteed, unlendable part of the nominal quota).
 func (tf *teamFlavor) pu(u int) int { return max(0, u-tf.guaranteed) }
 
+// jobRT is a job's spec, its allocation as the cycle changes it, and what
+// the cycle decided for it (out).
 type jobRT struct {
 	spec      *Job
 	name      string
@@ -112,6 +124,8 @@ type jobRT struct {
 	reservedAcc int  // accelerators reserved for it (rule 4)
 }
 
+// sched is one engine cycle: the indexed input, the runtime records, and
+// the problems and released jobs to report.
 type sched struct {
 	now        time.Time
 	cfg        Config

@@ -2,6 +2,7 @@ package policy
 
 import "sort"
 
+// allowedMax is the largest allowed size.
 func (j *jobRT) allowedMax() int {
 	if j.sp.sizes != nil {
 		return j.sp.sizes[len(j.sp.sizes)-1]

@@ -5,6 +5,7 @@ import (
 	"time"
 )
 
+// action is one victim step (a shrink or a preemption), undoable.
 type action struct {
 	v        *jobRT
 	oldSize  int
@@ -13,6 +14,7 @@ type action struct {
 	undone   bool
 }
 
+// undo gives a's victim its released nodes back.
 func (s *sched) undo(a *action) {
 	for _, n := range a.released {
 		s.attach(a.v, n)
@@ -21,6 +23,7 @@ func (s *sched) undo(a *action) {
 	a.undone = true
 }
 
+// redo takes a's released nodes from its victim again.
 func (s *sched) redo(a *action) {
 	a.released = s.removeNodesExact(a.v, a.released)
 	a.undone = false
@@ -157,6 +160,7 @@ func (s *sched) takeVictims(j *jobRT, own bool, goal func() bool) ([]action, boo
 	return acts, preemptFrom(f.bPreempt, &f.bpPos, borrowing, false)
 }
 
+// undoAll undoes every step of acts not undone yet, newest first.
 func (s *sched) undoAll(acts []action) {
 	for i := len(acts) - 1; i >= 0; i-- {
 		if !acts[i].undone {
