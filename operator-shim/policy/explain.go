@@ -15,6 +15,8 @@ type holders struct {
 	all    []Holder
 }
 
+// holdersOf returns flavor f's holders, computed once per cycle from the
+// end state and cached.
 func (s *sched) holdersOf(f *flavorRT, cache map[*flavorRT]*holders) *holders {
 	if h := cache[f]; h != nil {
 		return h
@@ -59,6 +61,7 @@ func (s *sched) holdersOf(f *flavorRT, cache map[*flavorRT]*holders) *holders {
 	return h
 }
 
+// plural formats n with word, pluralised.
 func plural(n int, word string) string {
 	if n == 1 {
 		return fmt.Sprintf("%d %s", n, word)
@@ -66,6 +69,7 @@ func plural(n int, word string) string {
 	return fmt.Sprintf("%d %ss", n, word)
 }
 
+// holderNames lists holders for a message.
 func holderNames(hs []Holder) string {
 	if len(hs) == 0 {
 		return "nobody"
@@ -81,6 +85,7 @@ func holderNames(hs []Holder) string {
 	return strings.Join(parts, ", ")
 }
 
+// limitStr formats a borrowing limit.
 func limitStr(l int) string {
 	if l >= unlimited {
 		return "unlimited"
@@ -88,198 +93,121 @@ func limitStr(l int) string {
 	return fmt.Sprint(l)
 }
 
-// decide assembles the Decision.
-func (s *sched) decide() Decision {
-	d := Decision{Now: s.now, Problems: s.problems}
-	if len(s.released) > 0 {
-		d.Released = slices.Clone(s.released)
-		slices.Sort(d.Released)
-	}
-	cache := map[*flavorRT]*holders{}
-	d.Reasons = make([]Reason, 0, len(s.jobs))
-	for i := range s.jobs {
-		j := &s.jobs[i]
-		d.Reasons = append(d.Reasons, s.reason(j, cache))
-		if j.size == 0 {
-			continue
-		}
-		a := Allocation{
-			Job: j.name, Team: j.team.name, Flavor: j.flavor, Size: j.size,
-			AcceleratorsPerNode: j.per, Since: j.since, LastResize: j.lastResize,
-		}
-		if len(j.tookFrom) > 0 {
-			a.TookFrom = slices.Clone(j.tookFrom)
-			slices.Sort(a.TookFrom)
-		}
-		same := len(j.prevNodes) == j.size
-		for k := 0; same && k < j.size; k++ {
-			same = j.prevNodes[k] == j.nodes[k].name
-		}
-		if same {
-			a.Nodes = j.prevNodes
-		} else {
-			a.Nodes = make([]string, j.size)
-			for k, n := range j.nodes {
-				a.Nodes[k] = n.name
-			}
-		}
-		d.Allocations = append(d.Allocations, a)
-	}
-	for i := range s.teams {
-		t := &s.teams[i]
-		if !t.valid {
-			continue
-		}
-		names := make([]string, 0, len(t.flavors))
-		for n := range t.flavors {
-			names = append(names, n)
-		}
-		slices.Sort(names)
-		for _, n := range names {
-			tf := t.flavors[n]
-			u := TeamUsage{Team: t.name, Cohort: t.cohort, Flavor: n, Nominal: tf.nominal, Used: tf.used,
-				Borrowed: max(0, tf.used-tf.nominal), Running: tf.running}
-			for _, j := range tf.jobs {
-				if j.size == 0 && !j.spec.Suspended {
-					u.Pending++
-					u.PendingAccelerators += j.per * j.sp.min
-				}
-			}
-			d.Teams = append(d.Teams, u)
-		}
-	}
-	return d
-}
-
+// reason renders j's outcome into its Reason. The outcome was recorded by the
+// phase that decided it (outcome.go); what is rendered here is only what
+// needs the end of the cycle: the team's usage that admitted, grown and
+// running jobs name, the final size of a shrunk job, and, for a pending job,
+// what blocks it now (quota, holders, free capacity; see pendingReason).
 func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
-	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size}
-	rel := ""
-	if j.prevSize > 0 && j.size == 0 {
-		rel = fmt.Sprintf("; released %s", plural(j.prevSize, "node"))
-	}
-	switch {
-	case !j.valid:
-		r.Kind, r.Code, r.Message = KindInvalid, CodeInvalidSpec, "invalid spec: "+j.invalid+rel
-		return r
-	case j.spec.Suspended:
-		r.Kind, r.Code, r.Message = KindSuspended, CodeSuspended, "suspended"+rel
-		return r
-	case j.tf == nil:
-		r.Kind, r.Code, r.Message = KindPending, j.preCode, j.preMsg+rel
-		if j.prevSize > 0 {
-			r.Kind = KindPreempted
-		}
+	o := &j.out
+	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size, Kind: o.kind, Code: o.code, Message: o.msg}
+	if j.tf == nil || o.kind == KindSuspended {
+		// Invalid, suspended, no team or flavor: the message is complete.
 		return r
 	}
+	r.For, r.ForTeam = o.forJobs, o.forTeam
 	tf := j.tf
-	acc := j.per * j.size
-	// Built without fmt: this runs for every job every cycle.
-	usage := "team " + tf.team.name + " uses " + strconv.Itoa(tf.used) + " of nominal " + strconv.Itoa(tf.nominal) + " on " + j.flavor
-	r.For, r.ForTeam = j.forJobs, j.forTeam
-	r.Code = j.code
-	switch {
-	case j.size == 0 && j.prevSize > 0:
-		r.Kind = KindPreempted
-		switch j.code {
-		case CodeReclaim:
-			r.Message = fmt.Sprintf("preempted: team %s reclaimed its nominal quota for %s while team %s was borrowing; requeued", j.forTeam, strings.Join(j.forJobs, ", "), tf.team.name)
-		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("preempted by higher-priority %s of the same team %s (this job's priority is %d); requeued", strings.Join(j.forJobs, ", "), tf.team.name, j.sp.prio)
-		case CodeSpecChanged:
-			r.Message = fmt.Sprintf("spec changed (%s); requeued", j.detail)
-		default:
-			r.Code = CodeNodeLost
-			r.Message = "node(s) of the allocation lost and no replacement free; requeued"
+	switch o.kind {
+	case KindPreempted:
+		if j.prevSize > 0 {
+			return r
 		}
-		r.Message += rel
-	case j.size == 0:
+		// Admitted and preempted in this cycle: it waits like any pending job.
 		r.Kind = KindPending
 		s.pendingReason(j, &r, cache)
-	case j.prevSize == 0 || j.admittedNow:
-		r.Kind = KindAdmitted
+	case KindPending:
+		s.pendingReason(j, &r, cache)
+	case KindMoved:
+	case KindAdmitted:
 		min := j.sp.min
-		switch j.code {
+		switch o.code {
 		case CodeBorrowing:
-			r.Message = fmt.Sprintf("admitted at %s by borrowing idle quota (%s, borrowing limit %s)", plural(min, "node"), usage, limitStr(tf.borrowLimit))
+			r.Message = fmt.Sprintf("admitted at %s by borrowing idle quota (%s, borrowing limit %s)", plural(min, "node"), s.usage(j), limitStr(tf.borrowLimit))
 		case CodeReclaim:
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), usage)
+			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), s.usage(j))
 		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("admitted at %s by preempting lower-priority jobs of team %s (priority %d; %s)", plural(min, "node"), tf.team.name, j.sp.prio, usage)
+			r.Message = fmt.Sprintf("admitted at %s by preempting lower-priority jobs of team %s (priority %d; %s)", plural(min, "node"), tf.team.name, j.sp.prio, s.usage(j))
 		default:
-			r.Code = CodeWithinQuota
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota (%s)", plural(min, "node"), usage)
+			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota (%s)", plural(min, "node"), s.usage(j))
 		}
 		if j.size > min {
 			r.Message += fmt.Sprintf("; grown to %d by fair share", j.size)
 		}
-	case j.size > j.prevSize:
-		r.Kind = KindGrown
-		if j.repairedNow || j.code == CodeNodeLost {
-			r.Code = CodeNodeLost
-		} else {
-			r.Code = CodeFairShare
-		}
+	case KindGrown:
 		how := "within the team's nominal quota"
-		if j.grewBorrow {
+		if o.borrowed {
 			how = "by borrowing idle quota"
 		}
-		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share %s (%s)", j.prevSize, j.size, how, usage)
-	case j.size < j.prevSize:
+		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share %s (%s)", j.prevSize, j.size, how, s.usage(j))
+	case KindRepaired, KindShrunk:
+		if o.kind == KindRepaired && j.size == j.prevSize {
+			r.Message = fmt.Sprintf("lost node(s) replaced; still %s", plural(j.size, "node"))
+			break
+		}
+		// A repair that left the job below its previous size is a shrink.
 		r.Kind = KindShrunk
-		switch j.code {
+		switch o.code {
 		case CodeReclaim:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: team %s reclaimed its nominal quota for %s while team %s was borrowing", j.prevSize, j.size, j.forTeam, strings.Join(j.forJobs, ", "), tf.team.name)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: team %s reclaimed its nominal quota for %s while team %s was borrowing", j.prevSize, j.size, o.forTeam, strings.Join(o.forJobs, ", "), tf.team.name)
 		case CodePriorityPreemption:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes for higher-priority %s of the same team %s (this job's priority is %d)", j.prevSize, j.size, strings.Join(j.forJobs, ", "), tf.team.name, j.sp.prio)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes for higher-priority %s of the same team %s (this job's priority is %d)", j.prevSize, j.size, strings.Join(o.forJobs, ", "), tf.team.name, j.sp.prio)
 		case CodeSpecChanged:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: spec changed (%s)", j.prevSize, j.size, j.detail)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: spec changed (%s)", j.prevSize, j.size, o.detail)
 		default:
-			r.Code = CodeNodeLost
 			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: node(s) lost and no replacement free", j.prevSize, j.size)
 		}
-	case j.movedNow:
-		r.Kind, r.Code = KindMoved, CodeDefragment
-		from := "?"
-		if len(j.prevNodes) > 0 {
-			from = j.prevNodes[0]
-		}
-		r.Message = fmt.Sprintf("moved from node %s to %s to make room for %s of team %s (guaranteed quota; free capacity was fragmented)", from, j.nodes[0].name, strings.Join(j.forJobs, ", "), j.forTeam)
-	case j.repairedNow:
-		r.Kind, r.Code = KindRepaired, CodeNodeLost
-		r.Message = fmt.Sprintf("lost node(s) replaced; still %s", plural(j.size, "node"))
-	default:
-		r.Kind = KindRunning
-		r.Code = ""
-		nodes := " nodes ("
-		if j.size == 1 {
-			nodes = " node ("
-		}
-		r.Message = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(acc) + " accelerators; " + usage + ")"
-		if j.spec.Elastic {
-			r.Code = j.growBlock
-			switch {
-			case j.size >= j.allowedMax():
-				r.Code = CodeAtMax
-				r.Message += "; at maxNodes"
-			case j.growBlock == CodeStablePeriod:
-				r.Message += fmt.Sprintf("; may grow again after %s (min stable period %s)", j.lastResize.Add(s.stable).UTC().Format("15:04:05"), s.stable)
-			case j.growBlock == CodeBorrowingLimit:
-				r.Message += "; cannot grow: team at its borrowing limit"
-			case j.growBlock == CodeCohortExhausted:
-				r.Message += "; cannot grow: no idle quota left to borrow in the cohort"
-			case j.growBlock == CodeReserved:
-				r.Message += "; cannot grow: idle capacity is reserved for another team's guaranteed demand"
-			case j.growBlock == CodeQuotaExceeded:
-				r.Message += "; cannot grow: vCPU/memory quota"
-			case j.growBlock != "":
-				r.Code = CodeNoCapacity
-				r.Message += "; cannot grow: no idle nodes"
-			}
-		}
+	case KindRunning:
+		s.runningReason(j, &r)
 	}
 	return r
 }
 
+// usage is the team's usage of j's flavor at the end of the cycle. Built
+// without fmt: running jobs name it every cycle.
+func (s *sched) usage(j *jobRT) string {
+	tf := j.tf
+	return "team " + tf.team.name + " uses " + strconv.Itoa(tf.used) + " of nominal " + strconv.Itoa(tf.nominal) + " on " + j.flavor
+}
+
+// runningReason renders an unchanged job: its size and usage and, for an
+// elastic job, why it did not grow (recorded by grow).
+func (s *sched) runningReason(j *jobRT, r *Reason) {
+	nodes := " nodes ("
+	if j.size == 1 {
+		nodes = " node ("
+	}
+	r.Message = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(j.per*j.size) + " accelerators; " + s.usage(j) + ")"
+	if !j.spec.Elastic {
+		return
+	}
+	block := j.out.growBlock
+	r.Code = block
+	switch {
+	case j.size >= j.allowedMax():
+		r.Code = CodeAtMax
+		r.Message += "; at maxNodes"
+	case block == CodeStablePeriod:
+		r.Message += fmt.Sprintf("; may grow again after %s (min stable period %s)", j.lastResize.Add(s.stable).UTC().Format("15:04:05"), s.stable)
+	case block == CodeBorrowingLimit:
+		r.Message += "; cannot grow: team at its borrowing limit"
+	case block == CodeCohortExhausted:
+		r.Message += "; cannot grow: no idle quota left to borrow in the cohort"
+	case block == CodeReserved:
+		r.Message += "; cannot grow: idle capacity is reserved for another team's guaranteed demand"
+	case block == CodeQuotaExceeded:
+		r.Message += "; cannot grow: vCPU/memory quota"
+	case block != "":
+		r.Code = CodeNoCapacity
+		r.Message += "; cannot grow: no idle nodes"
+	}
+}
+
+// pendingReason renders why a pending job waits. Unlike the other outcomes
+// it is derived from the end state of the cycle, after every phase: the
+// cause (quota, StrictFIFO order, reserved or fragmented capacity), the
+// usage and the holders it names are what blocks the job now, and what the
+// next cycle starts from; a phase after the one that left the job waiting
+// may have taken or freed the capacity in between.
 func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders) {
 	tf, f := j.tf, j.fl
 	need := j.per * j.sp.min
@@ -295,7 +223,7 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 			if h == j {
 				break
 			}
-			if h.size == 0 && !h.preemptedNow {
+			if h.size == 0 && !h.preempted() {
 				r.Code = CodeStrictFIFO
 				r.Message = fmt.Sprintf("waiting behind %s of team %s (StrictFIFO queueing)", h.name, tf.team.name)
 				return

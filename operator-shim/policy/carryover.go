@@ -1,0 +1,154 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// carryOver places the current allocations (rule 1) and records what
+// became of each: kept, shrunk to the spec, requeued, or released.
+func (s *sched) carryOver(allocs []Allocation) {
+	type carried struct {
+		a *Allocation
+		j *jobRT
+	}
+	var list []carried
+	seen := map[string]bool{}
+	for i := range allocs {
+		a := &allocs[i]
+		if seen[a.Job] {
+			s.problem("allocation", a.Job, fmt.Errorf("allocation %q: listed twice; the first entry is used", a.Job))
+			continue
+		}
+		seen[a.Job] = true
+		j := s.jobByName[a.Job]
+		if j == nil {
+			s.released = append(s.released, a.Job)
+			continue
+		}
+		j.prevSize = len(a.Nodes)
+		j.prevNodes = a.Nodes
+		if a.Size != len(a.Nodes) {
+			s.problem("allocation", a.Job, fmt.Errorf("allocation %q: size %d but %d nodes; the node list is used", a.Job, a.Size, len(a.Nodes)))
+		}
+		if j.prevSize == 0 {
+			continue
+		}
+		j.since, j.lastResize = a.Since, a.LastResize
+		j.tookFrom = a.TookFrom
+		switch {
+		case !j.valid, j.tf == nil, j.spec.Suspended:
+			j.release()
+			continue
+		case (a.Flavor != "" && a.Flavor != j.flavor) || (a.AcceleratorsPerNode != 0 && a.AcceleratorsPerNode != j.per):
+			j.setRequeued(CodeSpecChanged, "spec changed (flavor or perNode.accelerators changed)")
+			continue
+		}
+		list = append(list, carried{a, j})
+	}
+	slices.SortFunc(list, func(x, y carried) int {
+		if x.j.sp.prio != y.j.sp.prio {
+			return y.j.sp.prio - x.j.sp.prio
+		}
+		if c := x.a.Since.Compare(y.a.Since); c != 0 {
+			return c
+		}
+		return strings.Compare(x.j.name, y.j.name)
+	})
+	for _, c := range list {
+		j, a := c.j, c.a
+		j.setCarried()
+		want := len(a.Nodes)
+		if !j.exclusive {
+			want = 1
+		}
+		lost := 0
+		dup := map[string]bool{}
+		for _, name := range a.Nodes {
+			if dup[name] {
+				continue
+			}
+			dup[name] = true
+			if j.size >= want {
+				break
+			}
+			n := s.nodeByName[name]
+			ok := n != nil && n.fl == j.fl && n.fitsExtra(j.vcpu, j.mem)
+			if ok && j.exclusive {
+				ok = len(n.jobs) == 0 && n.cap >= j.per
+			} else if ok {
+				ok = !n.exclusive && n.free() >= j.per
+			}
+			if !ok {
+				lost++
+				continue
+			}
+			s.attach(j, n)
+		}
+		if len(dup) < want {
+			want = len(dup)
+		}
+		// Clamp to the spec (maxNodes lowered, sizes changed).
+		target := j.floorSize(min(want, j.sp.max))
+		if target == 0 {
+			j.setRequeued(CodeSpecChanged, fmt.Sprintf("spec changed (minNodes %d is above the allocated %d nodes)", j.sp.min, want))
+			s.removeNodes(j, j.size)
+			continue
+		}
+		if target < want && lost == 0 {
+			j.setShrunk(CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max))
+		}
+		if j.size > target {
+			s.removeNodes(j, j.size-target)
+		}
+		switch {
+		case j.size < target:
+			// repair replaces the missing nodes and records the outcome.
+			j.repairNeed = target - j.size
+		case j.size < j.prevSize && j.out.kind == KindRunning:
+			// The allocation named nodes the job no longer holds (lost,
+			// listed twice, or more than a single-node job takes) and none
+			// need replacing.
+			j.setShrunk(CodeNodeLost, "")
+		}
+	}
+}
+
+// repair replaces lost nodes (highest priority first), or shrinks or
+// requeues jobs that cannot be repaired.
+func (s *sched) repair(f *flavorRT) {
+	var need []*jobRT
+	for _, j := range f.jobs {
+		if j.repairNeed > 0 {
+			need = append(need, j)
+		}
+	}
+	slices.SortFunc(need, jobOrder)
+	for _, j := range need {
+		var nodes []*nodeRT
+		if j.exclusive {
+			s.scratch = j.fl.pickWhole(j.per, j.vcpu, j.mem, j.repairNeed, s.scratch[:0])
+			nodes = s.scratch
+		} else {
+			nodes = s.findNodes(j, 1)
+		}
+		for _, n := range nodes {
+			s.attach(j, n)
+		}
+		if len(nodes) == j.repairNeed {
+			j.setRepaired()
+			j.lastResize = s.now
+			continue
+		}
+		target := j.floorSize(j.size)
+		if target == 0 {
+			s.removeNodes(j, j.size)
+			j.setRequeued(CodeNodeLost, "node(s) of the allocation lost and no replacement free")
+			continue
+		}
+		s.removeNodes(j, j.size-target)
+		j.setShrunk(CodeNodeLost, "")
+		j.lastResize = s.now
+	}
+}
