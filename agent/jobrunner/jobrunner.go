@@ -167,10 +167,9 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	if nproc == "" {
 		nproc = "1"
 	}
-	minN, maxN := max(1, spec.MinNodes), max(spec.MinNodes, spec.MaxNodes)
-	if len(spec.Sizes) > 0 {
-		minN, maxN = spec.Sizes[0], spec.Sizes[len(spec.Sizes)-1]
-	}
+	// maxNodes defaults to minNodes (and both to the ends of sizes):
+	// the same bounds the coordinator sizes the job within.
+	minN, maxN := spec.Bounds()
 	conf := "prefix=" + prefix
 	if rdzvConf != "" {
 		conf += "," + rdzvConf

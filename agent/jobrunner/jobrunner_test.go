@@ -126,6 +126,25 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	waitFor("the finish record", func() bool { f, _, _ := st.Finished(ctx); return f["j"].Outcome == fleet.Succeeded })
 }
 
+// A job without maxNodes runs at minNodes: it used to get --nnodes 1:0
+// and always fail.
+func TestArgsMaxNodesDefaultsToMinNodes(t *testing.T) {
+	for _, tc := range []struct {
+		job  policy.Job
+		want string
+	}{
+		{policy.Job{Name: "j"}, "1:1"},
+		{policy.Job{Name: "j", MinNodes: 3}, "3:3"},
+		{policy.Job{Name: "j", Sizes: []int{2, 4, 8}}, "2:8"},
+		{policy.Job{Name: "j", MinNodes: 2, MaxNodes: 6, Elastic: true}, "2:6"},
+	} {
+		args := Args(fleet.JobSpec{Job: tc.job, Run: fleet.RunSpec{Script: "t.py"}}, []string{"e:2379"}, "/p", "", "")
+		if args[0] != "--nnodes" || args[1] != tc.want {
+			t.Errorf("%+v: %v, want --nnodes %s", tc.job, args[:2], tc.want)
+		}
+	}
+}
+
 func TestArgs(t *testing.T) {
 	spec := fleet.JobSpec{Job: policy.Job{Name: "j", MinNodes: 2, MaxNodes: 4},
 		Run: fleet.RunSpec{Script: "train.py", Args: []string{"--lr", "1"}, NProcPerNode: "8", MaxRestarts: 3, GracefulTimeoutSeconds: 45}}

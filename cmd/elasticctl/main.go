@@ -390,10 +390,11 @@ func cmdGet(c *cli.Context, st *fleet.Store) error {
 			}
 		})
 	case "teams", "team":
-		teams, _, err := st.Teams(ctx)
+		teams, bad, err := st.Teams(ctx)
 		if err != nil {
 			return err
 		}
+		warnAll(c.App.ErrWriter, bad)
 		usage, _ := st.Usage(ctx)
 		return printOut(c, map[string]any{"teams": teams, "usage": usage}, func(w *tabwriter.Writer) {
 			fmt.Fprintln(w, "TEAM\tCOHORT\tWEIGHT\tFLAVOR\tNOMINAL\tUSED\tBORROWED\tRUNNING\tPENDING")

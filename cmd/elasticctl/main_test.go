@@ -86,8 +86,7 @@ func TestSubmitGrowReclaimDescribeResize(t *testing.T) {
 		for g := 0; g < 8; g++ {
 			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
 		}
-		b, _ := json.Marshal(inv)
-		cli.Put(ctx, "/hyperpodrun/nodes/"+inv.Node, string(b))
+		etcdtest.RegisterNode(t, cli, inv)
 	}
 	if out, errs, code := ctl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML)); code != 0 || !strings.Contains(out, "team/prod configured") {
 		t.Fatalf("apply: %d %s %s", code, out, errs)
@@ -240,15 +239,7 @@ func h100Node(name string) devices.Inventory {
 
 func putNode(t *testing.T, cli *clientv3.Client, inv devices.Inventory) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := json.Marshal(inv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, fleet.DefaultPrefix+"/nodes/"+inv.Node, string(b)); err != nil {
-		t.Fatal(err)
-	}
+	etcdtest.RegisterNode(t, cli, inv)
 }
 
 // startFleet starts etcd with n idle H100 nodes registered.

@@ -44,6 +44,8 @@ func run(args []string, stderr io.Writer) int {
 			&cli.DurationFlag{Name: "resync", Value: 2 * time.Second, Usage: "run a scheduling cycle at least this often"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9401", Usage: "address for /healthz and /metrics (empty: none)"},
 			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
+			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
+			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 		},
 		ErrWriter:      stderr,
 		OnUsageError:   func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
@@ -65,6 +67,15 @@ func serve(c *cli.Context) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if c.Int("max-events-per-job") < 1 || c.Int("max-events") < 1 {
+		return usageError{errors.New("--max-events-per-job and --max-events must be at least 1")}
+	}
+	if d := c.Duration("min-stable-period"); d < 0 || d > 24*time.Hour {
+		return usageError{fmt.Errorf("--min-stable-period %s: must be between 0 and 24h", d)}
+	}
+	if d := c.Duration("resync"); d < 100*time.Millisecond || d > time.Hour {
+		return usageError{fmt.Errorf("--resync %s: must be between 100ms and 1h", d)}
+	}
 	endpoints := strings.Split(c.String("etcd-endpoints"), ",")
 	if c.Bool("embedded-etcd") {
 		srv, err := etcdembed.Start(ctx, etcdembed.Options{})
@@ -105,7 +116,8 @@ func serve(c *cli.Context) error {
 	}
 	co := coordinator.New(cli, coordinator.Config{
 		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Logger: log,
-		Engine: policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
+		Engine:          policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
+		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
 		OnDecision: func(d policy.Decision) {
 			cycles.Inc()
 			running.Set(float64(len(d.Allocations)))

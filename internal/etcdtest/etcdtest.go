@@ -9,7 +9,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Start returns a running embedded etcd and a client connected to it.
@@ -28,4 +30,24 @@ func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
 	}
 	t.Cleanup(func() { cli.Close(); srv.Close() })
 	return srv, cli
+}
+
+// RegisterNode writes a node's inventory under a lease of its own, as a
+// node agent does (an inventory without a lease is ignored). The lease
+// lives until the test's etcd is closed.
+func RegisterNode(t testing.TB, cli *clientv3.Client, inv devices.Inventory) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := cli.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := fleet.New(cli, "").PutNodeOp(inv, clientv3.WithLease(l.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Do(ctx, op); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
@@ -232,10 +233,38 @@ func getJSON[T any](ctx context.Context, s *Store, key string) (*T, error) {
 	return &v, nil
 }
 
-// listJSON decodes every value under prefix; malformed values, and values
-// whose name (when name is set) disagrees with their key, are returned as
-// problems, not errors, so one bad key cannot stop the fleet.
-func listJSON[T any](ctx context.Context, s *Store, prefix string, name func(*T) string) ([]T, []error, error) {
+// decoder decodes and checks one record read from key.
+type decoder[T any] func(key string, v []byte) (*T, error)
+
+// jsonNamed decodes a JSON record whose name must match its key's last
+// segment and that must pass check (when set).
+func jsonNamed[T any](name func(*T) string, check func(*T) error) decoder[T] {
+	return func(key string, v []byte) (*T, error) {
+		var x T
+		if err := json.Unmarshal(v, &x); err != nil {
+			return nil, fmt.Errorf("malformed value at %s: %w (value %q)", key, err, clip(v))
+		}
+		if n := name(&x); path.Base(key) != n {
+			return nil, fmt.Errorf("ignoring %s: it names %q, which does not match its key", key, n)
+		}
+		if check != nil {
+			if err := check(&x); err != nil {
+				return nil, fmt.Errorf("invalid value at %s: %w", key, err)
+			}
+		}
+		return &x, nil
+	}
+}
+
+// lastGoodDepth bounds how many earlier versions of a malformed record are
+// tried for its last good value.
+const lastGoodDepth = 3
+
+// listRecords decodes every record under prefix. A malformed record is a
+// problem, never an error, so one bad key cannot stop the fleet; where the
+// record had a good value before (etcd still holds earlier revisions until
+// it compacts them), that last good value is used in its place.
+func listRecords[T any](ctx context.Context, s *Store, prefix string, dec decoder[T]) ([]T, []error, error) {
 	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
@@ -243,18 +272,40 @@ func listJSON[T any](ctx context.Context, s *Store, prefix string, name func(*T)
 	var out []T
 	var bad []error
 	for _, kv := range r.Kvs {
-		var v T
-		if err := json.Unmarshal(kv.Value, &v); err != nil {
-			bad = append(bad, fmt.Errorf("malformed value at %s: %w", kv.Key, err))
+		v, err := dec(string(kv.Key), kv.Value)
+		if err == nil {
+			out = append(out, *v)
 			continue
 		}
-		if name != nil && prefix+name(&v) != string(kv.Key) {
-			bad = append(bad, fmt.Errorf("ignoring %s: it names %q, which does not match its key", kv.Key, name(&v)))
+		if good, rev := lastGood(ctx, s, kv, dec); good != nil {
+			out = append(out, *good)
+			bad = append(bad, fmt.Errorf("%w; using its last good value (revision %d)", err, rev))
 			continue
 		}
-		out = append(out, v)
+		bad = append(bad, err)
 	}
 	return out, bad, nil
+}
+
+// lastGood reads the versions of kv before its current one, newest first,
+// and returns the first that decodes.
+func lastGood[T any](ctx context.Context, s *Store, kv *mvccpb.KeyValue, dec decoder[T]) (*T, int64) {
+	rev := kv.ModRevision
+	for range lastGoodDepth {
+		if rev <= kv.CreateRevision {
+			return nil, 0 // no earlier version of this key's life
+		}
+		r, err := s.Cli.Get(ctx, string(kv.Key), clientv3.WithRev(rev-1))
+		if err != nil || len(r.Kvs) == 0 {
+			return nil, 0 // compacted, or gone
+		}
+		old := r.Kvs[0]
+		if v, err := dec(string(old.Key), old.Value); err == nil {
+			return v, old.ModRevision
+		}
+		rev = old.ModRevision
+	}
+	return nil, 0
 }
 
 // putOp encodes v as the JSON value of key. Encoding fails only on values
@@ -288,7 +339,7 @@ func (s *Store) PutTeam(ctx context.Context, t api.Team) error {
 
 // Teams lists the teams.
 func (s *Store) Teams(ctx context.Context) ([]api.Team, []error, error) {
-	ts, bad, err := listJSON(ctx, s, s.Keys.TeamsPrefix(), func(t *api.Team) string { return t.Name })
+	ts, bad, err := listRecords(ctx, s, s.Keys.TeamsPrefix(), jsonNamed(func(t *api.Team) string { return t.Name }, func(t *api.Team) error { return t.Validate() }))
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
 	return ts, bad, err
 }
@@ -301,7 +352,10 @@ func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
 	return getJSON[api.Team](ctx, s, s.Keys.Team(name))
 }
 
-// SubmitJob stores a new job; it fails if the job exists.
+// SubmitJob stores a new job; it fails if the job exists, or if an earlier
+// job of the same name still has nodes in its rendezvous. Whatever an
+// earlier job of that name left (restart count, checkpoint record, desired
+// record, status) goes in the same transaction: a new job starts afresh.
 func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
 	if err := api.ValidateName("job", j.Name); err != nil {
 		return err
@@ -311,14 +365,83 @@ func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
 	if err != nil {
 		return err
 	}
-	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(op).Commit()
+	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name)).
+		Then(append([]clientv3.Op{op}, s.forgetOps(j.Name)...)...).Commit()
 	if err != nil {
 		return fmt.Errorf("write %s: %w", key, err)
 	}
-	if !r.Succeeded {
-		return fmt.Errorf("job %q already exists: delete it first, or choose another name", j.Name)
+	if r.Succeeded {
+		return nil
 	}
-	return nil
+	if g, err := s.Cli.Get(ctx, key, clientv3.WithCountOnly()); err == nil && g.Count == 0 {
+		return fmt.Errorf("job %q: an earlier job of that name is still leaving its nodes: try again in a few seconds, or choose another name", j.Name)
+	}
+	return fmt.Errorf("job %q already exists: delete it first, or choose another name", j.Name)
+}
+
+// noMembers holds while no node is a member of the job's rendezvous.
+func (s *Store) noMembers(job string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(s.Keys.Rdzv(job).Members), "=", 0).WithPrefix()
+}
+
+// forgetOps delete everything a job keeps besides its spec and finish
+// record: its rendezvous, restart count, checkpoint record, barriers,
+// desired record and status.
+func (s *Store) forgetOps(job string) []clientv3.Op {
+	return []clientv3.Op{
+		clientv3.OpDelete(s.Keys.Job(job), clientv3.WithPrefix()),
+		clientv3.OpDelete(s.Keys.Desired(job)),
+		clientv3.OpDelete(s.Keys.Status(job)),
+	}
+}
+
+// Forget removes what a deleted job left behind (see forgetOps) once none
+// of its nodes is left in its rendezvous and it has no spec; it reports
+// whether it did.
+func (s *Store) Forget(ctx context.Context, job string) (bool, error) {
+	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.Keys.Spec(job)), "=", 0), s.noMembers(job)).
+		Then(s.forgetOps(job)...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("forget job %q: %w", job, err)
+	}
+	return r.Succeeded, nil
+}
+
+// PruneEvents deletes the oldest events beyond perJob events of one job
+// and beyond total events in all; it returns how many it deleted.
+func (s *Store) PruneEvents(ctx context.Context, perJob, total int) (int, error) {
+	prefix := s.Keys.EventsPrefix()
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	keep := make([]bool, len(r.Kvs))
+	perJobCount := map[string]int{}
+	kept := 0
+	for i := len(r.Kvs) - 1; i >= 0; i-- { // newest first
+		_, job, _ := strings.Cut(strings.TrimPrefix(string(r.Kvs[i].Key), prefix), "-")
+		perJobCount[job]++
+		if perJobCount[job] <= perJob && kept < total {
+			keep[i] = true
+			kept++
+		}
+	}
+	var ops []clientv3.Op
+	for i, kv := range r.Kvs {
+		if !keep[i] {
+			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+		}
+	}
+	deleted := 0
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		if _, err := s.Cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			return deleted, fmt.Errorf("prune events: %w", err)
+		}
+		deleted += n
+		ops = ops[n:]
+	}
+	return deleted, nil
 }
 
 // UpdateJob applies f to a stored job atomically (retrying on conflicts).
@@ -376,7 +499,7 @@ func (s *Store) DeleteJob(ctx context.Context, name string) error {
 // Jobs lists the job specs. A spec whose name disagrees with its key is
 // a problem, never a job.
 func (s *Store) Jobs(ctx context.Context) ([]JobSpec, []error, error) {
-	js, bad, err := listJSON(ctx, s, s.Keys.SpecsPrefix(), func(j *JobSpec) string { return j.Name })
+	js, bad, err := listRecords(ctx, s, s.Keys.SpecsPrefix(), jsonNamed(func(j *JobSpec) string { return j.Name }, nil))
 	sort.Slice(js, func(i, j int) bool { return js[i].Name < js[j].Name })
 	return js, bad, err
 }
@@ -402,25 +525,10 @@ func (s *Store) Desired(ctx context.Context, job string) (*Desired, error) {
 	return DecodeDesired(key, r.Kvs[0].Value)
 }
 
-// DesiredAll lists every job's desired record, sorted by job; malformed
-// records are returned as problems.
+// DesiredAll lists every job's desired record; malformed records are
+// returned as problems (with their last good value used where one exists).
 func (s *Store) DesiredAll(ctx context.Context) ([]Desired, []error, error) {
-	prefix := s.Keys.DesiredPrefix()
-	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
-	if err != nil {
-		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
-	}
-	var out []Desired
-	var bad []error
-	for _, kv := range r.Kvs {
-		d, err := DecodeDesired(string(kv.Key), kv.Value)
-		if err != nil {
-			bad = append(bad, err)
-			continue
-		}
-		out = append(out, *d)
-	}
-	return out, bad, nil
+	return listRecords(ctx, s, s.Keys.DesiredPrefix(), DecodeDesired)
 }
 
 // PutDesiredOp is the write of a job's whole desired record, for a
@@ -462,7 +570,7 @@ func (s *Store) SetTarget(ctx context.Context, job string, size int) error {
 // Allocations lists the jobs the desired records place on nodes.
 func (s *Store) Allocations(ctx context.Context) ([]api.Allocation, []error, error) {
 	ds, bad, err := s.DesiredAll(ctx)
-	var as []api.Allocation
+	as := []api.Allocation{}
 	for _, d := range ds {
 		if d.Running() {
 			as = append(as, d.Allocation)
@@ -511,7 +619,7 @@ func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
 // Statuses lists every job's latest decision; malformed records are
 // returned as problems.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, []error, error) {
-	st, bad, err := listJSON(ctx, s, s.Keys.StatusPrefix(), func(x *Status) string { return x.Job })
+	st, bad, err := listRecords(ctx, s, s.Keys.StatusPrefix(), jsonNamed(func(x *Status) string { return x.Job }, nil))
 	out := make(map[string]Status, len(st))
 	for _, x := range st {
 		out[x.Job] = x
@@ -550,6 +658,12 @@ func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error)
 	var out []devices.Inventory
 	var bad []error
 	for _, kv := range r.Kvs {
+		if kv.Lease == 0 {
+			// An inventory counts only while its agent's lease proves the
+			// agent alive; one without a lease would never expire.
+			bad = append(bad, fmt.Errorf("ignoring %s: a node inventory must be written under its agent's lease", kv.Key))
+			continue
+		}
 		inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
 		if err != nil {
 			bad = append(bad, err)

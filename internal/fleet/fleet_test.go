@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -52,5 +53,41 @@ func TestEventsAtAndWatchFromItsRevision(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the event written after the read never arrived")
+	}
+}
+
+// The decision history is bounded per job and in total; the newest events
+// stay.
+func TestPruneEventsKeepsTheNewestWithinBothBounds(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	put := func(sec int, job string) {
+		t.Helper()
+		if err := st.PutEvent(ctx, fleet.Event{Time: time.Unix(1_800_000_000+int64(sec), 0), Reason: policy.Reason{Job: job, Kind: policy.KindAdmitted}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		put(i, "busy")
+	}
+	for i := range 3 {
+		put(100+i, "quiet-job")
+	}
+	n, err := st.PruneEvents(ctx, 4, 6)
+	if err != nil || n != 7 {
+		t.Fatalf("pruned %d (%v), want 7: busy keeps 4 of 10, then the oldest go until 6 remain", n, err)
+	}
+	evs, _, err := st.Events(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, fmt.Sprintf("%s@%d", e.Job, e.Time.Unix()-1_800_000_000))
+	}
+	if len(got) != 6 || got[len(got)-1] != "quiet-job@102" || got[0] != "busy@7" {
+		t.Errorf("kept %v, want busy@7..9 and the three quiet-job events (the newest six within 4 per job)", got)
 	}
 }

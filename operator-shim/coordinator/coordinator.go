@@ -40,6 +40,11 @@ type Config struct {
 	SessionTTL int
 	// Engine tunes the policy engine.
 	Engine policy.Config
+	// MaxEventsPerJob and MaxEvents bound the decision history kept in etcd
+	// (defaults 200 and 20,000); the oldest events go first.
+	MaxEventsPerJob, MaxEvents int
+	// PruneInterval is how often the history is pruned (default 30s).
+	PruneInterval time.Duration
 	// Now is the clock (default time.Now); the engine itself never reads it.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -68,6 +73,15 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxEventsPerJob <= 0 {
+		cfg.MaxEventsPerJob = 200
+	}
+	if cfg.MaxEvents <= 0 {
+		cfg.MaxEvents = 20000
+	}
+	if cfg.PruneInterval <= 0 {
+		cfg.PruneInterval = 30 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -122,6 +136,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	del := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.store.Keys.Root(), clientv3.WithPrefix(), clientv3.WithFilterPut())
 	tick := time.NewTicker(c.cfg.Resync)
 	defer tick.Stop()
+	prune := time.NewTicker(c.cfg.PruneInterval)
+	defer prune.Stop()
 	dirty := true
 	var debounce <-chan time.Time
 	for {
@@ -145,6 +161,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 			dirty = dirty || c.relevant(w.Events)
 		case <-tick.C:
 			dirty = true
+		case <-prune.C:
+			c.pruneEvents(lctx)
 		case <-debounce:
 			debounce = nil
 			dirty = false
@@ -198,36 +216,39 @@ func NodeFromInventory(inv devices.Inventory) policy.Node {
 
 // State reads the engine's input from etcd.
 func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
-	st, _, err := c.read(ctx)
+	st, _, _, err := c.read(ctx)
 	return st, err
 }
 
-// read is State plus every job's desired record, by job.
-func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.Desired, error) {
+// read is State plus every job's desired record, by job, and the names of
+// the jobs that have a spec.
+func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.Desired, map[string]bool, error) {
 	st := policy.State{Now: c.cfg.Now(), Config: c.cfg.Engine}
 	invs, bad, err := c.store.Nodes(ctx)
 	if err != nil {
-		return st, nil, err
+		return st, nil, nil, err
 	}
 	c.logBad("node", bad)
 	for _, inv := range invs {
 		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
 	}
 	if st.Teams, bad, err = c.store.Teams(ctx); err != nil {
-		return st, nil, err
+		return st, nil, nil, err
 	}
 	c.logBad("team", bad)
 	specs, bad, err := c.store.Jobs(ctx)
 	if err != nil {
-		return st, nil, err
+		return st, nil, nil, err
 	}
 	c.logBad("job", bad)
 	finished, bad, err := c.store.Finished(ctx)
 	if err != nil {
-		return st, nil, err
+		return st, nil, nil, err
 	}
 	c.logBad("finish record", bad)
+	names := make(map[string]bool, len(specs))
 	for _, s := range specs {
+		names[s.Name] = true
 		if _, done := finished[s.Name]; done {
 			continue // succeeded or failed: its capacity is released
 		}
@@ -235,7 +256,7 @@ func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.
 	}
 	ds, bad, err := c.store.DesiredAll(ctx)
 	if err != nil {
-		return st, nil, err
+		return st, nil, nil, err
 	}
 	c.logBad("desired record", bad)
 	desired := make(map[string]fleet.Desired, len(ds))
@@ -245,7 +266,39 @@ func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.
 			st.Allocations = append(st.Allocations, d.Allocation)
 		}
 	}
-	return st, desired, nil
+	return st, desired, names, nil
+}
+
+// forgetDeleted removes what deleted jobs left behind (rendezvous, restart
+// count, checkpoint record, desired record, status) once their nodes have
+// left: a job submitted again under the same name starts afresh.
+func (c *Coordinator) forgetDeleted(ctx context.Context, desired map[string]fleet.Desired, specs map[string]bool) {
+	for job, d := range desired {
+		if specs[job] || d.Stop == nil || ctx.Err() != nil {
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		done, err := c.store.Forget(fctx, job)
+		cancel()
+		switch {
+		case err != nil:
+			c.log.Warn("cannot forget a deleted job yet", "job", job, "err", err)
+		case done:
+			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
+		}
+	}
+}
+
+// pruneEvents bounds the decision history.
+func (c *Coordinator) pruneEvents(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	n, err := c.store.PruneEvents(pctx, c.cfg.MaxEventsPerJob, c.cfg.MaxEvents)
+	if err != nil {
+		c.log.Warn("prune events", "err", err)
+	} else if n > 0 {
+		c.log.Info("pruned old events", "deleted", n)
+	}
 }
 
 func (c *Coordinator) logBad(what string, bad []error) {
@@ -262,7 +315,7 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 
 // cycle is Cycle; again says a follow-up cycle is due (a job was preempted).
 func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
-	st, desired, err := c.read(ctx)
+	st, desired, specs, err := c.read(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -296,6 +349,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		}
 		ops = ops[n:]
 	}
+	c.forgetDeleted(ctx, desired, specs)
 	return again, nil
 }
 

@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -28,8 +27,7 @@ func setup(t *testing.T) (*clientv3.Client, context.Context) {
 		for d := 0; d < 16; d++ {
 			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: "trainium2", Healthy: true})
 		}
-		b, _ := json.Marshal(inv)
-		cli.Put(ctx, "/hyperpodrun/nodes/"+inv.Node, string(b))
+		etcdtest.RegisterNode(t, cli, inv)
 	}
 	st := fleet.New(cli, "")
 	st.PutTeam(ctx, policy.Team{Name: "a", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 48}}})
