@@ -122,6 +122,74 @@ type scaleEvent struct {
 	span trace.Span
 }
 
+// workerState is where this node's workers stand, after torch's
+// WorkerState (torch/distributed/elastic/agent/server/api.py). The agent's
+// loop joins a round (init), runs the workers (healthy) and ends each round
+// in one of the other states: unhealthy and stopped go on to the next
+// round, succeeded and failed end the agent.
+type workerState int
+
+const (
+	// workersInit: joining a round; no workers run.
+	workersInit workerState = iota
+	// workersHealthy: the round's workers run.
+	workersHealthy
+	// workersUnhealthy: a worker failed; the failure is reported and the
+	// job restarts at the next round.
+	workersUnhealthy
+	// workersStopped: the workers were stopped because the round changed
+	// (a planned change, a lost or failed member elsewhere, fencing); the
+	// agent joins the next round.
+	workersStopped
+	// workersSucceeded: the workers succeeded, or this node was drained;
+	// the agent exits 0.
+	workersSucceeded
+	// workersFailed: the agent gives up (signal, error, cancelled); it
+	// exits with the step's error.
+	workersFailed
+)
+
+func (s workerState) String() string {
+	switch s {
+	case workersInit:
+		return "INIT"
+	case workersHealthy:
+		return "HEALTHY"
+	case workersUnhealthy:
+		return "UNHEALTHY"
+	case workersStopped:
+		return "STOPPED"
+	case workersSucceeded:
+		return "SUCCEEDED"
+	case workersFailed:
+		return "FAILED"
+	}
+	return fmt.Sprintf("workerState(%d)", int(s))
+}
+
+// final says the agent is done in this state.
+func (s workerState) final() bool { return s == workersSucceeded || s == workersFailed }
+
+// roundEnd is how a round's workers ended: the state, the scaling event
+// that ended the round (workersStopped; nil when there is none to trace)
+// and, in a final state, the agent's outcome (nil: exit 0).
+type roundEnd struct {
+	state workerState
+	next  *scaleEvent
+	err   error
+}
+
+// finished ends the agent with err: succeeded when nil, else failed.
+func finished(err error) roundEnd {
+	if err != nil {
+		return roundEnd{state: workersFailed, err: err}
+	}
+	return roundEnd{state: workersSucceeded}
+}
+
+// failedWith ends the agent with err.
+func failedWith(err error) roundEnd { return roundEnd{state: workersFailed, err: err} }
+
 func (e *elastic) run(ctx context.Context) (err error) {
 	o := e.o
 	e.store = checkpoint.NewStore(e.cli, e.cfg.Prefix, e.cfg.JobID)
@@ -165,7 +233,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	for {
 		round, sig, err := e.join(ctx, event)
 		if sig != 0 {
-			return e.leaveOnSignal(sig, "while waiting for a round")
+			return e.leaveOnSignal(ctx, sig, "while waiting for a round")
 		}
 		if errors.Is(err, rendezvous.ErrLeaseLost) {
 			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
@@ -184,7 +252,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			return &ExitError{1, err}
 		}
 		if restarts > o.MaxRestarts {
-			e.node.Leave(context.Background())
+			e.leave(ctx)
 			return &ExitError{1, fmt.Errorf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", e.cfg.JobID, restarts, o.MaxRestarts)}
 		}
 		// No node starts the round's workers until every member has
@@ -192,7 +260,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		if change, err := e.barrier(ctx, round, event); err != nil {
 			var se signalError
 			if errors.As(err, &se) {
-				return e.leaveOnSignal(se.sig, "before the round's workers started")
+				return e.leaveOnSignal(ctx, se.sig, "before the round's workers started")
 			}
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
 				if err := e.newNode(); err != nil {
@@ -200,7 +268,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 				}
 				continue
 			}
-			e.node.Leave(context.Background())
+			e.leave(ctx)
 			return &ExitError{1, err}
 		} else if change != nil {
 			e.log.Info("round superseded before it started", "round", round.Number, "reason", change.Reason, "detail", change.Detail)
@@ -209,16 +277,18 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		g, err := e.start(ctx, round, restarts, attempt, event)
 		event = nil
 		if err != nil {
-			e.node.Leave(context.Background())
+			e.leave(ctx)
 			return &ExitError{1, err}
 		}
 		attempt++
 
-		done, next, err := e.watch(ctx, g, round)
-		if done {
-			return err
+		// The workers are HEALTHY until watch says how they ended.
+		end := e.watch(ctx, g, round)
+		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
+		if end.state.final() {
+			return end.err
 		}
-		event = next
+		event = end.next
 	}
 }
 
@@ -284,26 +354,21 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 	defer span.End()
 	keys := fleet.NewKeys(e.cfg.Prefix)
 	dir := keys.ReadyRound(e.cfg.JobID, r.Number)
-	if _, err := e.cli.Put(ctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
+	wctx, wcancel := context.WithTimeout(ctx, e.opTimeout())
+	defer wcancel()
+	if _, err := e.cli.Put(wctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
 		return nil, fmt.Errorf("mark ready for round %d: %w", r.Number, err)
 	}
 	if r.Rank == 0 && r.Number > 1 {
 		// Old rounds' markers are garbage now.
-		e.cli.Delete(ctx, keys.ReadyPrefix(e.cfg.JobID), clientv3.WithRange(keys.ReadyRound(e.cfg.JobID, r.Number-1)))
+		e.cli.Delete(wctx, keys.ReadyPrefix(e.cfg.JobID), clientv3.WithRange(keys.ReadyRound(e.cfg.JobID, r.Number-1)))
 	}
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	changed := make(chan rendezvous.Change, 1)
-	failed := make(chan error, 1)
-	go func() {
-		c, err := e.node.Next(bctx, r)
-		if err != nil {
-			failed <- err
-			return
-		}
-		changed <- c
-	}()
-	resp, err := e.cli.Get(bctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	changed, failed := e.superseded(bctx, r)
+	rctx, rcancel := context.WithTimeout(bctx, e.opTimeout())
+	resp, err := e.cli.Get(rctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	rcancel()
 	if err != nil {
 		return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
 	}
@@ -343,8 +408,8 @@ func (e signalError) Error() string { return "received " + launcher.SignalName(e
 
 // leaveOnSignal leaves the job when a signal arrives while no workers run:
 // SIGUSR2 (a planned drain) exits 0, any other signal exits 1 as torchrun.
-func (e *elastic) leaveOnSignal(sig syscall.Signal, when string) error {
-	e.node.Leave(context.Background())
+func (e *elastic) leaveOnSignal(ctx context.Context, sig syscall.Signal, when string) error {
+	e.leave(ctx)
 	if sig == syscall.SIGUSR2 {
 		e.log.Info("drained "+when, "signal", launcher.SignalName(sig))
 		return nil
@@ -368,7 +433,9 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 		env[k] = v
 	}
 	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
-	rec, err := e.store.Latest(ctx)
+	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
+	rec, err := e.store.Latest(lctx)
+	lcancel()
 	if err != nil {
 		return nil, err
 	}
@@ -420,23 +487,15 @@ func resumeStep(r *checkpoint.Record) int64 {
 	return r.Step
 }
 
-// watch waits while the round's workers run. done says the agent is
-// finished (err is the outcome); otherwise next is the scaling event that
-// ended the round and the loop joins the next one.
-func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Round) (done bool, next *scaleEvent, err error) {
+// watch waits while the round's workers run (workersHealthy) and returns
+// how they ended: in a final state the agent is finished (err is the
+// outcome); otherwise the loop joins the next round, next being the
+// scaling event that ended this one.
+func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Round) roundEnd {
 	o := e.o
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	changes := make(chan rendezvous.Change, 1)
-	nextErr := make(chan error, 1)
-	go func() {
-		c, err := e.node.Next(nctx, r)
-		if err != nil {
-			nextErr <- err
-			return
-		}
-		changes <- c
-	}()
+	changes, nextErr := e.superseded(nctx, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
 
 	select {
@@ -448,44 +507,81 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 			e.log.Info("workers stopped for a planned change", "round", r.Number)
 			ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
 				trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
-			return false, &scaleEvent{ectx, span}, nil
+			return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
 		}
 		if res.OK() {
 			e.log.Info("workers succeeded", "round", r.Number)
-			if err := e.node.Finish(context.Background(), r); err != nil {
+			if err := e.node.Finish(detached(ctx), r); err != nil {
 				e.log.Warn("finish rendezvous", "err", err)
 			}
-			return true, nil, runHook(ctx, "post-train", o.PostTrain)
+			return finished(runHook(ctx, "post-train", o.PostTrain))
 		}
 		return e.failed(ctx, g, r)
 	case <-g.Failed():
 		stopAll(o.ShutdownSignal)
 		return e.failed(ctx, g, r)
 	case c := <-changes:
-		return false, e.change(ctx, g, r, c), nil
+		return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
 	case err := <-nextErr:
 		if errors.Is(err, rendezvous.ErrLeaseLost) {
 			return e.fence(g, r)
 		}
 		stopAll(o.ShutdownSignal)
-		e.node.Leave(context.Background())
-		return true, nil, &ExitError{1, err}
+		e.leave(ctx)
+		return failedWith(&ExitError{1, err})
 	case <-e.node.LeaseLost():
 		return e.fence(g, r)
 	case s := <-o.Signals:
 		sig, _ := s.(syscall.Signal)
 		if sig == syscall.SIGUSR2 {
-			return true, nil, e.drain(g, r)
+			return finished(e.drain(ctx, g, r))
 		}
 		e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
 		stopAll(sig)
-		e.node.Leave(context.Background())
-		return true, nil, &ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))}
+		e.leave(ctx)
+		return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
 	case <-ctx.Done():
 		stopAll(o.ShutdownSignal)
-		e.node.Leave(context.Background())
-		return true, nil, &ExitError{1, ctx.Err()}
+		e.leave(ctx)
+		return failedWith(&ExitError{1, ctx.Err()})
 	}
+}
+
+// superseded runs Next for round r in a goroutine: the first channel gets
+// the change that supersedes r, the second Next's error. Both are buffered,
+// so the goroutine ends with ctx whether or not anyone reads them.
+func (e *elastic) superseded(ctx context.Context, r *rendezvous.Round) (<-chan rendezvous.Change, <-chan error) {
+	changes := make(chan rendezvous.Change, 1)
+	errs := make(chan error, 1)
+	go func() {
+		c, err := e.node.Next(ctx, r)
+		if err != nil {
+			errs <- err
+			return
+		}
+		changes <- c
+	}()
+	return changes, errs
+}
+
+// detached is ctx without its cancellation, for the rendezvous calls that
+// must still be made when ctx ends (Leave, Finish): they bound each etcd
+// request with a deadline of their own, derived from it.
+func detached(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// leave revokes this node's lease (the others see it gone at once).
+func (e *elastic) leave(ctx context.Context) {
+	e.node.Leave(detached(ctx))
+}
+
+// opTimeout bounds each etcd request the agent makes itself, as the
+// rendezvous bounds its own: the longer of 5s and two lease TTLs.
+func (e *elastic) opTimeout() time.Duration {
+	ttl := e.cfg.LeaseTTL
+	if ttl == 0 {
+		ttl = rendezvous.DefaultLeaseTTL
+	}
+	return max(5*time.Second, 2*ttl)
 }
 
 // drain is a planned leave of this node (SIGUSR2, sent by the node agent
@@ -497,22 +593,22 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 // record the node agent reacted to says why: the workers are then told
 // "preemption" or "shutdown" (new world size 0) with the coordinator's
 // reason, not "drain".
-func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
-	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(checkpoint.Drain, r)}
-	if stop, ok := e.stopRecord(); ok {
+func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Round) error {
+	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(ctx, checkpoint.Drain, r)}
+	if stop, ok := e.stopRecord(ctx); ok {
 		ev = checkpoint.Event{Kind: checkpoint.EventKind(stop.Kind), Reason: stop.Reason}
 	} else {
 		// Tell every member first: the closer proposes the next round
 		// without this node at once, and the other agents announce it to
 		// their workers, so no worker learns of it from a broken collective.
-		e.tellMembersWeDrain(r, &ev)
+		e.tellMembersWeDrain(ctx, r, &ev)
 	}
 	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
 	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
 		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(ev.Kind)), attribute.Int64("from_round", r.Number)))
 	defer span.End()
 	e.announceAndWait(ectx, g, r, ev)
-	if err := e.node.Leave(context.Background()); err != nil {
+	if err := e.node.Leave(detached(ctx)); err != nil {
 		e.log.Warn("leave rendezvous", "err", err)
 	}
 	return nil
@@ -521,8 +617,8 @@ func (e *elastic) drain(g *launcher.Group, r *rendezvous.Round) error {
 // tellMembersWeDrain marks this node as leaving in the rendezvous and waits
 // briefly for the round without it, whose world size the workers are told.
 // Without an answer the drain goes on as a local announcement.
-func (e *elastic) tellMembersWeDrain(r *rendezvous.Round, ev *checkpoint.Event) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+func (e *elastic) tellMembersWeDrain(ctx context.Context, r *rendezvous.Round, ev *checkpoint.Event) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := e.node.Drain(ctx); err != nil {
 		e.log.Warn("could not tell the other members this node drains; announcing to this node's workers only", "err", err)
@@ -541,8 +637,8 @@ func (e *elastic) tellMembersWeDrain(r *rendezvous.Round, ev *checkpoint.Event) 
 
 // desired reads the job's desired record (nil when there is none, it
 // cannot be read in time, or it is malformed: each logged).
-func (e *elastic) desired() *fleet.Desired {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+func (e *elastic) desired(ctx context.Context) *fleet.Desired {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	d, err := fleet.New(e.cli, e.cfg.Prefix).Desired(ctx, e.cfg.JobID)
 	if err != nil {
@@ -554,8 +650,8 @@ func (e *elastic) desired() *fleet.Desired {
 
 // stopRecord is why the coordinator took the job's whole allocation away;
 // ok is false when it did not (a single node drained, or no coordinator).
-func (e *elastic) stopRecord() (fleet.Stop, bool) {
-	d := e.desired()
+func (e *elastic) stopRecord(ctx context.Context) (fleet.Stop, bool) {
+	d := e.desired(ctx)
 	if d == nil || d.Stop == nil {
 		return fleet.Stop{}, false
 	}
@@ -565,7 +661,7 @@ func (e *elastic) stopRecord() (fleet.Stop, bool) {
 // newWorldSize estimates the world size after a planned change (nodes are
 // assumed to run this node's --nproc-per-node): the target for a resize,
 // one node more for a waiting node, one fewer for a drain.
-func (e *elastic) newWorldSize(kind checkpoint.EventKind, r *rendezvous.Round) int {
+func (e *elastic) newWorldSize(ctx context.Context, kind checkpoint.EventKind, r *rendezvous.Round) int {
 	nodes := r.NumNodes
 	switch kind {
 	case checkpoint.ScaleUp:
@@ -573,7 +669,7 @@ func (e *elastic) newWorldSize(kind checkpoint.EventKind, r *rendezvous.Round) i
 	case checkpoint.Drain:
 		nodes--
 	default:
-		if t := e.desired().Target(); t > 0 {
+		if t := e.desired(ctx).Target(); t > 0 {
 			nodes = t
 		}
 	}
@@ -583,17 +679,17 @@ func (e *elastic) newWorldSize(kind checkpoint.EventKind, r *rendezvous.Round) i
 
 // fence stops the workers at once: this agent can no longer prove its
 // lease alive, so another node may soon be given its ranks.
-func (e *elastic) fence(g *launcher.Group, r *rendezvous.Round) (bool, *scaleEvent, error) {
+func (e *elastic) fence(g *launcher.Group, r *rendezvous.Round) roundEnd {
 	e.log.Error("lease lost: killing workers before the lease can expire (fencing)", "round", r.Number)
 	g.Stop(syscall.SIGKILL, 0)
 	if err := e.newNode(); err != nil {
-		return true, nil, err
+		return failedWith(err)
 	}
-	return false, nil, nil
+	return roundEnd{state: workersStopped}
 }
 
 // failed reports a worker failure to the job and prints the summary.
-func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.Round) (bool, *scaleEvent, error) {
+func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.Round) roundEnd {
 	res := g.Result()
 	detail := "worker failed"
 	if rc := res.RootCause; rc != nil {
@@ -602,10 +698,10 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	fmt.Fprint(e.o.stderrW(), res.Summary(e.o.Spec.Entrypoint))
 	n, err := e.node.ReportFailure(ctx, r, detail)
 	if err != nil {
-		return true, nil, &ExitError{1, fmt.Errorf("report worker failure: %w", err)}
+		return failedWith(&ExitError{1, fmt.Errorf("report worker failure: %w", err)})
 	}
 	e.log.Warn("worker failed; the job restarts at the next round", "detail", detail, "job_restarts", n, "max_restarts", e.o.MaxRestarts)
-	return false, nil, nil
+	return roundEnd{state: workersUnhealthy}
 }
 
 // change handles a superseded round: planned changes are announced to the
@@ -627,7 +723,7 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 		sspan.End()
 		return &scaleEvent{ectx, span}
 	}
-	e.announceAndWait(ectx, g, r, e.plannedEvent(c, r))
+	e.announceAndWait(ectx, g, r, e.plannedEvent(ctx, c, r))
 	return &scaleEvent{ectx, span}
 }
 
@@ -650,7 +746,7 @@ func changeTrace(job string, round int64, id string) context.Context {
 // scale_down when the proposed round is larger or smaller, with its world
 // size; resize when the size stays (or is not proposed yet, in which case
 // the world size is estimated from the target).
-func (e *elastic) plannedEvent(c rendezvous.Change, r *rendezvous.Round) checkpoint.Event {
+func (e *elastic) plannedEvent(ctx context.Context, c rendezvous.Change, r *rendezvous.Round) checkpoint.Event {
 	switch {
 	case c.WorldSize > 0 && c.NumNodes > r.NumNodes:
 		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: c.WorldSize, Reason: c.Detail}
@@ -659,9 +755,9 @@ func (e *elastic) plannedEvent(c rendezvous.Change, r *rendezvous.Round) checkpo
 	case c.WorldSize > 0:
 		return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: c.WorldSize, Reason: c.Detail}
 	case c.Reason == rendezvous.NodeWaiting:
-		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: e.newWorldSize(checkpoint.ScaleUp, r), Reason: c.Detail}
+		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: e.newWorldSize(ctx, checkpoint.ScaleUp, r), Reason: c.Detail}
 	}
-	return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: e.newWorldSize(checkpoint.Resize, r), Reason: c.Detail}
+	return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: e.newWorldSize(ctx, checkpoint.Resize, r), Reason: c.Detail}
 }
 
 // announceAndWait announces a planned change to the workers (event file,

@@ -1,13 +1,11 @@
 package rendezvous
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -60,8 +58,7 @@ type closer struct {
 	k   keys
 	log *slog.Logger
 
-	members  map[string]*cand
-	nSuspect int
+	members map[string]*cand
 
 	head    *header // nil when absent or malformed
 	headRev int64   // mod revision of the header key, 0 when absent
@@ -326,7 +323,6 @@ func (c *closer) apply(ev *clientv3.Event) {
 		}
 		if m := c.members[id]; m != nil && m.suspect {
 			m.suspect = false
-			c.nSuspect--
 			c.log.Info("rendezvous: closer: node acknowledged late; it is alive and waits as a spare", "node", id, "round", a.Round)
 		}
 		if c.head == nil || c.head.State != stateProposed || a.Round != c.head.Round || a.Nonce != c.head.Nonce {
@@ -371,9 +367,6 @@ func (c *closer) removeMember(id string) {
 		return
 	}
 	delete(c.members, id)
-	if m.suspect {
-		c.nSuspect--
-	}
 	if _, ok := c.inRound[id]; ok && !c.lostSet[id] {
 		c.present--
 		c.lostSet[id] = true
@@ -403,20 +396,19 @@ func (c *closer) setDesired(d *fleet.Desired) {
 	}
 }
 
-// capacity is the size a round should have: the target clamped to
-// [MIN, MAX] when set, else MAX.
-func (c *closer) capacity() int {
-	if c.target > 0 {
-		return min(max(c.target, c.cfg.MinNodes), c.cfg.MaxNodes)
+// view is a snapshot of the closer's state for decide.
+func (c *closer) view() view {
+	return view{
+		members: c.members,
+		head:    c.head, headRev: c.headRev, headBad: c.headBad,
+		round: c.round, present: c.present, lost: c.lost,
+		acked:   c.acked,
+		failure: c.failure, finish: c.finish,
+		target: c.target, placed: c.placed,
+		lastCall: c.lastCall, ackSince: c.ackSince,
+		minNodes: c.cfg.MinNodes, maxNodes: c.cfg.MaxNodes,
+		lastCallTimeout: c.cfg.LastCallTimeout, ackTimeout: c.cfg.AckTimeout,
 	}
-	return c.cfg.MaxNodes
-}
-
-func (c *closer) headTarget() int {
-	if c.target > 0 {
-		return c.capacity()
-	}
-	return 0
 }
 
 // evaluate acts on the current state until nothing more is to be done now
@@ -425,108 +417,26 @@ func (c *closer) headTarget() int {
 func (c *closer) evaluate(ctx context.Context) error {
 	for range 4 {
 		before := c.headRev
-		if err := c.decide(ctx); err != nil || c.headRev == before {
+		if err := c.step(ctx); err != nil || c.headRev == before {
 			return err
 		}
 	}
 	return nil
 }
 
-// decide makes at most one write; when it makes none it arms the timer for
-// the next deadline (last call, acknowledgements).
-func (c *closer) decide(ctx context.Context) error {
-	now := time.Now()
-	var wake time.Time
-	avail := len(c.members) - c.nSuspect - c.nLeaving()
-	capN := c.capacity()
-	state := ""
-	if c.head != nil {
-		state = c.head.State
-		if state == stateClosed && c.finish && c.present == 0 {
-			state = stateOpen // everyone finished: a later node starts over
-		}
-	}
-	lastCall := func(reason Reason, detail string) error {
-		if c.lastCall.IsZero() {
-			c.lastCall = now.Add(c.cfg.LastCallTimeout)
-		}
-		if !now.Before(c.lastCall) {
-			return c.propose(ctx, reason, detail)
-		}
-		wake = c.lastCall
-		return nil
-	}
-	switch state {
-	case "", stateOpen:
-		var reason Reason
-		var detail string
-		if c.head != nil && c.head.State == stateOpen {
-			reason, detail = c.head.Reason, c.head.Detail
-		}
-		switch {
-		case avail >= capN:
-			return c.propose(ctx, reason, detail)
-		case avail >= c.cfg.MinNodes:
-			if err := lastCall(reason, detail); err != nil {
-				return err
-			}
-		default:
-			c.lastCall = time.Time{}
-		}
-	case stateProposed:
-		switch {
-		case len(c.lost) > 0:
-			return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s left or lost their lease before round %d closed", list(c.lost), c.head.Round))
-		case len(c.leavingInRound()) > 0:
-			return c.propose(ctx, NodeLeaving, fmt.Sprintf("node(s) %s are draining", list(c.leavingInRound())))
-		case len(c.acked) == c.acksNeeded():
-			return c.close(ctx)
-		}
-		deadline := c.ackSince.Add(c.cfg.AckTimeout)
-		if !now.Before(deadline) {
-			return c.ackTimeout(ctx)
-		}
-		wake = deadline
-	case stateClosed:
-		size := len(c.round)
-		waiting := avail - c.present
-		switch {
-		case c.failure != nil && len(c.lost) > 0:
-			// A member is gone too: its death broke the others' collectives.
-			// A membership change, not counted as a restart.
-			return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s of round %d left or lost their lease (and node %s reported a worker failure: %s)", list(c.lost), c.head.Round, c.failure.Node, c.failure.Detail))
-		case c.failure != nil:
-			return c.propose(ctx, MemberFailed, fmt.Sprintf("node %s reported a worker failure in round %d: %s", c.failure.Node, c.head.Round, c.failure.Detail))
-		case c.finish:
-			// Members leave as their workers succeed; nothing restarts.
-		case len(c.lost) > 0:
-			return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s of round %d left or lost their lease", list(c.lost), c.head.Round))
-		case len(c.leavingInRound()) > 0:
-			return c.propose(ctx, NodeLeaving, fmt.Sprintf("node(s) %s of round %d are draining", list(c.leavingInRound()), c.head.Round))
-		case capN < size:
-			return c.propose(ctx, TargetChanged, fmt.Sprintf("target %d: shrinking from %d to %d nodes", c.target, size, capN))
-		case waiting > 0 && size < capN:
-			headCap := c.cfg.MaxNodes
-			if c.head.Target > 0 {
-				headCap = c.head.Target
-			}
-			// Growth waits for the nodes it grows by: at once when enough
-			// are waiting, else a last call after the first one arrived,
-			// so nodes started a moment apart (the coordinator's new
-			// placement) join in one round instead of one round each.
-			reason, detail := NodeWaiting, fmt.Sprintf("%d node(s) waiting while round %d has %d of %d nodes", waiting, c.head.Round, size, capN)
-			if capN > headCap {
-				reason, detail = TargetChanged, fmt.Sprintf("target %d: growing from %d nodes with %d waiting", c.target, size, waiting)
-			}
-			if avail >= capN {
-				return c.propose(ctx, reason, detail)
-			}
-			if err := lastCall(reason, detail); err != nil {
-				return err
-			}
-		default:
-			c.lastCall = time.Time{}
-		}
+// step asks decide what to do now and does it: at most one write; when
+// there is none to make it arms the timer for the next deadline (last
+// call, acknowledgements).
+func (c *closer) step(ctx context.Context) error {
+	a := decide(c.view(), time.Now())
+	c.lastCall = a.lastCall
+	switch a.kind {
+	case actPropose:
+		return c.propose(ctx, a)
+	case actClose:
+		return c.close(ctx)
+	case actAckTimeout:
+		return c.ackTimeout(ctx)
 	}
 	if !c.timer.Stop() {
 		select {
@@ -534,26 +444,10 @@ func (c *closer) decide(ctx context.Context) error {
 		default:
 		}
 	}
-	if !wake.IsZero() {
-		c.timer.Reset(time.Until(wake))
+	if !a.wake.IsZero() {
+		c.timer.Reset(time.Until(a.wake))
 	}
 	return nil
-}
-
-func list(ids []string) string {
-	if len(ids) > 5 {
-		return strings.Join(ids[:5], ", ") + fmt.Sprintf(" and %d more", len(ids)-5)
-	}
-	return strings.Join(ids, ", ")
-}
-
-// acksNeeded is how many acknowledgements close the proposal: all members
-// (in rank order) when AckAll, else rank 0's alone.
-func (c *closer) acksNeeded() int {
-	if c.head.AckAll {
-		return len(c.round)
-	}
-	return 1
 }
 
 // ackTimeout leaves out the members that did not acknowledge the proposal,
@@ -569,183 +463,52 @@ func (c *closer) ackTimeout(ctx context.Context) error {
 	for _, kv := range g.Kvs {
 		c.apply(&clientv3.Event{Type: mvccpb.PUT, Kv: kv})
 	}
-	if len(c.acked) == c.acksNeeded() {
+	v := c.view()
+	if len(c.acked) == v.acksNeeded() {
 		return c.close(ctx)
 	}
 	if len(c.acked) > before {
 		return nil // progress after all: wait another AckTimeout
 	}
-	var missing []string
-	for _, m := range c.round[:c.acksNeeded()] {
-		if _, ok := c.acked[m.NodeID]; ok {
-			continue
-		}
-		missing = append(missing, m.NodeID)
-		if cm := c.members[m.NodeID]; cm != nil && !cm.suspect {
+	missing := v.missingAcks()
+	for _, id := range missing {
+		if cm := c.members[id]; cm != nil {
 			cm.suspect = true
-			c.nSuspect++
 		}
 	}
 	c.log.Warn("rendezvous: closer: leaving out nodes that did not acknowledge the proposed round (dead agent?)",
 		"round", c.head.Round, "nodes", list(missing), "ack_timeout", c.cfg.AckTimeout)
-	return c.propose(ctx, MemberLost, fmt.Sprintf("node(s) %s did not acknowledge round %d within %s", list(missing), c.head.Round, c.cfg.AckTimeout))
-}
-
-// candidates are the live members not under suspicion.
-func (c *closer) candidates() []*cand {
-	out := make([]*cand, 0, len(c.members))
-	for _, m := range c.members {
-		if !m.suspect && !m.rec.Leaving {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// nLeaving counts the members that are draining (suspects apart).
-func (c *closer) nLeaving() int {
-	n := 0
-	for _, m := range c.members {
-		if m.rec.Leaving && !m.suspect {
-			n++
-		}
-	}
-	return n
-}
-
-// leavingInRound lists the members of the current round that are draining.
-func (c *closer) leavingInRound() []string {
-	var out []string
-	for _, m := range c.round {
-		if cm := c.members[m.NodeID]; cm != nil && cm.rec.Leaving {
-			out = append(out, m.NodeID)
-		}
-	}
-	return out
-}
-
-// assign picks size nodes and ranks them: members of the previous round
-// first (they keep their rank when it still exists), then the others in
-// join order; freed ranks go to the remaining nodes in that order.
-// placement is the coordinator's node placement of the job (the desired
-// record's nodes) when the round cannot take every candidate: the placed
-// nodes are kept, the others become spares (and are drained by their node
-// agents). nil when there is none.
-func (c *closer) placement(needed bool) map[string]bool {
-	if !needed || len(c.placed) == 0 {
+	a := c.view().proposal(MemberLost, fmt.Sprintf("node(s) %s did not acknowledge round %d within %s", list(missing), c.head.Round, c.cfg.AckTimeout))
+	if a.kind != actPropose {
 		return nil
 	}
-	set := make(map[string]bool, len(c.placed))
-	for _, id := range c.placed {
-		set[id] = true
-	}
-	return set
+	return c.propose(ctx, a)
 }
 
-// assign picks size members, keeping nodes of the previous round (and, when
-// placed is set, the placed nodes first) and their ranks where possible.
-func assign(prev []Member, cands []*cand, size int, placed map[string]bool) []Member {
-	byID := make(map[string]*cand, len(cands))
-	for _, c := range cands {
-		byID[c.id] = c
-	}
-	oldRank := make(map[string]int, len(prev))
-	order := make([]*cand, 0, len(cands))
-	for _, m := range prev {
-		if c := byID[m.NodeID]; c != nil {
-			oldRank[m.NodeID] = m.GroupRank
-			order = append(order, c)
-			delete(byID, m.NodeID)
-		}
-	}
-	rest := make([]*cand, 0, len(byID))
-	for _, c := range byID {
-		rest = append(rest, c)
-	}
-	slices.SortFunc(rest, func(a, b *cand) int {
-		return cmp.Or(cmp.Compare(a.createRev, b.createRev), strings.Compare(a.id, b.id))
-	})
-	order = append(order, rest...)
-	if placed != nil {
-		slices.SortStableFunc(order, func(a, b *cand) int {
-			switch pa, pb := placed[a.id], placed[b.id]; {
-			case pa && !pb:
-				return -1
-			case pb && !pa:
-				return 1
-			}
-			return 0
-		})
-	}
-	order = order[:size]
-	slots := make([]*cand, size)
-	var floating []*cand
-	for _, c := range order {
-		if r, ok := oldRank[c.id]; ok && r < size && slots[r] == nil {
-			slots[r] = c
-		} else {
-			floating = append(floating, c)
-		}
-	}
-	for i := range slots {
-		if slots[i] == nil {
-			slots[i], floating = floating[0], floating[1:]
-		}
-	}
-	out := make([]Member, size)
-	base := 0
-	for i, c := range slots {
-		out[i] = Member{NodeID: c.id, Addr: c.rec.Addr, LocalWorldSize: c.rec.LWS, GroupRank: i, BaseRank: base}
-		base += c.rec.LWS
-	}
-	return out
-}
-
-// nextRound is the number of the next round record.
-func (c *closer) nextRound() int64 {
-	switch {
-	case c.headBad:
-		return c.headRev + 1 // above every round written before it
-	case c.head == nil:
-		return 1
-	case c.head.State == stateOpen:
-		return c.head.Round
-	default:
-		return c.head.Round + 1
-	}
-}
-
-// propose fixes a new member list, or records an open round when too few
-// nodes are left.
-func (c *closer) propose(ctx context.Context, reason Reason, detail string) error {
-	cands := c.candidates()
-	next := c.nextRound()
-	if len(cands) < c.cfg.MinNodes {
-		if c.head != nil && c.head.State == stateOpen {
-			return nil
-		}
-		h := &header{V: formatVersion, Round: next, State: stateOpen, Target: c.headTarget(), Reason: reason, Detail: detail, Closer: c.n.cfg.NodeID}
-		c.log.Info("rendezvous: closer: round ended; waiting for nodes", "round", next, "nodes", len(cands), "min", c.cfg.MinNodes, "reason", reason, "detail", detail)
+// propose writes the round decide proposed: a new member list, or an open
+// round when too few nodes are left.
+func (c *closer) propose(ctx context.Context, a action) error {
+	if a.members == nil {
+		h := &header{V: formatVersion, Round: a.round, State: stateOpen, Target: a.target, Reason: a.reason, Detail: a.detail, Closer: c.n.cfg.NodeID}
+		c.log.Info("rendezvous: closer: round ended; waiting for nodes", "round", a.round, "nodes", a.candidates, "min", c.cfg.MinNodes, "reason", a.reason, "detail", a.detail)
 		return c.writeHead(ctx, h, nil)
 	}
-	size := min(len(cands), c.capacity())
-	ms := assign(c.round, cands, size, c.placement(size < len(cands)))
+	size := len(a.members)
 	world := 0
-	for _, m := range ms {
+	for _, m := range a.members {
 		world += m.LocalWorldSize
 	}
 	h := &header{
-		V: formatVersion, Round: next, State: stateProposed, Nonce: newNonce(),
-		Nodes: size, World: world, Chunks: chunkCount(size), Target: c.headTarget(),
-		AckAll: reason == MemberLost || reason == MemberFailed,
-		Reason: reason, Detail: detail, Closer: c.n.cfg.NodeID,
+		V: formatVersion, Round: a.round, State: stateProposed, Nonce: newNonce(),
+		Nodes: size, World: world, Chunks: chunkCount(size), Target: a.target,
+		AckAll: a.ackAll, Reason: a.reason, Detail: a.detail, Closer: c.n.cfg.NodeID,
 	}
-	if err := c.writeChunks(ctx, h, ms); err != nil {
+	if err := c.writeChunks(ctx, h, a.members); err != nil {
 		return err
 	}
-	c.log.Info("rendezvous: closer: proposing round", "round", next, "nodes", size, "world", world,
-		"spares", len(cands)-size, "reason", reason, "detail", detail)
-	return c.writeHead(ctx, h, ms)
+	c.log.Info("rendezvous: closer: proposing round", "round", a.round, "nodes", size, "world", world,
+		"spares", a.spares, "reason", a.reason, "detail", a.detail)
+	return c.writeHead(ctx, h, a.members)
 }
 
 func (c *closer) writeChunks(ctx context.Context, h *header, ms []Member) error {
@@ -854,28 +617,42 @@ func (c *closer) close(ctx context.Context) error {
 func (c *closer) countRestart(ctx context.Context, round int64) error {
 	marker := c.k.restartsCounted
 	for {
-		g, err := c.n.cli.Txn(ctx).Then(clientv3.OpGet(c.k.restarts), clientv3.OpGet(marker)).Commit()
-		if err != nil {
-			return fmt.Errorf("rendezvous: read %s: %w", c.k.restarts, err)
-		}
-		cur, mod := int64(0), int64(0)
-		if kv := g.Responses[0].GetResponseRange().Kvs; len(kv) > 0 {
-			if cur, err = fleet.ParseCount(c.k.restarts, kv[0].Value, "restart count", 0); err != nil {
-				return fmt.Errorf("rendezvous: %w", err)
-			}
-			mod = kv[0].ModRevision
-		}
-		if kv := g.Responses[1].GetResponseRange().Kvs; len(kv) > 0 && string(kv[0].Value) == fleet.FormatCount(round) {
-			return nil
-		}
-		t, err := c.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(c.k.restarts), "=", mod)).
-			Then(clientv3.OpPut(c.k.restarts, fleet.FormatCount(cur+1)), clientv3.OpPut(marker, fleet.FormatCount(round))).Commit()
-		if err != nil {
-			return fmt.Errorf("rendezvous: count restart: %w", err)
-		}
-		if t.Succeeded {
-			c.log.Info("rendezvous: closer: counted a job restart", "round", round, "restarts", cur+1)
-			return nil
+		if err := c.countRestartOnce(ctx, marker, round); !errors.Is(err, errCountChanged) {
+			return err
 		}
 	}
+}
+
+// errCountChanged: the restart count changed under countRestartOnce; read it again.
+var errCountChanged = errors.New("restart count changed; retrying")
+
+// countRestartOnce is one read-and-increment of countRestart, each request
+// bounded by opTimeout.
+func (c *closer) countRestartOnce(ctx context.Context, marker string, round int64) error {
+	ctx, cancel := context.WithTimeout(ctx, c.n.opTimeout())
+	defer cancel()
+	g, err := c.n.cli.Txn(ctx).Then(clientv3.OpGet(c.k.restarts), clientv3.OpGet(marker)).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous: read %s: %w", c.k.restarts, err)
+	}
+	cur, mod := int64(0), int64(0)
+	if kv := g.Responses[0].GetResponseRange().Kvs; len(kv) > 0 {
+		if cur, err = fleet.ParseCount(c.k.restarts, kv[0].Value, "restart count", 0); err != nil {
+			return fmt.Errorf("rendezvous: %w", err)
+		}
+		mod = kv[0].ModRevision
+	}
+	if kv := g.Responses[1].GetResponseRange().Kvs; len(kv) > 0 && string(kv[0].Value) == fleet.FormatCount(round) {
+		return nil
+	}
+	t, err := c.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(c.k.restarts), "=", mod)).
+		Then(clientv3.OpPut(c.k.restarts, fleet.FormatCount(cur+1)), clientv3.OpPut(marker, fleet.FormatCount(round))).Commit()
+	if err != nil {
+		return fmt.Errorf("rendezvous: count restart: %w", err)
+	}
+	if t.Succeeded {
+		c.log.Info("rendezvous: closer: counted a job restart", "round", round, "restarts", cur+1)
+		return nil
+	}
+	return errCountChanged
 }

@@ -47,7 +47,10 @@
 // closer costs O(1) per node. The closer keeps the job's state in memory
 // from one watch and writes the header with transactions guarded on the
 // header's revision and on its own member record: a stale or fenced closer
-// can never overwrite a newer decision.
+// can never overwrite a newer decision. Its rules are one pure function,
+// decide(view, now) in decide.go (propose, close, ack-timeout or wake-at),
+// tested by tables without etcd; closer.go reads, watches and writes
+// around it.
 //
 // A round closes at MaxNodes at once; at >= MinNodes after LastCallTimeout;
 // at the target size (<prefix>/jobs/<job>/target, clamped to [MIN, MAX]) at

@@ -113,7 +113,9 @@ func (n *Node) predecessor(ctx context.Context, myRev int64, prev predResult) (p
 			return predResult{rev: first, done: true}, nil
 		}
 		from, to, last := n.window(hi, w)
-		g, err := n.cli.Get(ctx, from, clientv3.WithRange(to), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		rctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+		g, err := n.cli.Get(rctx, from, clientv3.WithRange(to), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+		cancel()
 		if err != nil {
 			return predResult{}, err
 		}

@@ -25,7 +25,9 @@ func (n *Node) watchHead(ctx context.Context, kv *mvccpb.KeyValue, rev int64) {
 	backoff := newBackoff()
 	for first := true; ctx.Err() == nil; first = false {
 		if !first {
-			g, err := n.cli.Get(ctx, n.k.Head)
+			rctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+			g, err := n.cli.Get(rctx, n.k.Head)
+			cancel()
 			if err != nil {
 				if ctx.Err() == nil {
 					n.log.Warn("rendezvous: read round record", "key", n.k.Head, "err", err)
