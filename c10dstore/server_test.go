@@ -566,3 +566,35 @@ func (s *Server) numConns() int {
 	defer s.mu.Unlock()
 	return len(s.conns)
 }
+
+// TestUnreadRepliesBounded: a legacy WATCH_KEY connection that never reads
+// its notifications is dropped once MaxPendingBytes of them are queued; the
+// writer is not held up.
+func TestUnreadRepliesBounded(t *testing.T) {
+	s := startServer(t, Options{MaxPendingBytes: 1 << 20, WriteTimeout: time.Minute})
+	addr := s.Addr().String()
+	w := dialTest(t, addr)
+	watch := binary.LittleEndian.AppendUint64([]byte{l1WatchKey}, 2)
+	if _, err := w.Write(append(watch, "/w"...)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		s.st.mu.Lock()
+		defer s.st.mu.Unlock()
+		return len(s.st.watchers["/w"]) == 1
+	})
+	c := newLegacyClient(t, addr)
+	value := string(make([]byte, 64<<10))
+	for i := 0; s.numConns() == 2; i++ {
+		if i == 2000 { // 128 MiB of notifications
+			t.Fatal("the connection that does not read was not dropped")
+		}
+		c.set("w", value)
+		c.numKeys() // round trip: the SET and its notification happened
+	}
+	// The socket is closed on the server side (what is still in the kernel's
+	// buffers drains to the client at its pace); the writer goes on.
+	if got := c.get("w"); len(got) != len(value) {
+		t.Fatalf("get after the drop: %d bytes", len(got))
+	}
+}
