@@ -631,18 +631,21 @@ var errCountChanged = errors.New("restart count changed; retrying")
 func (c *closer) countRestartOnce(ctx context.Context, marker string, round int64) error {
 	ctx, cancel := context.WithTimeout(ctx, c.n.opTimeout())
 	defer cancel()
-	g, err := c.n.cli.Txn(ctx).Then(clientv3.OpGet(c.k.restarts), clientv3.OpGet(marker)).Commit()
+	st := fleet.New(c.n.cli, c.cfg.Prefix)
+	// A malformed count (or marker) is logged and replaced: it never stops
+	// the job (Counter falls back to its last good value, or 0).
+	cur, mod, problem, err := st.Counter(ctx, c.k.restarts, "restart count")
 	if err != nil {
-		return fmt.Errorf("rendezvous: read %s: %w", c.k.restarts, err)
+		return fmt.Errorf("rendezvous: %w", err)
 	}
-	cur, mod := int64(0), int64(0)
-	if kv := g.Responses[0].GetResponseRange().Kvs; len(kv) > 0 {
-		if cur, err = fleet.ParseCount(c.k.restarts, kv[0].Value, "restart count", 0); err != nil {
-			return fmt.Errorf("rendezvous: %w", err)
-		}
-		mod = kv[0].ModRevision
+	if problem != nil {
+		c.log.Warn("rendezvous: closer: malformed restart count", "err", problem)
 	}
-	if kv := g.Responses[1].GetResponseRange().Kvs; len(kv) > 0 && string(kv[0].Value) == fleet.FormatCount(round) {
+	counted, _, _, err := st.Counter(ctx, marker, "counted round")
+	if err != nil {
+		return fmt.Errorf("rendezvous: %w", err)
+	}
+	if counted == round {
 		return nil
 	}
 	t, err := c.n.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(c.k.restarts), "=", mod)).

@@ -172,13 +172,20 @@ func TestMalformedRecords(t *testing.T) {
 		t.Fatalf("no log naming the bad target key:\n%s", logs)
 	}
 
-	// A garbage restart count.
+	// A garbage restart count never stops the job: its last good value is
+	// used (here 2), with a log naming the key; with no good value, 0.
+	h.put(ctx, k.restarts, "2")
 	h.put(ctx, k.restarts, "-3")
-	if _, err := nodes[0].Restarts(ctx); err == nil || !strings.Contains(err.Error(), k.restarts) {
-		t.Fatalf("Restarts: %v", err)
+	if n, err := nodes[0].Restarts(ctx); err != nil || n != 2 || !strings.Contains(h.logs.String(), "malformed restart count at "+k.restarts) {
+		t.Fatalf("Restarts with a garbage count: %d, %v; want the last good 2 and a log naming %s", n, err, k.restarts)
 	}
-	if _, err := nodes[0].ReportFailure(ctx, rs[0], "x"); err == nil || !strings.Contains(err.Error(), k.restarts) {
-		t.Fatalf("ReportFailure: %v", err)
+	if _, err := nodes[0].ReportFailure(ctx, rs[0], "x"); err != nil {
+		t.Fatalf("ReportFailure with a garbage count: %v", err)
+	}
+	h.cli.Delete(ctx, k.restarts)
+	h.put(ctx, k.restarts, "lots")
+	if n, err := nodes[0].Restarts(ctx); err != nil || n != 0 {
+		t.Fatalf("Restarts with no good value ever: %d, %v; want 0", n, err)
 	}
 
 	// A garbage member record is ignored by the closer, with a log naming it.

@@ -595,16 +595,12 @@ func (n *Node) Drain(ctx context.Context) error {
 func (n *Node) Restarts(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
-	g, err := n.cli.Get(ctx, n.k.restarts)
+	c, _, problem, err := fleet.New(n.cli, n.cfg.Prefix).Counter(ctx, n.k.restarts, "restart count")
 	if err != nil {
-		return 0, fmt.Errorf("rendezvous: job %q: read %s: %w", n.cfg.JobID, n.k.restarts, err)
+		return 0, fmt.Errorf("rendezvous: job %q: %w", n.cfg.JobID, err)
 	}
-	if len(g.Kvs) == 0 {
-		return 0, nil
-	}
-	c, err := fleet.ParseCount(n.k.restarts, g.Kvs[0].Value, "restart count", 0)
-	if err != nil {
-		return 0, fmt.Errorf("rendezvous: %w", err)
+	if problem != nil {
+		n.log.Warn("rendezvous: malformed restart count", "err", problem)
 	}
 	return int(min(c, math.MaxInt32)), nil
 }

@@ -194,6 +194,33 @@ func ParseCount(key string, v []byte, what string, minimum int64) (int64, error)
 	return n, nil
 }
 
+// Counter reads the counter at key (a job's restarts, or the round they
+// were last counted for): its value and mod revision, both 0 when absent.
+// A malformed value never stops a job: it is reported as problem and
+// replaced by its last good value, or 0 where none exists.
+func (s *Store) Counter(ctx context.Context, key, what string) (value, modRev int64, problem, err error) {
+	r, err := s.Cli.Get(ctx, key)
+	if err != nil {
+		return 0, 0, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return 0, 0, nil, nil
+	}
+	kv := r.Kvs[0]
+	dec := func(key string, v []byte) (*int64, error) {
+		n, err := ParseCount(key, v, what, 0)
+		return &n, err
+	}
+	n, problem := dec(string(kv.Key), kv.Value)
+	if problem == nil {
+		return *n, kv.ModRevision, nil, nil
+	}
+	if good, rev := lastGood(ctx, s, kv, dec); good != nil {
+		return *good, kv.ModRevision, fmt.Errorf("%w; using its last good value %d (revision %d)", problem, *good, rev), nil
+	}
+	return 0, kv.ModRevision, fmt.Errorf("%w; counting from 0", problem), nil
+}
+
 // FormatCount encodes a counter as ParseCount reads it.
 func FormatCount(n int64) string { return strconv.FormatInt(n, 10) }
 
