@@ -437,6 +437,11 @@ func (c *closer) step(ctx context.Context) error {
 		return c.close(ctx)
 	case actAckTimeout:
 		return c.ackTimeout(ctx)
+	case actFinish:
+		h := *c.head
+		h.State = stateFinished
+		c.log.Info("rendezvous: closer: every member finished: the rendezvous is closed for good", "round", h.Round)
+		return c.writeHead(ctx, &h, nil)
 	}
 	if !c.timer.Stop() {
 		select {
@@ -551,7 +556,7 @@ func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
 	memberRev := c.n.memberRev
 	c.n.mu.Unlock()
 	ops := []clientv3.Op{clientv3.OpPut(c.k.Head, string(v))}
-	if h.State != stateClosed {
+	if h.State != stateClosed && h.State != stateFinished {
 		seg := fleet.Hex16(h.Round)
 		ops = append(ops,
 			clientv3.OpDelete(c.k.Chunks, clientv3.WithRange(c.k.Chunks+seg)),

@@ -65,6 +65,9 @@ const (
 	// AckTimeout: re-read the acknowledgements, then leave out
 	// action.missing and propose again.
 	actAckTimeout
+	// actFinish: every member of the closed round finished: close the
+	// rendezvous for good (a node joining later is refused).
+	actFinish
 )
 
 func (k actionKind) String() string {
@@ -77,6 +80,8 @@ func (k actionKind) String() string {
 		return "close"
 	case actAckTimeout:
 		return "ack-timeout"
+	case actFinish:
+		return "finish"
 	}
 	return fmt.Sprintf("actionKind(%d)", int(k))
 }
@@ -141,8 +146,13 @@ func decide(v view, now time.Time) action {
 	if v.head != nil {
 		state = v.head.State
 		if state == stateClosed && v.finish && v.present == 0 {
-			state = stateOpen // everyone finished: a later node starts over
+			// Everyone finished: the job is done. A later node does not
+			// start it over (torch answers a closed rendezvous).
+			return done(action{kind: actFinish})
 		}
+	}
+	if state == stateFinished {
+		return done(action{kind: actWake})
 	}
 	switch state {
 	case "", stateOpen:

@@ -170,9 +170,11 @@ func TestDecideLastCall(t *testing.T) {
 			mkView(2, 4, head(stateOpen, 7, 0), func(v *view) { v.head.Reason, v.head.Detail = MemberLost, "node x lost" },
 				joined("a", "b"), lastCallAt(t0)), t0,
 			outcome{kind: actPropose, round: 7, reason: MemberLost, nodes: []string{"a", "b"}, ackAll: true, lastCall: t0}},
-		{"everyone finished: a later node starts over with a last call",
+		{"everyone finished: the rendezvous closes for good, a later node does not start over",
 			mkView(1, 4, head(stateClosed, 3, 0, "a", "b"), finished, joined("c")), t0,
-			wakeAt(t0.Add(testLastCall), t0.Add(testLastCall))},
+			outcome{kind: actFinish}},
+		{"finished: nothing more to do, whoever joins",
+			mkView(1, 4, head(stateFinished, 3, 0, "a", "b"), joined("c", "d")), t0, idle},
 	})
 }
 

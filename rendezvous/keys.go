@@ -28,6 +28,10 @@ const (
 	stateOpen     = "open"     // a round is gathering; no member list yet
 	stateProposed = "proposed" // member list fixed, waiting for acknowledgements
 	stateClosed   = "closed"   // final
+	// stateFinished: every member of the closed round finished (its
+	// workers succeeded): the job is done and its rendezvous closed for
+	// good, as torch's is. A node joining later is refused.
+	stateFinished = "finished"
 )
 
 const formatVersion = 1
@@ -67,7 +71,7 @@ func decodeHeader(key string, v []byte) (*header, error) {
 		return nil, bad("round number must be positive")
 	}
 	switch h.State {
-	case stateOpen:
+	case stateOpen, stateFinished:
 	case stateProposed, stateClosed:
 		if h.Nodes <= 0 || h.World < h.Nodes || h.Chunks <= 0 || h.Chunks > h.Nodes || h.Nonce == "" || strings.ContainsAny(h.Nonce, "/ ") {
 			return nil, bad("inconsistent nodes/world/chunks/nonce")

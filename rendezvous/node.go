@@ -45,6 +45,12 @@ const (
 // be proven alive (see Node.LeaseLost).
 var ErrLeaseLost = errors.New("rendezvous: lease lost")
 
+// ErrJobFinished is returned by Join when every member of the job's last
+// round finished: the rendezvous is closed for good, as torch's is, so a
+// late node does not run the job over again. Run it again under another
+// --rdzv-id (a job submitted again through elasticctl gets a fresh one).
+var ErrJobFinished = errors.New("rendezvous: the job has finished: its rendezvous is closed")
+
 // ErrClosed is wrapped by the errors of a node after Close, Leave or Finish.
 var ErrClosed = errors.New("rendezvous: node closed")
 
@@ -397,6 +403,10 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 			err := n.headErr
 			n.mu.Unlock()
 			return nil, err
+		}
+		if n.head != nil && n.head.State == stateFinished {
+			n.mu.Unlock()
+			return nil, fmt.Errorf("%w (job %q node %q): run it again under another --rdzv-id", ErrJobFinished, n.cfg.JobID, n.cfg.NodeID)
 		}
 		if r := n.joined; r != nil && r.Number > n.returned && n.head != nil && n.head.Round == r.Number && n.head.State == stateClosed {
 			n.returned = r.Number

@@ -516,7 +516,7 @@ func TestDeadAgentLeftOutWithoutWaitingForTTL(t *testing.T) {
 }
 
 // A node whose workers succeeded leaves with Finish without restarting the
-// others; once everyone finished, a new node starts the job over.
+// others; once everyone finished, the rendezvous is closed for good.
 func TestFinishDoesNotRestartOthers(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -539,10 +539,12 @@ func TestFinishDoesNotRestartOthers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node that comes after the job finished is refused, as torch
+	// refuses a closed rendezvous: it does not run the job over again.
 	d := h.node(h.cfg("d", 1, 3))
 	r, err := d.Join(ctx)
-	if err != nil || r.NumNodes != 1 || r.Number <= rs[0].Number {
-		t.Fatalf("new run after finish: %+v %v", r, err)
+	if !errors.Is(err, ErrJobFinished) || !strings.Contains(fmt.Sprint(err), "--rdzv-id") {
+		t.Fatalf("join after the job finished: %+v %v; want ErrJobFinished saying to use another --rdzv-id", r, err)
 	}
 }
 

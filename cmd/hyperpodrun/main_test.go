@@ -668,3 +668,24 @@ func TestPollutedParentEnvironmentNeverOverridesWorkers(t *testing.T) {
 		}
 	}
 }
+
+// A node that joins a job whose nodes all finished gets torchrun's answer:
+// the rendezvous is closed, exit 1, and its worker never runs (it used to
+// run the whole job again, overwriting its outputs).
+func TestNodeJoiningAFinishedJobIsRefused(t *testing.T) {
+	srv, _ := etcdtest.Start(t)
+	out := t.TempDir()
+	w := script(t, `echo ran >> "$OUT/ran.$NODE"`)
+	args := []string{"--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", srv.Endpoints[0],
+		"--rdzv-id", "done-job", "--rdzv-conf", "last_call_timeout=0.2", "--no-python", w}
+	if r := hpr(t, []string{"OUT=" + out, "NODE=a", "HYPERPODRUN_NODE_ID=a"}, args...); r.code != 0 {
+		t.Fatalf("first node: exit %d\n%s", r.code, r.stderr)
+	}
+	r := hpr(t, []string{"OUT=" + out, "NODE=b", "HYPERPODRUN_NODE_ID=b"}, args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "finished") || !strings.Contains(r.stderr, "--rdzv-id") {
+		t.Errorf("late node: exit %d, want 1 saying the job finished and to use another --rdzv-id\n%s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(out, "ran.b")); err == nil {
+		t.Error("the late node ran the finished job's worker again")
+	}
+}
