@@ -38,9 +38,22 @@ func (s *sched) redo(a *action) {
 func (s *sched) tryPreempt(j *jobRT, own bool) bool {
 	tf := j.tf
 	acc := j.per * j.sp.min
-	fits := func() bool { return s.quotaOK(j) && s.canPlace(j, j.sp.min) }
+	// A reclaim brings the team's nominal quota back, so the job must fit
+	// within it. A priority preemption swaps the team's own capacity from
+	// lower-priority jobs to this one: the team's use does not grow, so a
+	// team that borrows may go on borrowing what its victims held. Its goal
+	// is only that the job fits, which takes as few victims as the job
+	// needs (requiring the nominal quota took every borrowed GPU back from
+	// the team's own jobs, and they were re-admitted by borrowing next cycle).
+	fits := func() bool {
+		return s.quotaCheck(tf, acc, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), !own) == "" && s.canPlace(j, j.sp.min)
+	}
 	if fits() {
-		s.admit(j, s.findNodes(j, j.sp.min), CodeWithinQuota)
+		code := CodeWithinQuota
+		if tf.used+tf.reserved+acc > tf.nominal {
+			code = CodeBorrowing
+		}
+		s.admit(j, s.findNodes(j, j.sp.min), code)
 		return true
 	}
 	acts, done := s.takeVictims(j, own, fits)
