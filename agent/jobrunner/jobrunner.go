@@ -2,6 +2,12 @@
 // hyperpodrun on this node when the coordinator's desired record places the
 // job here, and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
 // moved off the node. Jobs run as plain processes (the process runtime).
+//
+// A job fails only when the job fails: a hyperpodrun that dies any other
+// way than exit 0 is a node failure, restarted with a backoff while the job
+// is placed here, until the job's global restart budget is spent. Each run
+// of hyperpodrun is contained (see containment): when it exits, every
+// process it left behind is killed and its TMPDIR removed.
 package jobrunner
 
 import (
