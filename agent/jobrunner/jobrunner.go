@@ -2,6 +2,12 @@
 // hyperpodrun on this node when the coordinator's desired record places the
 // job here, and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
 // moved off the node. Jobs run as plain processes (the process runtime).
+//
+// A job fails only when the job fails: a hyperpodrun that dies any other
+// way than exit 0 is a node failure, restarted with a backoff while the job
+// is placed here, until the job's global restart budget is spent. Each run
+// of hyperpodrun is contained (see containment): when it exits, every
+// process it left behind is killed and its TMPDIR removed.
 package jobrunner
 
 import (
@@ -42,23 +48,57 @@ type Config struct {
 	// "<node>/<job> " (default os.Stdout).
 	Output io.Writer
 	Logger *slog.Logger
+	// TempDir holds each run's own TMPDIR (hyperpodrun's control
+	// directories and its workers' temporary files), removed when the run
+	// ends (default: "hyperpod-agent-<pid>" in os.TempDir()). Keep it
+	// short: the control socket's path must fit in 107 bytes.
+	TempDir string
+	// CgroupParent is the cgroup v2 directory under which each run gets a
+	// cgroup (default: the agent's own cgroup on the cgroup2 mount);
+	// NoCgroup contains runs by process tree instead (see containment).
+	CgroupParent string
+	// BackoffBase and BackoffMax bound the wait before a failed
+	// hyperpodrun is restarted (defaults 1s and 30s): see Backoff.
+	BackoffBase, BackoffMax time.Duration
+	// HealthyAfter is how long a run must last for the next failure to
+	// count as the first again (default 1m).
+	HealthyAfter time.Duration
 }
 
 // Runner implements nodeagent.Workloads.
 type Runner struct {
-	cfg  Config
-	log  *slog.Logger
-	mu   sync.Mutex
-	jobs map[string]*proc
-	wg   sync.WaitGroup
-	node nodeagent.Node
-	st   *fleet.Store
+	cfg   Config
+	log   *slog.Logger
+	mu    sync.Mutex
+	jobs  map[string]*proc  // the running hyperpodrun of each job
+	retry map[string]*retry // jobs whose hyperpodrun failed on this node
+	wg    sync.WaitGroup
+	node  nodeagent.Node
+	st    *fleet.Store
+	// kick asks the Run loop to reconcile (a restart's backoff is over).
+	kick chan struct{}
+	box  *containment
+	seq  int
+	tmp  string // the directory of the runs' TMPDIRs
+	// leaving: the node is drained; no job starts or restarts.
+	leaving bool
 }
 
+// proc is one run of a job's hyperpodrun.
 type proc struct {
-	cmd      *exec.Cmd
-	done     chan struct{}
-	draining bool
+	cmd         *exec.Cmd
+	done        chan struct{}
+	draining    bool
+	started     time.Time
+	maxRestarts int
+	box         *box
+}
+
+// retry is the restart state of a job whose hyperpodrun failed.
+type retry struct {
+	failures  int       // consecutive node failures
+	notBefore time.Time // no restart before
+	timer     *time.Timer
 }
 
 // New returns a runner.
@@ -72,10 +112,33 @@ func New(cfg Config) *Runner {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}}
+	if cfg.TempDir == "" {
+		cfg.TempDir = filepath.Join(os.TempDir(), "hyperpod-agent-"+strconv.Itoa(os.Getpid()))
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = time.Second
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = 30 * time.Second
+	}
+	if cfg.HealthyAfter <= 0 {
+		cfg.HealthyAfter = time.Minute
+	}
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, kick: make(chan struct{}, 1)}
 }
 
 var _ nodeagent.Workloads = (*Runner)(nil)
+
+// Backoff is the wait before restarting a hyperpodrun after its n-th
+// consecutive failure on this node (n >= 1): base, doubling with each
+// failure, at most max.
+func Backoff(n int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}
 
 // Run reconciles the jobs on this node with the desired records until ctx
 // ends; then (an agent crash) the jobs are killed as they would be with the
@@ -84,8 +147,15 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	r.node = node
 	r.st = fleet.New(node.Client, node.Prefix)
 	r.log = r.log.With("node", node.Name)
+	r.box = newContainment(r.cfg.CgroupParent, r.log)
+	if err := os.MkdirAll(r.cfg.TempDir, 0o700); err != nil {
+		return fmt.Errorf("jobrunner: make the runs' temporary directory: %w", err)
+	}
+	r.tmp = r.cfg.TempDir
 	defer r.killAll()
 	prefix := r.st.Keys.DesiredPrefix()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 		resp, err := node.Client.Get(rctx, prefix, clientv3.WithPrefix())
@@ -103,22 +173,45 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 			r.apply(placed, kv.Key, kv.Value)
 		}
 		r.reconcile(ctx, placed)
-		wch := node.Client.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-		for w := range wch {
-			if w.Err() != nil {
-				break
-			}
-			for _, ev := range w.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(placed, strings.TrimPrefix(string(ev.Kv.Key), prefix))
-					continue
+		wctx, wcancel := context.WithCancel(ctx)
+		wch := node.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	watch:
+		for {
+			select {
+			case <-ctx.Done():
+				break watch
+			case <-r.kick:
+				r.reconcile(ctx, placed)
+			case <-tick.C:
+				r.box.adopt(r.markers())
+			case w, ok := <-wch:
+				if !ok || w.Err() != nil {
+					break watch
 				}
-				r.apply(placed, ev.Kv.Key, ev.Kv.Value)
+				for _, ev := range w.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						delete(placed, strings.TrimPrefix(string(ev.Kv.Key), prefix))
+						continue
+					}
+					r.apply(placed, ev.Kv.Key, ev.Kv.Value)
+				}
+				r.reconcile(ctx, placed)
 			}
-			r.reconcile(ctx, placed)
 		}
+		wcancel()
 	}
 	return nil
+}
+
+// markers lists the running runs' markers.
+func (r *Runner) markers() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var m []string
+	for _, p := range r.jobs {
+		m = append(m, p.box.marker)
+	}
+	return m
 }
 
 // etcdTimeout bounds every etcd call of the runner.
@@ -135,10 +228,12 @@ func (r *Runner) apply(placed map[string]bool, key, value []byte) {
 	placed[d.Job] = d.Running() && slices.Contains(d.Nodes, r.node.Name)
 }
 
-// reconcile starts jobs placed here and drains jobs moved away. The
-// runner's lock is never held across an etcd call.
+// reconcile starts jobs placed here (a failed one once its backoff is
+// over), drains jobs moved away and forgets the failures of jobs no longer
+// placed here. The runner's lock is never held across an etcd call.
 func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 	var start []string
+	now := time.Now()
 	r.mu.Lock()
 	for job, p := range r.jobs {
 		if !placed[job] && !p.draining {
@@ -147,18 +242,79 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 			p.cmd.Process.Signal(syscall.SIGUSR2)
 		}
 	}
-	for job, here := range placed {
-		if _, running := r.jobs[job]; here && !running {
-			start = append(start, job)
+	for job, rt := range r.retry {
+		if !placed[job] {
+			if _, running := r.jobs[job]; !running {
+				r.log.Info("job no longer placed on this node: its failed hyperpodrun is not restarted", "job", job)
+			}
+			rt.timer.Stop()
+			delete(r.retry, job)
 		}
+	}
+	for job, here := range placed {
+		if _, running := r.jobs[job]; !here || running || r.leaving {
+			continue
+		}
+		if rt := r.retry[job]; rt != nil && now.Before(rt.notBefore) {
+			continue // its timer kicks the loop
+		}
+		start = append(start, job)
 	}
 	r.mu.Unlock()
 	sort.Strings(start)
 	for _, job := range start {
 		if err := r.start(ctx, job); err != nil {
-			r.log.Error("cannot start job", "job", job, "err", err)
+			r.restartLater(job, fmt.Sprintf("cannot start: %v", err), 0)
 		}
 	}
+}
+
+// poke asks the Run loop to reconcile.
+func (r *Runner) poke() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// retryOf returns a job's restart state, made if need be; the caller
+// holds r.mu.
+func (r *Runner) retryOf(job string) *retry {
+	rt := r.retry[job]
+	if rt == nil {
+		rt = &retry{timer: time.AfterFunc(time.Hour, r.poke)}
+		rt.timer.Stop()
+		r.retry[job] = rt
+	}
+	return rt
+}
+
+// forget drops a job's restart state.
+func (r *Runner) forget(job string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rt := r.retry[job]; rt != nil {
+		rt.timer.Stop()
+		delete(r.retry, job)
+	}
+}
+
+// restartLater schedules a restart of a job's hyperpodrun after its
+// backoff; a run that lasted HealthyAfter starts the backoff over.
+func (r *Runner) restartLater(job, why string, ran time.Duration, attrs ...any) {
+	r.mu.Lock()
+	rt := r.retryOf(job)
+	if ran >= r.cfg.HealthyAfter {
+		rt.failures = 0
+	}
+	rt.failures++
+	d := Backoff(rt.failures, r.cfg.BackoffBase, r.cfg.BackoffMax)
+	rt.notBefore = time.Now().Add(d)
+	rt.timer.Reset(d)
+	n := rt.failures
+	r.mu.Unlock()
+	r.log.Warn("node failure: restarting the job's hyperpodrun after a backoff while the job is placed on this node",
+		append([]any{"job", job, "why", why, "backoff", d, "consecutive_failures", n}, attrs...)...)
 }
 
 // Args builds the hyperpodrun command line of a job on a node.
@@ -195,6 +351,10 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	return append(append(args, spec.Run.Script), spec.Run.Args...)
 }
 
+// start starts a run of a job's hyperpodrun, unless the job has finished
+// or runs already. Each run has its own TMPDIR and containment; when
+// hyperpodrun exits, every process of the run is killed and both are
+// removed before the exit is judged (exited).
 func (r *Runner) start(ctx context.Context, job string) error {
 	rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
@@ -221,9 +381,16 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if r.cfg.LogDir != "" {
 		logDir = filepath.Join(r.cfg.LogDir, r.node.Name)
 	}
+	tmp, err := os.MkdirTemp(r.tmp, "")
+	if err != nil {
+		return fmt.Errorf("make the run's TMPDIR: %w", err)
+	}
+	r.seq++
+	b := r.box.open(fmt.Sprintf("%d.%s.%s", r.seq, r.node.Name, job))
 	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), r.cfg.RdzvConf, logDir)
 	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
-	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID="+r.node.Name)
+	// The job's own TMPDIR, if it sets one, wins (and is not removed).
+	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+b.marker)
 	if spec.Run.Python != "" {
 		cmd.Env = append(cmd.Env, "PYTHON_EXEC="+spec.Run.Python)
 	}
@@ -231,19 +398,44 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Dir = spec.Run.WorkDir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	pr, pw := io.Pipe()
+	// Its own session: the fallback finds the run's processes by it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	b.apply(cmd.SysProcAttr)
+	// A pipe of our own, not an io.Writer: Wait then returns when
+	// hyperpodrun exits even while a descendant still holds the pipe.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		b.abandon()
+		os.RemoveAll(tmp)
+		return fmt.Errorf("output pipe: %w", err)
+	}
 	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
+	cloned := cmd.SysProcAttr.UseCgroupFD
+	err = cmd.Start()
+	if err != nil && cloned {
+		r.log.Info("cannot start hyperpodrun inside its cgroup; moving it there once started", "job", job, "err", err)
+		b.noCloneIntoCgroup(cmd.SysProcAttr)
+		cloned = false
+		cmd = rebuild(cmd)
+		err = cmd.Start()
+	}
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		b.abandon()
+		os.RemoveAll(tmp)
 		return fmt.Errorf("start hyperpodrun: %w", err)
 	}
-	r.log.Info("started job", "job", job, "pid", cmd.Process.Pid)
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	b.started(cmd.Process.Pid, cloned)
+	r.log.Info("started job", "job", job, "pid", cmd.Process.Pid, "cgroup", b.cg, "tmpdir", tmp)
+	p := &proc{cmd: cmd, done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, box: b}
 	r.jobs[job] = p
 	prefix := r.node.Name + "/" + job + " "
+	output := make(chan struct{})
 	r.wg.Add(2)
 	go func() {
 		defer r.wg.Done()
+		defer close(output)
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
@@ -253,41 +445,103 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	}()
 	go func() {
 		defer r.wg.Done()
+		waitExited(cmd.Process.Pid)
+		if err := b.kill(); err != nil {
+			r.log.Error("cannot kill every process of the job's run", "job", job, "err", err)
+		}
 		err := cmd.Wait()
-		pw.Close()
+		ran := time.Since(p.started)
+		// The output ends with the run's processes; should one have
+		// escaped, it does not hold the reader.
+		pr.SetReadDeadline(time.Now().Add(time.Second))
+		<-output
+		pr.Close()
+		if err := os.RemoveAll(tmp); err != nil {
+			r.log.Warn("cannot remove the run's TMPDIR", "job", job, "dir", tmp, "err", err)
+		}
 		r.mu.Lock()
 		draining := p.draining
 		delete(r.jobs, job)
+		if !draining && err != nil && !r.leaving {
+			// No restart until exited has judged the failure.
+			r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
+		}
 		r.mu.Unlock()
 		close(p.done)
-		r.exited(job, err, draining)
+		r.exited(job, err, draining, ran, p.maxRestarts)
 	}()
 	return nil
 }
 
-// exited records a job's end: a hyperpodrun that exits 0 without being
-// drained finished training; one that fails is reported as failed.
-func (r *Runner) exited(job string, err error, draining bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+// rebuild makes a fresh command like cmd (an exec.Cmd starts once).
+func rebuild(cmd *exec.Cmd) *exec.Cmd {
+	c := exec.Command(cmd.Path, cmd.Args[1:]...)
+	c.Env, c.Dir, c.SysProcAttr = cmd.Env, cmd.Dir, cmd.SysProcAttr
+	c.Stdout, c.Stderr = cmd.Stdout, cmd.Stderr
+	return c
+}
+
+// exited judges a run's end. Drained: nothing to do. Exit 0: the job
+// finished training (Succeeded). Any other end (a non-zero exit, a signal,
+// an error) is a node failure, restarted after a backoff while the job is
+// placed here, unless the job's global restart budget is spent: its
+// restart count exceeds maxRestarts, as hyperpodrun itself decides (then
+// Failed).
+func (r *Runner) exited(job string, err error, draining bool, ran time.Duration, maxRestarts int) {
+	if draining || err == nil {
+		r.forget(job)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
 	defer cancel()
-	var ee *exec.ExitError
 	switch {
 	case draining:
 		r.log.Info("job drained off this node", "job", job, "err", err)
+		return
 	case err == nil:
 		r.log.Info("job finished", "job", job)
-		r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Succeeded, Node: r.node.Name, Time: time.Now().UTC()})
-	case errors.As(err, &ee) && ee.ProcessState.Sys().(syscall.WaitStatus).Signaled():
-		r.log.Info("job's hyperpodrun was killed", "job", job, "err", err)
-	default:
-		r.log.Warn("job failed", "job", job, "err", err)
-		r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: err.Error(), Time: time.Now().UTC()})
+		if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Succeeded, Node: r.node.Name, Time: time.Now().UTC()}); err != nil {
+			r.log.Error("cannot record the job's success", "job", job, "err", err)
+		}
+		return
 	}
+	why := describeExit(err)
+	n, rerr := r.st.Restarts(ctx, job)
+	if rerr != nil {
+		r.restartLater(job, why, ran, "restart_count_unknown", rerr.Error())
+		return
+	}
+	if n > int64(maxRestarts) {
+		msg := fmt.Sprintf("hyperpodrun %s; the job's %d restart(s) exceed maxRestarts %d (counted for the whole job)", why, n, maxRestarts)
+		r.forget(job)
+		r.log.Warn("job failed: its restart budget is spent", "job", job, "why", why, "restarts", n, "max_restarts", maxRestarts)
+		if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: msg, Time: time.Now().UTC()}); err != nil {
+			r.log.Error("cannot record the job's failure", "job", job, "err", err)
+		}
+		return
+	}
+	r.restartLater(job, why, ran, "restarts", n, "max_restarts", maxRestarts)
+}
+
+// describeExit says how a hyperpodrun ended.
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "was killed by " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exited with status %d", ee.ExitCode())
+	}
+	return "failed: " + err.Error()
 }
 
 // Drain drains every job on the node and waits for them to leave.
 func (r *Runner) Drain(ctx context.Context) error {
 	r.mu.Lock()
+	r.leaving = true
+	for job, rt := range r.retry {
+		rt.timer.Stop()
+		delete(r.retry, job)
+	}
 	var waits []chan struct{}
 	for _, p := range r.jobs {
 		p.draining = true
@@ -306,14 +560,24 @@ func (r *Runner) Drain(ctx context.Context) error {
 	return nil
 }
 
-// killAll SIGKILLs every job's hyperpodrun (its workers die with it) and
-// waits for the runner's goroutines.
+// killAll SIGKILLs every job's hyperpodrun (the rest of each run dies
+// with it), cancels pending restarts and waits for the runner's goroutines.
 func (r *Runner) killAll() {
 	r.mu.Lock()
 	for _, p := range r.jobs {
 		p.draining = true
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
+	for job, rt := range r.retry {
+		rt.timer.Stop()
+		delete(r.retry, job)
+	}
 	r.mu.Unlock()
 	r.wg.Wait()
+	if r.box != nil {
+		r.box.close()
+	}
+	if r.tmp != "" {
+		os.Remove(r.tmp) // empty now; another runner of this process may still use it
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,10 +21,7 @@ type syncBuf = syncbuf.Buffer
 
 func TestStartsDrainsAndRecordsFinish(t *testing.T) {
 	dir := t.TempDir()
-	hpr := filepath.Join(dir, "hyperpodrun")
-	if out, err := exec.Command("go", "build", "-o", hpr, "../../cmd/hyperpodrun").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	hpr := hyperpodrun(t)
 	worker := filepath.Join(dir, "w.sh")
 	os.WriteFile(worker, []byte(`#!/bin/sh
 trap 'cp "$HYPERPODRUN_EVENT_FILE" "$OUT/drained.tmp" && mv "$OUT/drained.tmp" "$OUT/drained"; exit 0' USR1

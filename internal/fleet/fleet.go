@@ -552,6 +552,21 @@ func (s *Store) Desired(ctx context.Context, job string) (*Desired, error) {
 	return DecodeDesired(key, r.Kvs[0].Value)
 }
 
+// Restarts reads a job's global failure-restart count (0 when there is no
+// record), the count hyperpodrun holds against --max-restarts. A malformed
+// record is an error naming its key.
+func (s *Store) Restarts(ctx context.Context, job string) (int64, error) {
+	key := s.Keys.Restarts(job)
+	r, err := s.Cli.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return 0, nil
+	}
+	return ParseCount(key, r.Kvs[0].Value, "restart count", 0)
+}
+
 // DesiredAll lists every job's desired record; malformed records are
 // returned as problems (with their last good value used where one exists).
 func (s *Store) DesiredAll(ctx context.Context) ([]Desired, []error, error) {

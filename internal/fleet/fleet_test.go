@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +90,25 @@ func TestPruneEventsKeepsTheNewestWithinBothBounds(t *testing.T) {
 	}
 	if len(got) != 6 || got[len(got)-1] != "quiet-job@102" || got[0] != "busy@7" {
 		t.Errorf("kept %v, want busy@7..9 and the three quiet-job events (the newest six within 4 per job)", got)
+	}
+}
+
+// A job's restart count reads as 0 until the rendezvous counts one, then
+// as the decimal stored; a malformed count is an error naming its key.
+func TestRestarts(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	if n, err := st.Restarts(ctx, "j"); n != 0 || err != nil {
+		t.Errorf("no record: %d, %v; want 0, nil", n, err)
+	}
+	cli.Put(ctx, st.Keys.Restarts("j"), fleet.FormatCount(3))
+	if n, err := st.Restarts(ctx, "j"); n != 3 || err != nil {
+		t.Errorf("after 3 restarts: %d, %v; want 3, nil", n, err)
+	}
+	cli.Put(ctx, st.Keys.Restarts("j"), "three")
+	if _, err := st.Restarts(ctx, "j"); err == nil || !strings.Contains(err.Error(), st.Keys.Restarts("j")) {
+		t.Errorf("malformed count: %v, want an error naming the key", err)
 	}
 }

@@ -1,0 +1,309 @@
+package jobrunner
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+var (
+	buildOnce sync.Once
+	builtHPR  string
+	buildErr  error
+)
+
+// hyperpodrun builds cmd/hyperpodrun once for the package's tests.
+func hyperpodrun(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "jobrunner-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtHPR = filepath.Join(dir, "hyperpodrun")
+		if out, err := exec.Command("go", "build", "-o", builtHPR, "../../cmd/hyperpodrun").CombinedOutput(); err != nil {
+			buildErr = err
+			builtHPR = string(out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build hyperpodrun: %v\n%s", buildErr, builtHPR)
+	}
+	return builtHPR
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtHPR != "" && buildErr == nil {
+		os.RemoveAll(filepath.Dir(builtHPR))
+	}
+	os.Exit(code)
+}
+
+// fixture is one node agent's runner on node-a with one job "j", placed
+// on node-a, whose worker is a shell script.
+type fixture struct {
+	t    *testing.T
+	ctx  context.Context
+	dir  string // the worker's $OUT
+	tmp  string // the runner's TempDir
+	st   *fleet.Store
+	cli  *clientv3.Client
+	r    *Runner
+	out  *syncBuf
+	logs *syncBuf
+}
+
+// newFixture starts the runner with cgroupParent (NoCgroup for the
+// fallback) and a job running worker, with maxRestarts.
+func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent string) *fixture {
+	hpr := hyperpodrun(t)
+	f := &fixture{t: t, dir: t.TempDir(), out: &syncBuf{}, logs: &syncBuf{}}
+	// Short: the control socket's path must fit in 107 bytes.
+	tmp, err := os.MkdirTemp("", "hpa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.tmp = tmp
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	w := filepath.Join(f.dir, "w.sh")
+	os.WriteFile(w, []byte(worker), 0o755)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	f.ctx = ctx
+	srv, cli := etcdtest.Start(t)
+	f.cli = cli
+	f.st = fleet.New(cli, "")
+	if err := f.st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: w, NoPython: true, MaxRestarts: maxRestarts, Env: map[string]string{"OUT": f.dir}, GracefulTimeoutSeconds: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	f.r = New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2", Output: f.out,
+		Logger: slog.New(slog.NewTextHandler(f.logs, nil)), TempDir: tmp, CgroupParent: cgroupParent,
+		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		f.r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli})
+		close(done)
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	op, err := f.st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 1, Nodes: []string{"node-a"}}, Generation: 1})
+	if err == nil {
+		_, err = cli.Do(ctx, op)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// waitFor polls cond until it holds, failing the test after 45 s.
+func (f *fixture) waitFor(what string, cond func() bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out waiting for %s\noutput:\n%s\nrunner log:\n%s", what, f.out.String(), f.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// runs counts the worker's starts (lines of $OUT/runs).
+func (f *fixture) runs() int {
+	b, _ := os.ReadFile(filepath.Join(f.dir, "runs"))
+	return strings.Count(string(b), "\n")
+}
+
+// hyperpodrunPID is the running hyperpodrun's pid, 0 if none runs.
+func (f *fixture) hyperpodrunPID() int {
+	f.r.mu.Lock()
+	defer f.r.mu.Unlock()
+	if p := f.r.jobs["j"]; p != nil {
+		return p.cmd.Process.Pid
+	}
+	return 0
+}
+
+// finish is the job's finish record, nil if none.
+func (f *fixture) finish() *fleet.Finish {
+	fin, _, err := f.st.Finished(f.ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if x, ok := fin["j"]; ok {
+		return &x
+	}
+	return nil
+}
+
+// alive reports whether pid is a live (not zombie) process.
+func alive(pid int) bool {
+	p, ok := readProc(pid)
+	return ok && !p.zombie
+}
+
+// A worker that counts its starts and runs until killed.
+const loopWorker = `#!/bin/sh
+echo "$$" >> "$OUT/runs"
+while :; do sleep 0.05; done
+`
+
+// SIGTERM to a node's hyperpodrun is a node failure, not the job's: the
+// runner restarts it, the worker runs again and the job is not Failed.
+func TestSIGTERMToHyperpodrunRestartsIt(t *testing.T) {
+	f := newFixture(t, loopWorker, 0, "")
+	f.waitFor("the worker", func() bool { return f.runs() == 1 })
+	pid := f.hyperpodrunPID()
+	if pid == 0 {
+		t.Fatal("no hyperpodrun runs")
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	f.waitFor("the worker to run again", func() bool { return f.runs() == 2 })
+	if p := f.hyperpodrunPID(); p == pid || p == 0 {
+		t.Errorf("hyperpodrun pid %d after the restart, want a new one (was %d)", p, pid)
+	}
+	if fin := f.finish(); fin != nil {
+		t.Errorf("a node's SIGTERMed hyperpodrun ended the job: %+v", *fin)
+	}
+	if !strings.Contains(f.logs.String(), "killed by terminated") && !strings.Contains(f.logs.String(), "exited with status") {
+		t.Errorf("the runner did not log why it restarted hyperpodrun:\n%s", f.logs.String())
+	}
+}
+
+// A worker that daemonizes a grandchild (new session, new process group,
+// holding the worker's stdout) and runs until killed.
+const daemonWorker = `#!/bin/sh
+echo "$$" >> "$OUT/runs"
+n=$(wc -l < "$OUT/runs")
+setsid sh -c 'echo $$ > "$OUT/daemon.tmp.'$n'"; mv "$OUT/daemon.tmp.'$n'" "$OUT/daemon.'$n'"; exec sleep 1000' &
+while :; do sleep 0.05; done
+`
+
+// SIGKILL of a node's hyperpodrun: the runner restarts it, and nothing of
+// the killed run is left: not its daemonized grandchild (setsid), not its
+// control directory. Both with cgroups and with the subreaper fallback.
+func TestSIGKILLOfHyperpodrunRestartsItAndLeavesNothing(t *testing.T) {
+	for _, mode := range []struct{ name, parent string }{{"cgroup", ""}, {"subreaper", NoCgroup}} {
+		t.Run(mode.name, func(t *testing.T) {
+			f := newFixture(t, daemonWorker, 0, mode.parent)
+			if mode.parent == "" && f.r.box.cgroupBase == "" {
+				t.Skip("no writable cgroup v2 here")
+			}
+			daemon := func(n int) int {
+				b, err := os.ReadFile(filepath.Join(f.dir, "daemon."+strconv.Itoa(n)))
+				if err != nil {
+					return 0
+				}
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				return pid
+			}
+			f.waitFor("the worker's daemonized grandchild", func() bool { return daemon(1) != 0 })
+			d1 := daemon(1)
+			if p, _ := readProc(d1); p.sid != d1 {
+				t.Fatalf("the grandchild did not start a session of its own: %+v", p)
+			}
+			pid := f.hyperpodrunPID()
+			var runDirs []string
+			f.waitFor("hyperpodrun's control directory", func() bool {
+				runDirs, _ = filepath.Glob(filepath.Join(f.tmp, "*", "hyperpodrun-ctl-*"))
+				return len(runDirs) == 1
+			})
+			syscall.Kill(pid, syscall.SIGKILL)
+			f.waitFor("the worker to run again", func() bool { return f.runs() == 2 && daemon(2) != 0 })
+			if alive(d1) {
+				t.Errorf("the killed run's daemonized grandchild %d is still alive", d1)
+			}
+			if _, err := os.Stat(runDirs[0]); err == nil {
+				t.Errorf("the killed run's control directory %s is left", runDirs[0])
+			}
+			if dirs, _ := filepath.Glob(filepath.Join(f.tmp, "*")); len(dirs) != 1 {
+				t.Errorf("run directories %v, want the running one only", dirs)
+			}
+			if fin := f.finish(); fin != nil {
+				t.Errorf("a node's SIGKILLed hyperpodrun ended the job: %+v", *fin)
+			}
+			// The runner stops (an agent crash): the second run's daemon
+			// dies too, and its directory goes.
+			d2 := daemon(2)
+			f.r.killAll()
+			if alive(d2) {
+				t.Errorf("the daemonized grandchild %d outlived the runner's kill", d2)
+			}
+			if dirs, _ := filepath.Glob(filepath.Join(f.tmp, "*")); len(dirs) != 0 {
+				t.Errorf("run directories left after the runner stopped: %v", dirs)
+			}
+		})
+	}
+}
+
+// A job fails only when its global restart budget is spent: the same
+// signal that is a node failure while restarts <= maxRestarts marks the
+// job Failed once the count exceeds it.
+func TestSpentRestartBudgetFailsTheJob(t *testing.T) {
+	f := newFixture(t, loopWorker, 1, "")
+	setRestarts := func(n int64) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+		defer cancel()
+		if _, err := f.cli.Put(ctx, f.st.Keys.Restarts("j"), fleet.FormatCount(n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setRestarts(1) // at the budget, not over it
+	f.waitFor("the worker", func() bool { return f.runs() == 1 })
+	syscall.Kill(f.hyperpodrunPID(), syscall.SIGKILL)
+	f.waitFor("the worker to run again", func() bool { return f.runs() == 2 })
+	if fin := f.finish(); fin != nil {
+		t.Fatalf("failed with restarts == maxRestarts: %+v", *fin)
+	}
+	setRestarts(2)
+	syscall.Kill(f.hyperpodrunPID(), syscall.SIGKILL)
+	f.waitFor("the job to be Failed", func() bool { fin := f.finish(); return fin != nil })
+	fin := f.finish()
+	if fin.Outcome != fleet.Failed || !strings.Contains(fin.Message, "2 restart(s) exceed maxRestarts 1") {
+		t.Errorf("finish record %+v, want Failed for the spent budget", *fin)
+	}
+	time.Sleep(500 * time.Millisecond) // past a backoff: nothing restarts it
+	if n := f.runs(); n != 2 || f.hyperpodrunPID() != 0 {
+		t.Errorf("a Failed job was restarted: %d runs, hyperpodrun %d", n, f.hyperpodrunPID())
+	}
+}
+
+// The restart backoff doubles from its base up to its cap.
+func TestBackoffDoubles(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		want time.Duration
+	}{
+		{1, time.Second},
+		{2, 2 * time.Second},
+		{3, 4 * time.Second},
+		{4, 8 * time.Second},
+		{5, 16 * time.Second},
+		{6, 30 * time.Second},
+		{7, 30 * time.Second},
+		{1000, 30 * time.Second},
+	} {
+		if got := Backoff(tc.n, time.Second, 30*time.Second); got != tc.want {
+			t.Errorf("Backoff(%d, 1s, 30s) = %v, want %v", tc.n, got, tc.want)
+		}
+	}
+}
