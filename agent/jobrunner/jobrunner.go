@@ -505,7 +505,10 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 		return
 	}
 	why := describeExit(err)
-	n, rerr := r.st.Restarts(ctx, job)
+	n, problem, rerr := r.st.Restarts(ctx, job)
+	if problem != nil {
+		r.log.Warn("malformed restart count", "job", job, "err", problem)
+	}
 	if rerr != nil {
 		r.restartLater(job, why, ran, "restart_count_unknown", rerr.Error())
 		return

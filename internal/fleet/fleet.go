@@ -554,17 +554,11 @@ func (s *Store) Desired(ctx context.Context, job string) (*Desired, error) {
 
 // Restarts reads a job's global failure-restart count (0 when there is no
 // record), the count hyperpodrun holds against --max-restarts. A malformed
-// record is an error naming its key.
-func (s *Store) Restarts(ctx context.Context, job string) (int64, error) {
-	key := s.Keys.Restarts(job)
-	r, err := s.Cli.Get(ctx, key)
-	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", key, err)
-	}
-	if len(r.Kvs) == 0 {
-		return 0, nil
-	}
-	return ParseCount(key, r.Kvs[0].Value, "restart count", 0)
+// record is read as its last good value (or 0), as Counter does, and the
+// problem returned beside it for the caller to log.
+func (s *Store) Restarts(ctx context.Context, job string) (n int64, problem, err error) {
+	n, _, problem, err = s.Counter(ctx, s.Keys.Restarts(job), "restart count")
+	return n, problem, err
 }
 
 // DesiredAll lists every job's desired record; malformed records are

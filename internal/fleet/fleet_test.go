@@ -100,15 +100,15 @@ func TestRestarts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st := fleet.New(cli, "")
-	if n, err := st.Restarts(ctx, "j"); n != 0 || err != nil {
+	if n, _, err := st.Restarts(ctx, "j"); n != 0 || err != nil {
 		t.Errorf("no record: %d, %v; want 0, nil", n, err)
 	}
 	cli.Put(ctx, st.Keys.Restarts("j"), fleet.FormatCount(3))
-	if n, err := st.Restarts(ctx, "j"); n != 3 || err != nil {
+	if n, _, err := st.Restarts(ctx, "j"); n != 3 || err != nil {
 		t.Errorf("after 3 restarts: %d, %v; want 3, nil", n, err)
 	}
 	cli.Put(ctx, st.Keys.Restarts("j"), "three")
-	if _, err := st.Restarts(ctx, "j"); err == nil || !strings.Contains(err.Error(), st.Keys.Restarts("j")) {
-		t.Errorf("malformed count: %v, want an error naming the key", err)
+	if n, problem, err := st.Restarts(ctx, "j"); n != 3 || err != nil || problem == nil || !strings.Contains(problem.Error(), st.Keys.Restarts("j")) {
+		t.Errorf("malformed count: %d, %v, %v; want the last good 3 and a problem naming the key", n, problem, err)
 	}
 }
