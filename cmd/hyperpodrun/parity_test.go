@@ -454,3 +454,56 @@ func TestPollutedEnvironmentMatchesTorchrun(t *testing.T) {
 		}
 	}
 }
+
+// Losing the hosting node loses a c10d rendezvous (README): the other node
+// stops its workers at once (it cannot prove its lease) and fails.
+func TestC10dLosingTheHostFailsTheJob(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the survivor's etcd retries (about a minute)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	out := t.TempDir()
+	w := script(t, `echo $$ >> "`+out+`/pids.$GROUP_RANK"; trap 'exit 0' USR1; while true; do sleep 0.05; done`)
+	ep := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", ep,
+		"--rdzv-id", "c10d-loss", "--no-python", w}
+	host := exec.CommandContext(ctx, binary, args...)
+	var hostErr bytes.Buffer
+	host.Stderr = &hostErr
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer host.Process.Kill()
+	hostExited := make(chan struct{})
+	go func() { host.Wait(); close(hostExited) }()
+	waitFor(t, 30*time.Second, "the host to serve the endpoint", func() bool {
+		return strings.Contains(hostErr.String(), "hosting the c10d rendezvous")
+	})
+	done := make(chan result, 1)
+	go func() { done <- hprCtx(t, ctx, nil, args...) }()
+	waitFor(t, 60*time.Second, "both nodes' workers", func() bool {
+		_, e0 := os.Stat(filepath.Join(out, "pids.0"))
+		_, e1 := os.Stat(filepath.Join(out, "pids.1"))
+		return e0 == nil && e1 == nil
+	})
+	// The host's workers die with it (Pdeathsig); the survivor's must be
+	// stopped by its agent (fencing) within seconds.
+	host.Process.Kill()
+	<-hostExited
+	start := time.Now()
+	for _, f := range []string{"pids.0", "pids.1"} {
+		pidsGone(t, filepath.Join(out, f))
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the survivor's workers outlived the host by %s", took)
+	}
+	select {
+	case r := <-done:
+		if r.code == 0 {
+			t.Errorf("the survivor exited 0 after losing the rendezvous host:\n%s", r.stderr)
+		}
+	case <-ctx.Done():
+		t.Fatal("the survivor did not give up after losing the rendezvous host")
+	}
+}
