@@ -1,16 +1,22 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // c10dDefaultPort is torch's port for a c10d endpoint given without one.
@@ -25,7 +31,8 @@ const exitBarrierTimeout = 300 * time.Second
 // etcd to run. The node that owns the endpoint's address (a local interface
 // address or localhost; --rdzv-conf is_host overrides) hosts the rendezvous:
 // an embedded etcd listening on that host:port. Every node, the host
-// included, then joins it as an ordinary etcd-backend member. A second
+// included, then joins it as an ordinary etcd-backend member. The etcd runs
+// in hyperpodrun-rdzv-host, a child process. A second
 // hyperpodrun on the host's machine finds the port taken and joins.
 //
 // Losing the hosting node loses the rendezvous, as losing torch's c10d
@@ -56,19 +63,23 @@ func runC10d(ctx context.Context, o Options) error {
 		}
 		owns = *isHost
 	}
-	var srv *etcdembed.Server
+	var srv *hostProcess
 	if owns {
 		addr := net.JoinHostPort(listen, strconv.Itoa(port))
-		srv, err = etcdembed.Start(ctx, etcdembed.Options{ClientAddr: addr, UnsafeNoFsync: true})
+		srv, err = startRdzvHost(ctx, addr)
 		switch {
 		case err == nil:
 			log.Info("hosting the c10d rendezvous: embedded etcd", "endpoint", o.RdzvEndpoint, "listen", addr)
-			defer srv.Close()
-		case errors.Is(err, syscall.EADDRINUSE):
+			defer srv.stop()
+		case errors.Is(err, errInUse):
 			// Another hyperpodrun of this machine hosts it: join it.
 			log.Info("the c10d endpoint is already served on this machine; joining it", "endpoint", o.RdzvEndpoint)
 			srv = nil
 		default:
+			var ee *ExitError
+			if errors.As(err, &ee) {
+				return err
+			}
 			return &ExitError{1, fmt.Errorf("host the c10d rendezvous on %s: %w", addr, err)}
 		}
 	}
@@ -81,7 +92,7 @@ func runC10d(ctx context.Context, o Options) error {
 	o.RdzvBackend, o.RdzvEndpoint = "etcd", endpoint
 	runErr := RunElastic(ctx, o)
 	if srv != nil {
-		waitOthersLeft(ctx, srv, o)
+		waitOthersLeft(ctx, endpoint, o)
 	}
 	return runErr
 }
@@ -194,12 +205,108 @@ func confSeconds(conf, key string) (time.Duration, bool) {
 	return 0, false
 }
 
+// rdzvHostBinary is the program that serves the hosted rendezvous. It is
+// looked up next to hyperpodrun's own executable, then on PATH.
+const rdzvHostBinary = "hyperpodrun-rdzv-host"
+
+var errInUse = errors.New("address in use")
+
+// hostProcess is a running hyperpodrun-rdzv-host: an embedded etcd in a
+// child process, so that hyperpodrun itself carries no etcd server (it
+// would cost every launch about 10 MB of binary and its initialisation).
+// The child dies with hyperpodrun (parent-death signal).
+type hostProcess struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan struct{}
+}
+
+func findRdzvHost() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), rdzvHostBinary)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath(rdzvHostBinary); err == nil {
+		return p, nil
+	}
+	return "", &ExitError{2, fmt.Errorf("--rdzv-backend c10d: this node hosts the rendezvous, which needs %s next to hyperpodrun or on PATH (make build puts it in bin/; install both), or run etcd and use --rdzv-backend etcd", rdzvHostBinary)}
+}
+
+// startRdzvHost starts the host program on addr and waits until it serves.
+func startRdzvHost(ctx context.Context, addr string) (*hostProcess, error) {
+	path, err := findRdzvHost()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(path, addr)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", path, err)
+	}
+	h := &hostProcess{cmd: cmd, stdin: stdin, done: make(chan struct{})}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		io.Copy(io.Discard, stdout)
+	}()
+	go func() { cmd.Wait(); close(h.done) }()
+	t := time.NewTimer(60 * time.Second)
+	defer t.Stop()
+	select {
+	case l, ok := <-line:
+		switch {
+		case strings.HasPrefix(l, "ready "):
+			return h, nil
+		case l == "in-use":
+			<-h.done
+			return nil, errInUse
+		case !ok:
+			<-h.done
+			return nil, fmt.Errorf("%s exited: %v", path, cmd.ProcessState)
+		}
+		h.stop()
+		return nil, fmt.Errorf("%s: unexpected %q", path, l)
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	h.stop()
+	return nil, fmt.Errorf("%s did not serve %s within 60 s", path, addr)
+}
+
+// stop ends the host program (closing its stdin is its signal to stop) and
+// waits for it, killing it after 10 s.
+func (h *hostProcess) stop() {
+	h.stdin.Close()
+	select {
+	case <-h.done:
+		return
+	case <-time.After(10 * time.Second):
+	}
+	h.cmd.Process.Kill()
+	<-h.done
+}
+
 // waitOthersLeft keeps the hosted rendezvous up until every other node has
 // left it (no etcd lease is left: a node revokes its own when it leaves,
 // and a dead node's expires within its TTL), for at most
 // exitBarrierTimeout, or until a signal.
-func waitOthersLeft(ctx context.Context, srv *etcdembed.Server, o Options) {
-	cli, err := srv.Client()
+func waitOthersLeft(ctx context.Context, endpoint string, o Options) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		o.Logger.Warn("c10d host: cannot watch the other nodes leave; stopping the rendezvous now", "err", err)
 		return

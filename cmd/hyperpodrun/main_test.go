@@ -33,6 +33,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build hyperpodrun: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	// The c10d backend's host program lives next to hyperpodrun.
+	out, err = exec.Command("go", "build", "-o", filepath.Join(dir, "hyperpodrun-rdzv-host"), "../hyperpodrun-rdzv-host").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build hyperpodrun-rdzv-host: %v\n%s", err, out)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

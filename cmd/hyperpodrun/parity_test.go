@@ -469,7 +469,7 @@ func TestC10dLosingTheHostFailsTheJob(t *testing.T) {
 	args := []string{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", ep,
 		"--rdzv-id", "c10d-loss", "--no-python", w}
 	host := exec.CommandContext(ctx, binary, args...)
-	var hostErr bytes.Buffer
+	var hostErr syncBuffer
 	host.Stderr = &hostErr
 	if err := host.Start(); err != nil {
 		t.Fatal(err)
@@ -505,5 +505,43 @@ func TestC10dLosingTheHostFailsTheJob(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the survivor did not give up after losing the rendezvous host")
+	}
+}
+
+// syncBuffer is a bytes.Buffer a test may read while a process writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The hosting node needs hyperpodrun-rdzv-host; without it, a clear refusal.
+func TestC10dHostWithoutTheHostProgram(t *testing.T) {
+	dir := t.TempDir()
+	lone := filepath.Join(dir, "hyperpodrun")
+	b, err := os.ReadFile(binary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lone, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(lone, "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:"+strconv.Itoa(freePort(t)),
+		"--rdzv-id", "x", "--no-python", script(t, "true"))
+	cmd.Env = append(os.Environ(), "PATH="+dir+":/usr/bin:/bin")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "hyperpodrun-rdzv-host next to hyperpodrun") {
+		t.Errorf("exit %v:\n%s", err, out)
 	}
 }
