@@ -2,8 +2,11 @@ package launcher
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -68,5 +71,38 @@ func TestCPUListRoundTrip(t *testing.T) {
 	c, err := parseCPUList("0-3,8,10-11")
 	if err != nil || formatCPUList(c) != "0-3,8,10-11" {
 		t.Errorf("%v %v %q", c, err, formatCPUList(c))
+	}
+}
+
+// Without numactl, a worker is bound by the forking thread's affinity: the
+// child starts on the given CPUs, and no thread of ours keeps the narrow mask.
+func TestForkExecBoundWithoutNumactl(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "status")
+	var cmd *exec.Cmd
+	pid, err := forkExecBound([]int{0}, func() (int, error) {
+		cmd = exec.Command("/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status > "+out)
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
+	})
+	if err != nil || pid <= 0 {
+		t.Fatalf("forkExecBound: pid %d, %v", pid, err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(out)
+	if got := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(b)), "Cpus_allowed_list:")); got != "0" {
+		t.Errorf("child's CPUs %q, want 0", got)
+	}
+	tasks, _ := filepath.Glob("/proc/self/task/*/status")
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "Cpus_allowed_list:") && runtime.NumCPU() > 1 && strings.TrimSpace(strings.TrimPrefix(l, "Cpus_allowed_list:")) == "0" {
+				t.Errorf("%s kept the narrowed mask: %s", f, l)
+			}
+		}
 	}
 }
