@@ -2,7 +2,7 @@
 GO      ?= go
 BIN     := bin
 PKGS    := ./...
-BINARIES := hyperpodrun hyperpod-agent hyperpod-coordinator elasticctl
+BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator elasticctl
 
 .PHONY: build test test-python test-short bench demo demo-standalone lint clean
 

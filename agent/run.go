@@ -9,7 +9,8 @@ import (
 )
 
 // Run starts the job on this node the way the options say: --standalone and
-// the static backend run RunStatic; the etcd backend runs the elastic agent.
+// the static backend run RunStatic; the etcd backend runs the elastic agent;
+// c10d runs it on an etcd hosted by the node owning the endpoint's address.
 func Run(ctx context.Context, o Options) error {
 	logDir, err := RunLogDir(o.BaseLogDir, o.Spec.RunID)
 	if err != nil {
@@ -29,6 +30,13 @@ func Run(ctx context.Context, o Options) error {
 	env["PYTHONPATH"] = pyRoot
 	if pp := os.Getenv("PYTHONPATH"); pp != "" {
 		env["PYTHONPATH"] = pyRoot + string(os.PathListSeparator) + pp
+	}
+	// HyperPod's import path reads HYPERPOD_SIGNAL_COORDINATION as HyperPod
+	// does ("disabled" when unset). HyperPod's agent passes its own value
+	// on; hyperpodrun always announces planned changes, so it passes
+	// "distributed" unless the launcher's environment chose otherwise.
+	if _, set := os.LookupEnv("HYPERPOD_SIGNAL_COORDINATION"); !set {
+		env["HYPERPOD_SIGNAL_COORDINATION"] = "distributed"
 	}
 	o.Spec.Env = env
 	if o.Spec.ShutdownTimeout == 0 {
@@ -51,6 +59,8 @@ func Run(ctx context.Context, o Options) error {
 			o.MasterAddr, o.MasterPort = host, port
 		}
 		return RunStatic(ctx, o)
+	case "c10d":
+		return runC10d(ctx, o)
 	default:
 		return RunElastic(ctx, o)
 	}

@@ -119,6 +119,10 @@ const (
 	ReportCheckpoint = "checkpoint"
 	// ReportStopping means a rank saw the event and is exiting after Step.
 	ReportStopping = "stopping"
+	// ReportCheckpointUpdate is one rank's part of a checkpoint (HyperPod's
+	// CheckpointDiscoverySocketClient.update): the step is committed once
+	// every expected writer of every kind has reported it.
+	ReportCheckpointUpdate = "checkpoint_update"
 )
 
 // Report is one message from a worker.
@@ -134,6 +138,14 @@ type Report struct {
 	// Step is unknown (0). A rank may send a stopping report with the step
 	// afterwards.
 	Detected bool `json:"detected,omitempty"`
+	// CheckpointType, NumModel, NumData and Nodes come with a
+	// ReportCheckpointUpdate (HyperPod's CheckpointDiscoverySocketClient):
+	// "model" or "data", the writers per node of each kind, and the number
+	// of nodes.
+	CheckpointType string `json:"checkpoint_type,omitempty"`
+	NumModel       int    `json:"num_model_checkpoints,omitempty"`
+	NumData        int    `json:"num_data_checkpoints,omitempty"`
+	Nodes          int    `json:"nodes,omitempty"`
 	// Received is when the agent read the message.
 	Received time.Time `json:"-"`
 	// Raw is the message as sent, for fields this package does not know.
@@ -155,8 +167,16 @@ func parseReport(line []byte) (Report, error) {
 	if r.Rank < 0 || r.WorldSize < 0 {
 		return Report{}, fmt.Errorf("malformed %s message: negative rank or world_size", r.Type)
 	}
-	if r.Type == ReportCheckpoint && r.Path == "" {
-		return Report{}, errors.New(`malformed checkpoint message: missing "path"`)
+	if (r.Type == ReportCheckpoint || r.Type == ReportCheckpointUpdate) && r.Path == "" {
+		return Report{}, fmt.Errorf(`malformed %s message: missing "path"`, r.Type)
+	}
+	if r.Type == ReportCheckpointUpdate {
+		if r.CheckpointType != "model" && r.CheckpointType != "data" {
+			return Report{}, fmt.Errorf(`malformed checkpoint_update message: checkpoint_type %q (want "model" or "data")`, r.CheckpointType)
+		}
+		if r.NumModel < 0 || r.NumData < 0 || r.Nodes < 0 {
+			return Report{}, errors.New("malformed checkpoint_update message: negative writer or node count")
+		}
 	}
 	r.Raw = append(json.RawMessage(nil), line...)
 	return r, nil

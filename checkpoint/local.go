@@ -44,13 +44,20 @@ func (l *LocalRecord) Latest() *Record {
 	return &r
 }
 
-// ReportHandler commits every checkpoint report (at round 0) and accepts
+// ReportHandler commits every checkpoint report (at round 0), and every step
+// whose checkpoint_update reports are complete, and accepts
 // every other report, like Store.ReportHandler.
 func (l *LocalRecord) ReportHandler() Handler {
+	var pending parts
 	return func(_ context.Context, r Report) error {
-		if r.Type != ReportCheckpoint {
-			return nil
+		switch r.Type {
+		case ReportCheckpoint:
+			return l.Commit(Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Time: r.Received.UTC()})
+		case ReportCheckpointUpdate:
+			if rec, done := pending.add(r); done {
+				return l.Commit(rec)
+			}
 		}
-		return l.Commit(Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Time: r.Received.UTC()})
+		return nil
 	}
 }

@@ -11,7 +11,7 @@ import (
 // pythonFS holds the stdlib-only Python helper packages, so hyperpodrun can
 // make them importable by any training script without an install.
 //
-//go:embed python/hyperpodrun_elastic/*.py python/hyperpod_elastic_agent/*.py
+//go:embed python/hyperpodrun_elastic/*.py python/hyperpod_elastic_agent/*.py python/hyperpod_elastic_agent/ipc/*.py
 var pythonFS embed.FS
 
 // ExtractPython writes the Python helper packages (hyperpodrun_elastic and

@@ -142,18 +142,28 @@ func (s *Store) get(ctx context.Context) (*Record, int64, error) {
 }
 
 // ReportHandler returns a Handler that commits every checkpoint report to s
+// (and every step whose checkpoint_update reports are complete)
 // (the round comes from round(), read when the report arrives) and accepts
 // every other report. Use it with WithHandler so that a worker's
 // report_checkpoint returns only once the record is in etcd.
 func (s *Store) ReportHandler(round func() int64) Handler {
+	var pending parts
 	return func(ctx context.Context, r Report) error {
-		if r.Type != ReportCheckpoint {
+		var rec Record
+		switch r.Type {
+		case ReportCheckpoint:
+			rec = Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Time: r.Received.UTC()}
+		case ReportCheckpointUpdate:
+			var done bool
+			if rec, done = pending.add(r); !done {
+				return nil
+			}
+		default:
 			return nil
 		}
-		var rd int64
 		if round != nil {
-			rd = round()
+			rec.Round = round()
 		}
-		return s.Commit(ctx, Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Round: rd, Time: r.Received.UTC()})
+		return s.Commit(ctx, rec)
 	}
 }

@@ -1,12 +1,13 @@
 // Package launcher runs one node's training workers the way torchrun does:
 // each worker in its own process group with torchrun's environment, console
-// output line-prefixed ("[default0]:"), redirects and tee to per-attempt log
+// output as torchrun's (inherited, or line-prefixed "[default0]:" when teed), redirects and tee to per-attempt log
 // files, torch's error.json files read back for the root cause, and
 // shutdown that escalates to SIGKILL and leaves no process behind.
 package launcher
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -28,6 +30,10 @@ type Group struct {
 	exited   chan struct{} // closed when every worker has exited
 	failed   chan struct{} // closed at the first failed worker
 	failOnce sync.Once
+
+	filteredOut, filteredErr *lockedFile // torch 2.x duplicate filters
+	numaCPUs                 [][]int     // per local rank, with --numa-binding
+	numactl                  string      // numactl's path, "" for sched_setaffinity
 
 	mu       sync.Mutex
 	stopping bool // failures after Stop began are not the workers' own
@@ -81,6 +87,24 @@ func Start(spec Spec, a Assignment) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
+	if spec.NUMABinding != "" {
+		if g.numaCPUs, _, err = NUMAPlan(spec.NUMABinding, spec.NProcPerNode); err != nil {
+			return nil, err
+		}
+		g.numactl = numactlPath()
+	}
+	teedOut, teedErr := false, false
+	for lr := 0; lr < spec.NProcPerNode; lr++ {
+		teedOut = teedOut || spec.Tee.For(lr).Has(StdOut)
+		teedErr = teedErr || spec.Tee.For(lr).Has(StdErr)
+	}
+	if g.filteredOut, err = openFiltered(g.dir, "filtered_stdout.log", spec.DuplicateStdoutFilters, teedOut); err != nil {
+		return nil, err
+	}
+	if g.filteredErr, err = openFiltered(g.dir, "filtered_stderr.log", spec.DuplicateStderrFilters, teedErr); err != nil {
+		g.filteredOut.close()
+		return nil, err
+	}
 	for lr := 0; lr < spec.NProcPerNode; lr++ {
 		w, err := g.startWorker(path, argv, base, lr)
 		if err != nil {
@@ -122,7 +146,7 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 	}
 	layers = append(layers, g.spec.WorkerEnv(g.asg, lr, w.errorFile))
 	env := mergeEnv(layers...)
-	prefix := []byte("[" + g.spec.Role + strconv.Itoa(lr) + "]:")
+	prefix := []byte(g.linePrefix(lr))
 	showConsole := g.spec.RanksFilter == nil || g.spec.RanksFilter[lr]
 	redir, tee := g.spec.Redirects.For(lr), g.spec.Tee.For(lr)
 	if g.dir == "" {
@@ -135,9 +159,12 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 			f.Close()
 		}
 	}()
-	// stream sets up one of stdout (1) / stderr (2): a file passed straight
-	// to the child when redirected, else a pipe we copy from.
-	stream := func(which Std, name string, console io.Writer) (*os.File, error) {
+	// stream sets up one of stdout (1) / stderr (2), as torchrun does: a
+	// file passed straight to the child when redirected; a pipe we copy to
+	// the file and (prefixed) to the console when teed; else the console
+	// itself, inherited (torchrun's workers write to its own stdout/stderr,
+	// so a terminal stays a terminal and lines are not prefixed).
+	stream := func(which Std, name string, console io.Writer, filtered *lockedFile) (*os.File, error) {
 		var file *os.File
 		if redir.Has(which) || tee.Has(which) {
 			f, err := os.OpenFile(filepath.Join(rankDir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -150,31 +177,47 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 			}
 			file = f
 		}
+		var out io.Writer
+		if showConsole {
+			out = console
+		}
+		if file == nil {
+			if f, ok := out.(*os.File); ok {
+				return f, nil // inherited: the worker writes to our console
+			}
+			if out == nil {
+				f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+				if err != nil {
+					return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+				}
+				closeAfterStart = append(closeAfterStart, f)
+				return f, nil
+			}
+		}
 		r, wr, err := os.Pipe()
 		if err != nil {
 			return nil, fmt.Errorf("create pipe: %w", err)
 		}
 		closeAfterStart = append(closeAfterStart, wr)
 		w.pipes = append(w.pipes, r)
-		var out io.Writer
-		if showConsole {
-			out = console
-		}
 		w.output.Add(1)
 		go func() {
 			defer w.output.Done()
-			copyLines(r, file, out, prefix)
-			if file != nil {
-				file.Close()
+			if file == nil {
+				// Not teed: the console as the worker wrote it, unprefixed.
+				io.Copy(out, r)
+				return
 			}
+			copyLines(r, file, out, prefix, filtered)
+			file.Close()
 		}()
 		return wr, nil
 	}
-	stdout, err := stream(StdOut, "stdout.log", g.spec.Stdout)
+	stdout, err := stream(StdOut, "stdout.log", g.spec.Stdout, g.filteredOut)
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := stream(StdErr, "stderr.log", g.spec.Stderr)
+	stderr, err := stream(StdErr, "stderr.log", g.spec.Stderr, g.filteredErr)
 	if err != nil {
 		return nil, err
 	}
@@ -189,8 +232,19 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
+	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	if g.numaCPUs != nil {
+		cpus := g.numaCPUs[lr]
+		if g.numactl != "" {
+			bound := append([]string{g.numactl, "--physcpubind=" + formatCPUList(cpus)}, argv...)
+			fork = func() (int, error) { return syscall.ForkExec(g.numactl, bound, attr) }
+		} else {
+			plain := fork
+			fork = func() (int, error) { return forkExecBound(cpus, plain) }
+		}
+	}
 	reap.mu.Lock() // hold off the reaper's delivery until we registered
-	pid, err := syscall.ForkExec(path, argv, attr)
+	pid, err := fork()
 	reap.mu.Unlock()
 	if err != nil {
 		for _, r := range w.pipes {
@@ -233,8 +287,9 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 	return w, nil
 }
 
-// copyLines copies r line by line to file (as is) and console (prefixed).
-func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte) {
+// copyLines copies r line by line to file (as is), console (prefixed) and,
+// for lines matching its filters, filtered (prefixed).
+func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte, filtered *lockedFile) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := br.ReadSlice('\n')
@@ -242,20 +297,98 @@ func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte) {
 			if file != nil {
 				file.Write(line)
 			}
+			complete := line[len(line)-1] == '\n' || errors.Is(err, bufio.ErrBufferFull)
 			if console != nil {
 				consoleMu.Lock()
 				console.Write(prefix)
 				console.Write(line)
-				if line[len(line)-1] != '\n' && !errors.Is(err, bufio.ErrBufferFull) {
+				if !complete {
 					console.Write([]byte{'\n'})
 				}
 				consoleMu.Unlock()
 			}
+			filtered.writeIfMatch(prefix, line, complete)
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			return
 		}
 	}
+}
+
+// lockedFile is a file shared by every worker of the attempt (torch 2.x's
+// filtered_stdout.log / filtered_stderr.log), with the filter strings.
+type lockedFile struct {
+	mu      sync.Mutex
+	f       *os.File
+	filters [][]byte
+}
+
+func (l *lockedFile) writeIfMatch(prefix, line []byte, complete bool) {
+	if l == nil {
+		return
+	}
+	for _, f := range l.filters {
+		if bytes.Contains(line, f) {
+			l.mu.Lock()
+			l.f.Write(prefix)
+			l.f.Write(line)
+			if !complete {
+				l.f.Write([]byte{'\n'})
+			}
+			l.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (l *lockedFile) close() {
+	if l != nil {
+		l.f.Close()
+	}
+}
+
+// openFiltered opens <dir>/name for the filters of a teed stream, or
+// returns nil when there are no filters or nothing is teed.
+func openFiltered(dir, name string, filters []string, teed bool) (*lockedFile, error) {
+	if dir == "" || len(filters) == 0 || !teed {
+		return nil, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create log dir: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	l := &lockedFile{f: f}
+	for _, s := range filters {
+		l.filters = append(l.filters, []byte(s))
+	}
+	return l, nil
+}
+
+// linePrefix is the console prefix of a teed line of local rank lr.
+func (g *Group) linePrefix(lr int) string {
+	t := g.spec.LinePrefixTemplate
+	if t == "" {
+		return "[" + g.spec.Role + strconv.Itoa(lr) + "]:"
+	}
+	// Python's string.Template.safe_substitute: $name and ${name}; unknown
+	// names are left as they are.
+	vals := map[string]string{
+		"role_name":     g.spec.Role,
+		"rank":          strconv.Itoa(g.asg.BaseRank + lr),
+		"local_rank":    strconv.Itoa(lr),
+		"group_rank":    strconv.Itoa(g.asg.GroupRank),
+		"restart_count": strconv.Itoa(g.asg.RestartCount),
+	}
+	out := os.Expand(strings.ReplaceAll(t, "$$", "\x00"), func(k string) string {
+		if v, ok := vals[k]; ok {
+			return v
+		}
+		return "${" + k + "}"
+	})
+	return strings.ReplaceAll(out, "\x00", "$")
 }
 
 func (w *worker) succeeded() bool {
@@ -284,6 +417,8 @@ func (g *Group) monitor() {
 	for _, w := range g.workers {
 		<-w.done
 	}
+	g.filteredOut.close()
+	g.filteredErr.close()
 	close(g.exited)
 }
 

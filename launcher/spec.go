@@ -47,8 +47,27 @@ type Spec struct {
 	// RankEnv, when set, adds environment for one local rank (device
 	// pinning: CUDA_VISIBLE_DEVICES or NEURON_RT_VISIBLE_CORES).
 	RankEnv func(localRank int) map[string]string
-	// Stdout and Stderr receive the prefixed console output (default os.Stdout/os.Stderr).
+	// Stdout and Stderr are the console (default os.Stdout/os.Stderr). A
+	// stream that is neither redirected nor teed is the worker's own when
+	// the console is an *os.File: the worker inherits it (a terminal stays a
+	// terminal), as under torchrun.
 	Stdout, Stderr io.Writer
+	// LinePrefixTemplate is torch 2.x's --log-line-prefix-template: the
+	// prefix of teed console lines, with ${role_name}, ${rank},
+	// ${local_rank}, ${group_rank} and ${restart_count} substituted. Empty:
+	// "[${role_name}${local_rank}]:", torchrun's.
+	LinePrefixTemplate string
+	// DuplicateStdoutFilters and DuplicateStderrFilters (torch 2.x): teed
+	// lines containing any of these strings are also written, prefixed, to
+	// <attempt dir>/filtered_stdout.log / filtered_stderr.log (all ranks).
+	DuplicateStdoutFilters, DuplicateStderrFilters []string
+	// VirtualLocalRank gives every worker LOCAL_RANK=0 (torch 2.x
+	// --virtual-local-rank); RankEnv gives each its one visible device.
+	VirtualLocalRank bool
+	// NUMABinding binds each worker's CPUs (torch 2.x --numa-binding: node,
+	// socket, exclusive, core-complex), through numactl when it is on PATH,
+	// else sched_setaffinity. Empty: no binding.
+	NUMABinding string
 	// Host is reported in failure summaries (default: the hostname).
 	Host string
 	// UseAgentStore is TORCHELASTIC_USE_AGENT_STORE. hyperpodrun hosts no
@@ -145,6 +164,9 @@ func (s *Spec) WorkerEnv(a Assignment, localRank int, errorFile string) map[stri
 		// torch before 2.2 reads only the old name.
 		"NCCL_ASYNC_ERROR_HANDLING": envOr("NCCL_ASYNC_ERROR_HANDLING", "1"),
 		"TORCHELASTIC_ERROR_FILE":   errorFile,
+	}
+	if s.VirtualLocalRank {
+		env["LOCAL_RANK"] = "0"
 	}
 	if _, set := os.LookupEnv("OMP_NUM_THREADS"); !set && s.NProcPerNode > 1 {
 		env["OMP_NUM_THREADS"] = "1"

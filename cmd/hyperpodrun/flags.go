@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -59,7 +60,7 @@ func flags() []cli.Flag {
 	f := []cli.Flag{
 		str("nnodes", "1:1", "number of nodes, or MIN:MAX for an elastic job"),
 		str("nproc-per-node", "1", "workers per node: a number, gpu, cpu or auto"),
-		str("rdzv-backend", "static", "rendezvous backend: static or etcd (etcd v3; etcd-v2 is accepted as an alias)"),
+		str("rdzv-backend", "static", "rendezvous backend: static, etcd (etcd v3; etcd-v2 is an alias), c10d (the node owning --rdzv-endpoint's address hosts an embedded etcd there) or hyperpod"),
 		str("rdzv-endpoint", "", "rendezvous endpoint(s): host:port[,host:port...]"),
 		str("rdzv-id", "none", "user-defined job id"),
 		str("rdzv-conf", "", "rendezvous settings key=value,... (lease_ttl, last_call_timeout, join_timeout, prefix, cacert, cert, key, user, password)"),
@@ -80,6 +81,15 @@ func flags() []cli.Flag {
 		integer("master-port", 29500, "port of the master node (static rendezvous)"),
 		str("local-addr", "", "address of this node, used as MASTER_ADDR when it is rank 0"),
 		boolean("pin-devices", "give each local rank its own device: CUDA_VISIBLE_DEVICES (GPUs) or NEURON_RT_VISIBLE_CORES (Neuron), with --nproc-per-node gpu or auto"),
+		// torch 2.x.
+		str("logs-specs", "", "torchrun.logs_specs entry point: only torch's default (DefaultLogsSpecs) is available"),
+		boolean("virtual-local-rank", "LOCAL_RANK=0 for every worker, each seeing only its own device"),
+		str("numa-binding", "", "bind each worker's CPUs by NUMA topology: node, socket, exclusive or core-complex"),
+		str("signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "signals hyperpodrun forwards to the workers before stopping"),
+		str("event-log-handler", "null", "where torch's agent events go: null or console (hyperpodrun's log)"),
+		str("duplicate-stdout-filters", "", "teed stdout lines containing any of these comma-separated strings are also written to filtered_stdout.log"),
+		str("duplicate-stderr-filters", "", "teed stderr lines containing any of these comma-separated strings are also written to filtered_stderr.log"),
+		str("log-line-prefix-template", "", "prefix of teed console lines, e.g. [${role_name}${rank}]: (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)"),
 		// HyperPod-style extras.
 		str("shutdown-signal", "SIGTERM", "signal sent to workers when hyperpodrun stops them"),
 		float("shutdown-timeout", 30, "seconds between the shutdown signal and SIGKILL"),
@@ -89,19 +99,47 @@ func flags() []cli.Flag {
 		str("pre-train-args", "", "arguments of --pre-train-script"),
 		str("post-train-script", "", "script run on this node after training succeeds"),
 		str("post-train-args", "", "arguments of --post-train-script"),
+		// SageMaker HyperPod's agent (hyperpodrun --server-*): accepted, each
+		// with a notice of what hyperpodrun does instead.
+		str("server-host", "", "HyperPod agent: accepted; hyperpodrun runs no agent server (etcd drives it)"),
+		str("server-port", "", "HyperPod agent: accepted; hyperpodrun runs no agent server (etcd drives it)"),
+		str("server-log-level", "", "HyperPod agent: sets hyperpodrun's log level (debug, info, warning, error)"),
+		str("server-shutdown-timeout", "", "HyperPod agent: accepted; hyperpodrun runs no agent server"),
+		boolean("inprocess-restart", "HyperPod agent: accepted; workers are restarted as processes"),
+		str("inprocess-timeout", "", "HyperPod agent: accepted; see --graceful-timeout"),
 	}
 	// Short options torchrun spells with one letter.
 	for _, fl := range f {
 		if sf, ok := fl.(*cli.StringFlag); ok && (sf.Name == "redirects" || sf.Name == "tee") {
 			sf.Aliases = append(sf.Aliases, sf.Name[:1])
 		}
+		if sf, ok := fl.(*cli.StringFlag); ok && sf.Name == "log-line-prefix-template" {
+			sf.EnvVars = append(sf.EnvVars, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+		}
 	}
 	return f
 }
 
+// cmdline is what the command line decides: the agent's options and what
+// main does around them.
+type cmdline struct {
+	opts agent.Options
+	// notices are one-line messages about accepted flags that hyperpodrun
+	// serves differently, logged once the logger exists.
+	notices []string
+	// signals are --signals-to-handle: forwarded to the workers.
+	signals []os.Signal
+	// level is --server-log-level, when given.
+	level *slog.Level
+	// python says which interpreter was chosen and why ("" with PYTHON_EXEC
+	// or --no-python).
+	python string
+}
+
 // parseArgs turns the command line (and PET_* variables) into agent options.
-func parseArgs(args []string) (agent.Options, error) {
-	var opts agent.Options
+// A flag given twice takes its last value, as torchrun's argparse does.
+func parseArgs(args []string) (cmdline, error) {
+	var opts cmdline
 	var perr error
 	app := &cli.App{
 		Name:            "hyperpodrun",
@@ -126,7 +164,7 @@ func parseArgs(args []string) (agent.Options, error) {
 	}
 	ran := false
 	app.Before = func(*cli.Context) error { ran = true; return nil }
-	if err := app.Run(args); err != nil {
+	if err := app.Run(canonicalSpellings(args, app.Flags)); err != nil {
 		var ue *usageError
 		if errors.As(err, &ue) {
 			return opts, err
@@ -136,21 +174,67 @@ func parseArgs(args []string) (agent.Options, error) {
 		}
 		return opts, err
 	}
-	if !ran || (opts.Spec.Entrypoint == "" && perr == nil) {
+	if !ran || (opts.opts.Spec.Entrypoint == "" && perr == nil) {
 		return opts, errHelpShown
 	}
 	return opts, nil
 }
 
-func optionsFrom(c *cli.Context) (agent.Options, error) {
-	var o agent.Options
-	bad := func(format string, a ...any) (agent.Options, error) {
-		return o, &usageError{fmt.Errorf(format, a...)}
+// canonicalSpellings rewrites hyperpodrun's own options (those before the
+// training script) to their dashed spelling: urfave/cli refuses two
+// spellings of one flag ("--nproc_per_node 2 --nproc-per-node 4"), where
+// torchrun's argparse takes the last, as it does for one spelling given
+// twice. The script's own arguments are never touched.
+func canonicalSpellings(args []string, fl []cli.Flag) []string {
+	names := map[string]string{} // any spelling -> canonical name
+	takesValue := map[string]bool{}
+	for _, f := range fl {
+		all := f.Names()
+		for _, n := range all {
+			names[n] = all[0]
+		}
+		if _, isBool := f.(*cli.BoolFlag); !isBool {
+			takesValue[all[0]] = true
+		}
+	}
+	out := append([]string(nil), args...)
+	for i := 1; i < len(out); i++ {
+		a := out[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			break // the training script starts here
+		}
+		body := strings.TrimLeft(a, "-")
+		dashes := a[:len(a)-len(body)]
+		name, value, hasValue := strings.Cut(body, "=")
+		canon, ok := names[name]
+		if !ok {
+			continue
+		}
+		if len(canon) > 1 {
+			dashes = "--"
+		}
+		if hasValue {
+			out[i] = dashes + canon + "=" + value
+		} else {
+			out[i] = dashes + canon
+			if takesValue[canon] {
+				i++ // skip the value, which may start with "-"
+			}
+		}
+	}
+	return out
+}
+
+func optionsFrom(c *cli.Context) (cmdline, error) {
+	var cl cmdline
+	o := &cl.opts
+	bad := func(format string, a ...any) (cmdline, error) {
+		return cl, &usageError{fmt.Errorf(format, a...)}
 	}
 	if c.NArg() == 0 {
 		if c.NumFlags() == 0 {
 			cli.ShowAppHelp(c)
-			return o, nil
+			return cl, nil
 		}
 		return bad("missing the training script: hyperpodrun [options] training_script [args...]")
 	}
@@ -204,13 +288,13 @@ func optionsFrom(c *cli.Context) (agent.Options, error) {
 		return time.Duration(v * float64(time.Second)), nil
 	}
 	if o.ShutdownTimeout, err = dur("shutdown-timeout"); err != nil {
-		return o, err
+		return cl, err
 	}
 	if o.GracefulTimeout, err = dur("graceful-timeout"); err != nil {
-		return o, err
+		return cl, err
 	}
 	if o.MonitorInterval, err = dur("monitor-interval"); err != nil {
-		return o, err
+		return cl, err
 	}
 
 	o.RdzvBackend = c.String("rdzv-backend")
@@ -232,11 +316,29 @@ func optionsFrom(c *cli.Context) (agent.Options, error) {
 		o.PostTrain = append([]string{s}, strings.Fields(c.String("post-train-args"))...)
 	}
 	switch o.RdzvBackend {
-	case "static", "etcd", "etcd-v2", "etcd-v3":
-	case "c10d":
-		return bad("--rdzv-backend c10d is torch's TCPStore rendezvous; hyperpodrun rendezvouses on etcd v3: use --rdzv-backend etcd --rdzv-endpoint HOST:2379, or --standalone for one node")
+	case "static", "etcd", "etcd-v2", "etcd-v3", "c10d":
+	case "hyperpod":
+		// HyperPod's operator-driven rendezvous: hyperpodrun has no operator
+		// to talk to; with an endpoint it rendezvouses the way c10d does.
+		if o.RdzvEndpoint == "" && !o.Standalone {
+			return bad("--rdzv-backend hyperpod: hyperpodrun has no HyperPod operator to rendezvous through; give --rdzv-endpoint HOST:PORT (an etcd, or the address of the node that hosts the rendezvous, as with c10d) or use --standalone")
+		}
+		o.RdzvBackend = "c10d"
+		cl.notices = append(cl.notices, "--rdzv-backend hyperpod: rendezvousing as c10d on "+o.RdzvEndpoint+" (the node owning that address hosts an embedded etcd; others join it)")
 	default:
-		return bad("--rdzv-backend %q: choose static or etcd", o.RdzvBackend)
+		return bad("--rdzv-backend %q: choose static, etcd, c10d or hyperpod", o.RdzvBackend)
+	}
+	conf, confNotes, err := splitRdzvConf(o.RdzvConf, o.RdzvBackend == "c10d")
+	if err != nil {
+		return bad("%v", err)
+	}
+	o.RdzvConf = conf
+	cl.notices = append(cl.notices, confNotes...)
+	if la, ok := confValue(o.RdzvConf, "local_addr"); ok {
+		if o.LocalAddr == "" {
+			o.LocalAddr = la
+		}
+		o.RdzvConf = dropConf(o.RdzvConf, "local_addr")
 	}
 	if o.Standalone {
 		// torchrun --standalone: one node, a local rendezvous, a random id.
@@ -268,7 +370,18 @@ func optionsFrom(c *cli.Context) (agent.Options, error) {
 		}
 		o.Spec.RankEnv = func(lr int) map[string]string { return devices.PinEnv(devKind, lr, nproc) }
 	}
-	return o, nil
+	if err := torch2Flags(c, &cl, devKind); err != nil {
+		return cl, err
+	}
+	if err := hyperpodFlags(c, &cl); err != nil {
+		return cl, err
+	}
+	if !o.Spec.NoPython && o.Spec.PythonExec == "" {
+		py, why := launcher.FindPython()
+		o.Spec.PythonExec = py
+		cl.python = py + ": " + why
+	}
+	return cl, nil
 }
 
 // parseNProc resolves --nproc-per-node: a number, or gpu, cpu, auto through
@@ -281,10 +394,15 @@ func parseNProc(v string) (int, string, error) {
 		return n, "", nil
 	}
 	switch v {
+	case procXPU:
+		if n := countXPUs(); n > 0 {
+			return n, procXPU, nil
+		}
+		return 0, "", fmt.Errorf("--nproc-per-node xpu: no Intel GPU (XPU) found on this node (no render node of vendor 0x8086 under %s); give a number or gpu, cpu or auto", drmRoot)
 	case "gpu", "cpu", "auto":
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		return devices.LocalProcs(ctx, v)
 	}
-	return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu or auto", v)
+	return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu, xpu or auto", v)
 }

@@ -23,8 +23,7 @@ func main() {
 
 // run is main without the exit, so tests can call it in-process.
 func run(args []string, stderr *os.File) int {
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: logLevel()}))
-	opts, err := parseArgs(args)
+	cl, err := parseArgs(args)
 	if err != nil {
 		var ue *usageError
 		if errors.As(err, &ue) {
@@ -37,14 +36,31 @@ func run(args []string, stderr *os.File) int {
 		fmt.Fprintf(stderr, "hyperpodrun: %v\n", err)
 		return 1
 	}
+	level := logLevel()
+	if cl.level != nil {
+		level = *cl.level
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	opts := cl.opts
+	if cl.python != "" {
+		logger.Info("python interpreter", "python", cl.python)
+	}
+	for _, n := range cl.notices {
+		logger.Warn(n)
+	}
 	// Reap every descendant: workers' orphans are re-parented to us, and in a
 	// container we may be PID 1.
 	if err := launcher.EnableSubreaper(); err != nil {
 		logger.Warn("cannot become child subreaper; orphans of workers go to init", "err", err)
 	}
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
-	if opts.RdzvBackend == "etcd" || opts.RdzvBackend == "etcd-v2" || opts.RdzvBackend == "etcd-v3" {
+	handled := cl.signals
+	if len(handled) == 0 {
+		handled = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT}
+	}
+	signal.Notify(sigs, handled...)
+	switch opts.RdzvBackend {
+	case "etcd", "etcd-v2", "etcd-v3", "c10d":
 		// SIGUSR2: planned drain of this node (checkpoint, leave, exit 0).
 		signal.Notify(sigs, syscall.SIGUSR2)
 	}

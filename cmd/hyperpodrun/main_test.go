@@ -33,6 +33,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build hyperpodrun: %v\n%s", err, out)
 		os.Exit(1)
 	}
+	// The c10d backend's host program lives next to hyperpodrun.
+	out, err = exec.Command("go", "build", "-o", filepath.Join(dir, "hyperpodrun-rdzv-host"), "../hyperpodrun-rdzv-host").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build hyperpodrun-rdzv-host: %v\n%s", err, out)
+		os.Exit(1)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -210,7 +216,13 @@ func TestBadInputExitsTwoWithClearMessage(t *testing.T) {
 		{[]string{"--redirects", "0:9", "x.py"}, "not a stream selection"},
 		{[]string{"--nproc-per-node", "zero", "x.py"}, "--nproc-per-node"},
 		{[]string{"--no-such-flag", "x.py"}, "unknown option --no-such-flag"},
-		{[]string{"--rdzv-backend", "zookeeper", "x.py"}, "choose static or etcd"},
+		{[]string{"--rdzv-backend", "zookeeper", "x.py"}, "choose static, etcd, c10d or hyperpod"},
+		{[]string{"--logs-specs", "my_pkg:MySpecs", "x.py"}, "cannot load a custom torchrun.logs_specs entry point"},
+		{[]string{"--numa-binding", "rack", "x.py"}, "choose node, socket, exclusive or core-complex"},
+		{[]string{"--signals-to-handle", "SIGTERM,SIGKILL", "x.py"}, "SIGKILL cannot be caught"},
+		{[]string{"--event-log-handler", "kafka", "x.py"}, "choose null or console"},
+		{[]string{"--rdzv-backend", "hyperpod", "--nnodes", "2", "x.py"}, "give --rdzv-endpoint"},
+		{[]string{"--server-log-level", "loud", "x.py"}, "--server-log-level"},
 		{[]string{"--nnodes", "2"}, "missing the training script"},
 		{[]string{"--shutdown-signal", "SIGNOPE", "x.py"}, "not a signal"},
 	} {
@@ -241,10 +253,16 @@ func TestConsolePrefixRedirectsTeeAndLogLayout(t *testing.T) {
 	if got := read("1/stderr.log"); got != "err-1\n" {
 		t.Errorf("rank 1 stderr.log = %q", got)
 	}
-	for _, want := range []string{"[default1]:err-1", "[default0]:err-0", "[default2]:out-2", "[default1]:out-1"} {
-		if !strings.Contains(r.stdout+r.stderr, want) {
+	// As torchrun: only teed lines are prefixed; the rest is the worker's
+	// own output, unprefixed.
+	console := r.stdout + r.stderr
+	for _, want := range []string{"[default1]:err-1\n", "\nerr-0\n", "\nout-2\n", "\nout-1\n"} {
+		if !strings.Contains("\n"+console, want) {
 			t.Errorf("console lacks %q:\nstdout=%q\nstderr=%q", want, r.stdout, r.stderr)
 		}
+	}
+	if strings.Contains(console, "[default0]") || strings.Contains(console, "[default2]") || strings.Contains(console, "[default1]:out") {
+		t.Errorf("a line that was not teed is prefixed:\nstdout=%q\nstderr=%q", r.stdout, r.stderr)
 	}
 	if _, err := os.Stat(filepath.Join(att, "2", "stdout.log")); err == nil {
 		t.Error("rank 2 has a stdout.log though it was neither redirected nor teed")
@@ -260,9 +278,13 @@ func TestConsolePrefixRedirectsTeeAndLogLayout(t *testing.T) {
 
 func TestLocalRanksFilter(t *testing.T) {
 	w := script(t, `echo "hello-$LOCAL_RANK"`)
-	r := hpr(t, nil, "--nproc-per-node", "3", "--local-ranks-filter", "1", "--no-python", w)
+	r := hpr(t, nil, "--nproc-per-node", "3", "--local-ranks-filter", "1", "--tee", "3", "--no-python", w)
 	if r.code != 0 || !strings.Contains(r.stdout, "[default1]:hello-1") || strings.Contains(r.stdout, "hello-0") || strings.Contains(r.stdout, "hello-2") {
 		t.Errorf("exit %d, stdout %q: want only local rank 1", r.code, r.stdout)
+	}
+	r = hpr(t, nil, "--nproc-per-node", "3", "--local-ranks-filter", "1", "--no-python", w)
+	if r.code != 0 || r.stdout != "hello-1\n" {
+		t.Errorf("without --tee: exit %d, stdout %q: want only local rank 1, unprefixed", r.code, r.stdout)
 	}
 }
 
@@ -499,7 +521,7 @@ func TestPythonHelperImportableWithoutInstall(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "imp.py")
 	os.WriteFile(p, []byte("import hyperpodrun_elastic\nfrom hyperpod_elastic_agent.elastic_event_handler import elastic_event_detected\nprint('imported', elastic_event_detected())\n"), 0o644)
 	r := hpr(t, []string{"PYTHON_EXEC=" + py, "PYTHONPATH=/some/user/path"}, p)
-	if r.code != 0 || !strings.Contains(r.stdout, "[default0]:imported False") {
+	if r.code != 0 || !strings.Contains(r.stdout, "imported False") {
 		t.Errorf("exit %d\nstdout %s\nstderr %s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -61,7 +61,7 @@ func TestPyTorchDDPStandaloneFourWorkers(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d:\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
-	if !strings.Contains(r.stdout, "[default0]:step=25 world_size=4") {
+	if !strings.Contains(r.stdout, "step=25 world_size=4") {
 		t.Errorf("no step 25 at world size 4:\n%s", r.stdout)
 	}
 	checkTrained(t, r.stdout)

@@ -87,7 +87,7 @@ func (t *timeline) say(format string, a ...any) {
 	fmt.Fprintf(t.out, "[%6.1fs] %s\n", time.Since(t.start).Seconds(), fmt.Sprintf(format, a...))
 }
 
-var stepRE = regexp.MustCompile(`^(\S+)/(\S+) \[default0\]:step=(\d+) world_size=(\d+) loss=([0-9.]+)`)
+var stepRE = regexp.MustCompile(`^(\S+)/(\S+) (?:\[default0\]:)?step=(\d+) world_size=(\d+) loss=([0-9.]+)`)
 
 // progress follows rank 0's step lines of every job.
 type progress struct {

@@ -25,6 +25,10 @@ type Options struct {
 	// StartTimeout bounds how long Start waits for the server to be ready
 	// (default 30s).
 	StartTimeout time.Duration
+	// ClientAddr is the client listener's host:port (default
+	// 127.0.0.1 on a free port): hyperpodrun's c10d backend serves the
+	// rendezvous on --rdzv-endpoint's address.
+	ClientAddr string
 }
 
 // Server is a running embedded etcd.
@@ -53,7 +57,17 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = opts.UnsafeNoFsync
 	// Port 0: the kernel picks free ports; we read them back from the listeners.
-	cu, _ := url.Parse("http://127.0.0.1:0")
+	clientAddr := opts.ClientAddr
+	if clientAddr == "" {
+		clientAddr = "127.0.0.1:0"
+	}
+	cu, err := url.Parse("http://" + clientAddr)
+	if err != nil {
+		if owns {
+			os.RemoveAll(dir)
+		}
+		return nil, fmt.Errorf("embedded etcd: client address %q: %w", clientAddr, err)
+	}
 	pu, _ := url.Parse("http://127.0.0.1:0")
 	cfg.ListenClientUrls = []url.URL{*cu}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}

@@ -82,7 +82,9 @@ func (c *Cluster) Start(name string) error {
 			c.mu.Lock()
 			b.WriteString(line + "\n")
 			c.lines = append(c.lines, Line{name, line, now})
-			if m := stepRE.FindStringSubmatch(line); m != nil && strings.HasPrefix(line, "[default0]:") {
+			// Rank 0's step lines: unprefixed, as torchrun prints a worker's
+			// output, or "[default0]:" when teed.
+			if m := stepRE.FindStringSubmatch(line); m != nil && (strings.HasPrefix(line, "step=") || strings.HasPrefix(line, "[default0]:")) {
 				s, _ := strconv.Atoi(m[1])
 				w, _ := strconv.Atoi(m[2])
 				l, _ := strconv.ParseFloat(m[3], 64)

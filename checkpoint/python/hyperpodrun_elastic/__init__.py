@@ -17,6 +17,7 @@ HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
 """
 
 from ._control import report_checkpoint, report_stopping, under_hyperpodrun
+from ._discovery import CheckpointDiscoverySocketClient, CheckpointType, HyperPodIPCException
 from ._events import (
     Event,
     elastic_event_detected,
@@ -31,6 +32,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Checkpoint",
+    "CheckpointDiscoverySocketClient",
+    "CheckpointType",
+    "HyperPodIPCException",
     "Event",
     "atomic_save",
     "elastic_event_detected",

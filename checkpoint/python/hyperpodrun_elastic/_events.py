@@ -89,6 +89,14 @@ def _handler(signum, frame):
         prev(signum, frame)
 
 
+def elastic_signal() -> signal.Signals:
+    """The elastic signal: ``HYPERPODRUN_ELASTIC_SIGNAL``, else SIGUSR1."""
+    try:
+        return parse_signal(os.environ.get(ENV_ELASTIC_SIGNAL))
+    except ValueError:
+        return signal.SIGUSR1
+
+
 def install_signal_handler(sig=None) -> bool:
     """Install the elastic signal handler (idempotent).
 
@@ -237,11 +245,19 @@ def elastic_event_detected(sig=None) -> bool:
     step, even if only one got the signal. Once True, it stays True and no
     further collective is issued.
 
-    ``sig`` (optional) also installs the handler for that signal, for code
-    written for HyperPod's ``elastic_event_detected(sig)``.
+    ``sig`` (optional, for code written for HyperPod's
+    ``elastic_event_detected(sig)``) asks about one signal: only the elastic
+    signal (``HYPERPODRUN_ELASTIC_SIGNAL``, SIGUSR1 by default) can be an
+    event; any other, SIGTERM included, gives False and installs no handler,
+    so SIGTERM keeps its meaning (PyTorch's, or the default: terminate).
     """
     if sig is not None:
-        install_signal_handler(sig)
+        try:
+            asked = parse_signal(sig)
+        except ValueError:
+            return False
+        if asked != elastic_signal():
+            return False
     if _state.agreed:
         return True
     local = local_event_pending()

@@ -46,6 +46,8 @@ class AgreementTest(unittest.TestCase):
             env.update(agent.env())
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                        WORLD_SIZE="2", OMP_NUM_THREADS="1")
+            if mode == "hyperpod":
+                env["HYPERPOD_SIGNAL_COORDINATION"] = "distributed"  # as hyperpodrun sets it
             p = subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), PKG_ROOT, mode, ckdir],
                                  env=env, stdout=subprocess.PIPE, text=True)
             procs.append(p)

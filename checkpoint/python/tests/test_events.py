@@ -118,13 +118,28 @@ class EventTest(unittest.TestCase):
             he.parse_signal("SIGNOPE")
 
     def test_hyperpod_import_path(self):
-        from hyperpod_elastic_agent.elastic_event_handler import elastic_event_detected
-        self.assertFalse(elastic_event_detected())
-        self.write_event(kind="scale_up", new_world_size=4)
-        with mock.patch.dict(os.environ, {"HYPERPOD_SIGNAL_COORDINATION": "disabled"}):
-            self.assertFalse(elastic_event_detected())
-        self.assertTrue(elastic_event_detected(signal.SIGUSR1))
+        # The mode is read at import (HyperPod's semantics); the module was
+        # imported with HYPERPOD_SIGNAL_COORDINATION as this process had it,
+        # so pin it here. Fresh-interpreter cases: test_hyperpod_compat.py.
+        from hyperpod_elastic_agent import elastic_event_handler as h
+        with mock.patch.object(h, "_SIGNAL_COORDINATION_MODE", "distributed"):
+            self.assertFalse(h.elastic_event_detected())
+            self.write_event(kind="scale_up", new_world_size=4)
+            self.assertFalse(h.elastic_event_detected(signal.SIGTERM))
+            self.assertTrue(h.elastic_event_detected(signal.SIGUSR1))
+        he.reset()
+        with mock.patch.object(h, "_SIGNAL_COORDINATION_MODE", "disabled"):
+            self.assertFalse(h.elastic_event_detected())
 
+    def test_other_signal_is_never_an_event(self):
+        # Asking about SIGTERM neither installs a handler nor reports an event.
+        before = signal.getsignal(signal.SIGTERM)
+        self.assertFalse(he.elastic_event_detected(signal.SIGTERM))
+        self.assertIs(signal.getsignal(signal.SIGTERM), before)
+        self.assertNotIn(signal.SIGTERM, _events._state.installed)
+        self.write_event(kind="scale_down", new_world_size=2)
+        self.assertFalse(he.elastic_event_detected(signal.SIGTERM))
+        self.assertTrue(he.elastic_event_detected(signal.SIGUSR1))
 
 if __name__ == "__main__":
     unittest.main()
