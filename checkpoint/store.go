@@ -14,7 +14,9 @@ import (
 )
 
 // ErrStale is returned by Store.Commit for a record older than the stored
-// one: the job's checkpoint never moves backwards.
+// one (a lower step, or an earlier round): the job's checkpoint never moves
+// backwards, and a stale round's rank 0 cannot overwrite the checkpoint of
+// the round that replaced it.
 var ErrStale = errors.New("older than the committed checkpoint")
 
 // Record is a job's latest committed checkpoint, as stored in etcd.
@@ -79,9 +81,9 @@ func NewStore(cli *clientv3.Client, prefix, job string) *Store {
 func (s *Store) Key() string { return s.key }
 
 // Commit records rec as the job's latest committed checkpoint unless the
-// stored one has a higher step, in which case it returns an error wrapping
-// ErrStale. A record with the same step replaces the stored one. A zero Time
-// is set to now.
+// stored one has a higher step or was committed in a later round, in which
+// case it returns an error wrapping ErrStale. A record with the same step
+// and round replaces the stored one. A zero Time is set to now.
 func (s *Store) Commit(ctx context.Context, rec Record) error {
 	if err := rec.validate(); err != nil {
 		return fmt.Errorf("checkpoint: commit to %s: %w", s.key, err)
@@ -97,6 +99,10 @@ func (s *Store) Commit(ctx context.Context, rec Record) error {
 		cur, rev, err := s.get(ctx)
 		if err != nil {
 			return err
+		}
+		if cur != nil && rec.Round < cur.Round {
+			return fmt.Errorf("checkpoint: commit step %d of round %d to %s: %w (step %d of round %d): round %d is no longer current",
+				rec.Step, rec.Round, s.key, ErrStale, cur.Step, cur.Round, rec.Round)
 		}
 		if cur != nil && rec.Step < cur.Step {
 			return fmt.Errorf("checkpoint: commit step %d to %s: %w (step %d)", rec.Step, s.key, ErrStale, cur.Step)
@@ -142,16 +148,17 @@ func (s *Store) get(ctx context.Context) (*Record, int64, error) {
 }
 
 // ReportHandler returns a Handler that commits every checkpoint report to s
-// (the round comes from round(), read when the report arrives) and accepts
-// every other report. Use it with WithHandler so that a worker's
+// (at the report's Round, which a Channel with rounds sets to its sender's;
+// else at round(), read when the report arrives) and accepts every other
+// report. Use it with WithHandler so that a worker's
 // report_checkpoint returns only once the record is in etcd.
 func (s *Store) ReportHandler(round func() int64) Handler {
 	return func(ctx context.Context, r Report) error {
 		if r.Type != ReportCheckpoint {
 			return nil
 		}
-		var rd int64
-		if round != nil {
+		rd := r.Round
+		if rd == 0 && round != nil {
 			rd = round()
 		}
 		return s.Commit(ctx, Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Round: rd, Time: r.Received.UTC()})
