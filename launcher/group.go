@@ -29,7 +29,8 @@ type Group struct {
 	failed   chan struct{} // closed at the first failed worker
 	failOnce sync.Once
 
-	wd *Watchdog // guards the workers' process groups; may be nil
+	wd      *Watchdog // guards the workers' process groups; may be nil
+	onSpawn func(pid int)
 
 	mu       sync.Mutex
 	stopping bool // failures after Stop began are not the workers' own
@@ -57,6 +58,10 @@ type StartOption func(*Group)
 // is spawned until it has exited: wd kills them if its deadline passes
 // (see Watchdog). The caller keeps wd and closes it.
 func GuardedBy(wd *Watchdog) StartOption { return func(g *Group) { g.wd = wd } }
+
+// OnSpawn calls f with each worker's pid (its process group id) right
+// after it is spawned, before the next one is.
+func OnSpawn(f func(pid int)) StartOption { return func(g *Group) { g.onSpawn = f } }
 
 // Start spawns spec.NProcPerNode workers for one attempt.
 func Start(spec Spec, a Assignment, opts ...StartOption) (*Group, error) {
@@ -219,6 +224,9 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 		// An error means the watchdog is gone; the agent notices
 		// (Watchdog.Alive) and starts another for its next workers.
 		_ = g.wd.Guard(pid)
+	}
+	if g.onSpawn != nil {
+		g.onSpawn(pid)
 	}
 	exitCh := reap.wait(pid)
 	go func() {
