@@ -83,7 +83,8 @@ func (s *Store) Key() string { return s.key }
 // Commit records rec as the job's latest committed checkpoint unless the
 // stored one has a higher step or was committed in a later round, in which
 // case it returns an error wrapping ErrStale. A record with the same step
-// and round replaces the stored one. A zero Time is set to now.
+// and round replaces the stored one. Round 0 means unknown (a commit made
+// outside any rendezvous) and is not compared. A zero Time is set to now.
 func (s *Store) Commit(ctx context.Context, rec Record) error {
 	if err := rec.validate(); err != nil {
 		return fmt.Errorf("checkpoint: commit to %s: %w", s.key, err)
@@ -100,7 +101,7 @@ func (s *Store) Commit(ctx context.Context, rec Record) error {
 		if err != nil {
 			return err
 		}
-		if cur != nil && rec.Round < cur.Round {
+		if cur != nil && rec.Round != 0 && rec.Round < cur.Round {
 			return fmt.Errorf("checkpoint: commit step %d of round %d to %s: %w (step %d of round %d): round %d is no longer current",
 				rec.Step, rec.Round, s.key, ErrStale, cur.Step, cur.Round, rec.Round)
 		}
