@@ -113,6 +113,8 @@ type elastic struct {
 	store             *checkpoint.Store
 	ch                *checkpoint.Channel
 	round             *rendezvous.Round
+	// guard renews the workers' watchdog from the lease keepalive.
+	guard *leaseGuard
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -199,9 +201,16 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
 	}
 	defer os.RemoveAll(ctlDir)
+	e.guard = newLeaseGuard(e.log)
+	defer e.guard.close()
 	commit := e.store.ReportHandler(func() int64 { return e.roundNo.Load() })
 	e.ch, err = checkpoint.NewChannel(ctlDir,
 		checkpoint.WithHandler(func(ctx context.Context, r checkpoint.Report) error {
+			if !e.guard.leaseAlive() {
+				// Fenced (perhaps while this agent was stopped): another
+				// round may run this node's ranks already.
+				return fmt.Errorf("%w: this node's lease of round %d is no longer provably alive", checkpoint.ErrStaleRound, r.Round)
+			}
 			if r.Type == checkpoint.ReportStopping {
 				// A worker saw a planned change (possibly announced on
 				// another node) and exits 0: not the end of training.
@@ -284,6 +293,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 
 		// The workers are HEALTHY until watch says how they ended.
 		end := e.watch(ctx, g, round)
+		e.ch.SetRound(0) // the round's workers are gone: believe no one
 		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
 		if end.state.final() {
 			return end.err
@@ -297,7 +307,9 @@ func (e *elastic) newNode() error {
 	if e.node != nil {
 		e.node.Close()
 	}
-	n, err := rendezvous.New(e.cli, e.cfg)
+	cfg := e.cfg
+	cfg.OnRenew = e.guard.forNode()
+	n, err := rendezvous.New(e.cli, cfg)
 	if err != nil {
 		return &ExitError{2, err}
 	}
@@ -469,7 +481,14 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	e.log.Info("starting workers", "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
 		"world_size", r.WorldSize, "base_rank", r.Self.BaseRank, "restart_count", restarts,
 		"master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "resume_step", resumeStep(rec))
-	g, err := launcher.Start(e.o.Spec, a)
+	// The channel believes only this round's workers; the watchdog kills
+	// them if this agent cannot prove its lease alive in time.
+	e.ch.SetRound(r.Number)
+	opts := []launcher.StartOption{launcher.OnSpawn(func(pid int) { e.ch.Admit(r.Number, pid) })}
+	if wd := e.guard.watchdog(); wd != nil {
+		opts = append(opts, launcher.GuardedBy(wd))
+	}
+	g, err := launcher.Start(e.o.Spec, a, opts...)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
@@ -500,6 +519,9 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 
 	select {
 	case <-g.Exited():
+		if e.guard.expired() {
+			return e.fence(g, r)
+		}
 		res := g.Result()
 		if res.OK() && e.stopping.Load() == r.Number {
 			// The workers checkpointed and stopped for a planned change
@@ -518,6 +540,11 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 		}
 		return e.failed(ctx, g, r)
 	case <-g.Failed():
+		if e.guard.expired() {
+			// The watchdog killed them: this agent was stopped or wedged
+			// past its lease.
+			return e.fence(g, r)
+		}
 		stopAll(o.ShutdownSignal)
 		return e.failed(ctx, g, r)
 	case c := <-changes:

@@ -1,15 +1,32 @@
 package agent_test
 
 import (
-	"github.com/hyperpodrun/hyperpodrun/internal/testcluster"
 	"math"
+	"os"
 	"sort"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testcluster"
 )
 
 var childPIDs = testcluster.ChildPIDs
+
+// workerPIDs lists hyperpodrun's children that are workers: all but its
+// watchdog (hyperpodrun re-executed as "__hyperpodrun-watchdog").
+func workerPIDs(hyperpodrun int) []int {
+	var out []int
+	for _, pid := range childPIDs(hyperpodrun) {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if !strings.Contains(string(cmdline), "__hyperpodrun-watchdog") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
 
 func elasticArgs(endpoint, job, ckptDir string, extra ...string) []string {
 	args := []string{"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
@@ -48,7 +65,7 @@ func TestElasticDDPSurvivesNodeLossRejoinAndWorkerCrash(t *testing.T) {
 	progressed(3, "training at world size 3")
 
 	// SIGKILL node c (agent and workers): survivors go on at world size 2.
-	workersC := childPIDs(c.PID("c"))
+	workersC := workerPIDs(c.PID("c"))
 	killed := time.Now()
 	c.kill("c")
 	s2 := c.waitStep(60*time.Second, "training at world size 2 after the kill", killed, func(s stepLine) bool { return s.World == 2 })
@@ -67,7 +84,7 @@ func TestElasticDDPSurvivesNodeLossRejoinAndWorkerCrash(t *testing.T) {
 	}
 
 	// Crash one worker on node b: the job restarts and counts one restart.
-	workers := childPIDs(c.PID("b"))
+	workers := workerPIDs(c.PID("b"))
 	if len(workers) != 1 {
 		t.Fatalf("node b has workers %v, want 1", workers)
 	}

@@ -13,7 +13,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Environment variables shared with workers. Our own additions to torchrun's
@@ -52,6 +55,15 @@ const maxMessage = 1 << 20
 
 // ErrClosed is returned by a Channel that has been closed.
 var ErrClosed = errors.New("checkpoint: control channel closed")
+
+// ErrStaleRound is wrapped by the refusal of a report that does not come
+// from a worker of the current round (see Channel.SetRound).
+var ErrStaleRound = errors.New("not from a worker of the current round")
+
+// admitWait is how long a report from a process not (yet) admitted waits
+// for its admission: a worker may connect before the agent has admitted
+// its process group, which it does right after spawning it.
+const admitWait = time.Second
 
 // EventKind says why the agent is asking workers to stop.
 type EventKind string
@@ -146,8 +158,16 @@ type Report struct {
 	NumModel       int    `json:"num_model_checkpoints,omitempty"`
 	NumData        int    `json:"num_data_checkpoints,omitempty"`
 	Nodes          int    `json:"nodes,omitempty"`
+	// Round is the rendezvous round of the sender. A worker may name it
+	// (HYPERPODRUN_ROUND); a Channel with rounds refuses a report naming
+	// another round than the current one, and sets it on the reports it
+	// accepts.
+	Round int64 `json:"round,omitempty"`
 	// Received is when the agent read the message.
 	Received time.Time `json:"-"`
+	// PeerPID is the process that sent the report, as the kernel says
+	// (SO_PEERCRED); 0 when unknown.
+	PeerPID int `json:"-"`
 	// Raw is the message as sent, for fields this package does not know.
 	Raw json.RawMessage `json:"-"`
 }
@@ -164,8 +184,8 @@ func parseReport(line []byte) (Report, error) {
 	if r.Step < 0 {
 		return Report{}, fmt.Errorf("malformed %s message: negative step %d", r.Type, r.Step)
 	}
-	if r.Rank < 0 || r.WorldSize < 0 {
-		return Report{}, fmt.Errorf("malformed %s message: negative rank or world_size", r.Type)
+	if r.Rank < 0 || r.WorldSize < 0 || r.Round < 0 {
+		return Report{}, fmt.Errorf("malformed %s message: negative rank, world_size or round", r.Type)
 	}
 	if (r.Type == ReportCheckpoint || r.Type == ReportCheckpointUpdate) && r.Path == "" {
 		return Report{}, fmt.Errorf(`malformed %s message: missing "path"`, r.Type)
@@ -217,6 +237,13 @@ type Channel struct {
 	conns  map[net.Conn]struct{}
 	closed bool
 	seq    uint64
+	// rounds: SetRound was called; round is the current round (0: none)
+	// and admitted its workers' process groups; admitted is closed and
+	// replaced when either changes.
+	rounds   bool
+	round    int64
+	workers  map[int]bool
+	admitted chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -238,6 +265,8 @@ func NewChannel(dir string, opts ...Option) (*Channel, error) {
 		reports:   make(chan Report, 256),
 		done:      make(chan struct{}),
 		conns:     make(map[net.Conn]struct{}),
+		workers:   make(map[int]bool),
+		admitted:  make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(c)
@@ -294,6 +323,97 @@ func (c *Channel) Env() map[string]string {
 		EnvControlSocket: c.sock,
 		EnvEventFile:     c.eventPath,
 	}
+}
+
+// SetRound makes round the current round, with no worker admitted yet
+// (Admit admits them). From the first call on, the channel believes only
+// the workers of the current round: a report is refused, with an error
+// wrapping ErrStaleRound, unless the process that sent it (the kernel says
+// which: SO_PEERCRED) is in a process group admitted for the current round,
+// and unless it names no round or the current one. An accepted report's
+// Round is set to the current round. SetRound(0) makes no round current:
+// every report is refused (between rounds, or once this node was fenced).
+// A channel on which SetRound is never called accepts every report (the
+// standalone agent's, which has no rounds).
+func (c *Channel) SetRound(round int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.rounds = true
+	c.round = round
+	clear(c.workers)
+	close(c.admitted)
+	c.admitted = make(chan struct{})
+}
+
+// Admit believes the processes of process group pgid (a worker and the
+// children it did not move to another group) as workers of round, if round
+// is the current round; otherwise it does nothing.
+func (c *Channel) Admit(round int64, pgid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.rounds || round == 0 || round != c.round || pgid <= 1 {
+		return
+	}
+	c.workers[pgid] = true
+	close(c.admitted)
+	c.admitted = make(chan struct{})
+}
+
+// believe checks that r comes from a worker of the current round and sets
+// its Round. A sender not admitted yet gets admitWait to be.
+func (c *Channel) believe(r *Report) error {
+	deadline := time.Now().Add(admitWait)
+	for {
+		c.mu.Lock()
+		rounds, round, changed := c.rounds, c.round, c.admitted
+		pgid, err := -1, error(nil)
+		if r.PeerPID > 0 {
+			pgid, err = syscall.Getpgid(r.PeerPID)
+		}
+		ok := err == nil && pgid > 1 && c.workers[pgid]
+		c.mu.Unlock()
+		if !rounds {
+			return nil
+		}
+		if round == 0 {
+			return fmt.Errorf("%w: no round is current on this node (it is between rounds or was fenced)", ErrStaleRound)
+		}
+		if r.Round != 0 && r.Round != round {
+			return fmt.Errorf("%w: the report is of round %d, the current round is %d", ErrStaleRound, r.Round, round)
+		}
+		if ok {
+			r.Round = round
+			return nil
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return fmt.Errorf("%w: process %d (process group %d) is not a worker of round %d", ErrStaleRound, r.PeerPID, pgid, round)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-c.done:
+			t.Stop()
+			return ErrClosed
+		}
+		t.Stop()
+	}
+}
+
+// peerPID returns the pid of the process at the other end of conn, or 0.
+func peerPID(conn *net.UnixConn) int {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	var cred *unix.Ucred
+	if err := raw.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil || cred == nil {
+		return 0
+	}
+	return int(cred.Pid)
 }
 
 // Reports delivers worker reports when no handler was given. It is closed by
@@ -458,6 +578,7 @@ func (c *Channel) serve(conn *net.UnixConn) {
 		c.mu.Unlock()
 		conn.Close()
 	}()
+	peer := peerPID(conn)
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 0, 4096), maxMessage)
 	for sc.Scan() {
@@ -468,6 +589,10 @@ func (c *Channel) serve(conn *net.UnixConn) {
 		r, err := parseReport(line)
 		if err == nil {
 			r.Received = time.Now()
+			r.PeerPID = peer
+			err = c.believe(&r)
+		}
+		if err == nil {
 			err = c.handle(r)
 		}
 		a := ack{OK: err == nil}

@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -403,5 +406,114 @@ func TestNewChannelRefusesBadPaths(t *testing.T) {
 		t.Fatal("NewChannel accepted a socket path too long for sun_path")
 	} else if !strings.Contains(err.Error(), "longer than") {
 		t.Fatalf("unclear error for a long path: %v", err)
+	}
+}
+
+// reportFromWorker runs a worker process (in a process group of its own,
+// as the launcher starts workers) that reports a checkpoint at step on ch.
+// started is called with its pid right after it started, as the agent
+// admits a worker right after spawning it. It returns the worker's error
+// output, empty when its report was acknowledged.
+func reportFromWorker(t *testing.T, ch *Channel, step int, started func(pid int)) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), fmt.Sprintf("STEP=%d", step))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if started != nil {
+		started(cmd.Process.Pid)
+	}
+	if err := cmd.Wait(); err != nil {
+		if stderr.Len() == 0 {
+			t.Fatalf("worker: %v", err)
+		}
+		return stderr.String()
+	}
+	return ""
+}
+
+// TestChannelBelievesOnlyWorkersOfTheCurrentRound: once the agent tracks
+// rounds, a report is accepted only from a process group admitted for the
+// current round; a worker of an earlier round (its agent was frozen, its
+// lease expired, a new round runs) is refused, so its rank 0 cannot commit
+// a checkpoint over the new round's.
+func TestChannelBelievesOnlyWorkersOfTheCurrentRound(t *testing.T) {
+	ch := newTestChannel(t)
+	ch.SetRound(3)
+	// A worker of round 3, admitted when it started: believed, and its
+	// report carries its round.
+	if out := reportFromWorker(t, ch, 30, func(pid int) { ch.Admit(3, pid) }); out != "" {
+		t.Fatalf("report of a worker of the current round refused: %s", out)
+	}
+	select {
+	case r := <-ch.Reports():
+		if r.Step != 30 || r.Round != 3 || r.PeerPID <= 0 {
+			t.Fatalf("accepted report %+v, want step 30 of round 3 with its sender's pid", r)
+		}
+	default:
+		t.Fatal("acknowledged report not delivered")
+	}
+
+	// Round 3's worker, still alive when round 4 began, reports again.
+	old := exec.Command(os.Args[0], "-test.run=^$")
+	old.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), "STEP=50")
+	old.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var oldErr strings.Builder
+	old.Stderr = &oldErr
+	ch.SetRound(4)
+	ch.Admit(3, 12345) // an admission for a round that is over is ignored
+	start := time.Now()
+	if err := old.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch.Admit(3, old.Process.Pid)
+	if err := old.Wait(); err == nil {
+		t.Fatal("a worker of round 3 had its report accepted in round 4")
+	}
+	if !strings.Contains(oldErr.String(), ErrStaleRound.Error()) || !strings.Contains(oldErr.String(), "round 4") {
+		t.Errorf("refusal %q does not say the sender is not a worker of round 4", oldErr.String())
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("refusal took %s", took)
+	}
+	select {
+	case r := <-ch.Reports():
+		t.Fatalf("stale report delivered: %+v", r)
+	default:
+	}
+
+	// A worker of round 4 admitted a little after it connected (the agent
+	// admits it once it is spawned) is believed.
+	if out := reportFromWorker(t, ch, 40, func(pid int) {
+		go func() { time.Sleep(200 * time.Millisecond); ch.Admit(4, pid) }()
+	}); out != "" {
+		t.Fatalf("report of a worker admitted late refused: %s", out)
+	}
+	if r := <-ch.Reports(); r.Round != 4 || r.Step != 40 {
+		t.Fatalf("accepted %+v, want step 40 of round 4", r)
+	}
+
+	// A report naming another round than the current one is refused, even
+	// from an admitted process group.
+	ch.Admit(4, syscall.Getpgrp())
+	ctx := testCtx(t, 10*time.Second)
+	err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 60, Path: "/c/60", Round: 3})
+	if err == nil || !strings.Contains(err.Error(), "the report is of round 3, the current round is 4") {
+		t.Fatalf("report naming round 3 in round 4 = %v, want a refusal", err)
+	}
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 61, Path: "/c/61", Round: 4}); err != nil {
+		t.Fatalf("report naming the current round: %v", err)
+	}
+	<-ch.Reports()
+
+	// No round current (fenced, or between rounds): nobody is believed.
+	ch.SetRound(0)
+	ch.Admit(0, syscall.Getpgrp())
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 70, Path: "/c/70"}); err == nil || !strings.Contains(err.Error(), "no round is current") {
+		t.Fatalf("report with no round current = %v, want a refusal", err)
 	}
 }

@@ -138,6 +138,8 @@ func runHelper(mode string) int {
 		err = helperCrashWriter()
 	case "loop-writer":
 		err = helperLoopWriter()
+	case "reporter":
+		err = helperReporter()
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}
@@ -166,4 +168,14 @@ func startHelper(t *testing.T, mode string, env ...string) (*exec.Cmd, *lineWait
 		cmd.Wait()
 	})
 	return cmd, newLineWaiter(out)
+}
+
+// helperReporter is a worker that reports a checkpoint (step $STEP) to
+// $HYPERPODRUN_CONTROL_SOCKET and exits 0 when the agent acknowledged it.
+func helperReporter() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var step int64
+	fmt.Sscan(os.Getenv("STEP"), &step)
+	return SendReport(ctx, os.Getenv(EnvControlSocket), Report{Type: ReportCheckpoint, Step: step, Path: fmt.Sprintf("/ckpt/%d", step)})
 }

@@ -14,7 +14,9 @@ import (
 )
 
 // ErrStale is returned by Store.Commit for a record older than the stored
-// one: the job's checkpoint never moves backwards.
+// one (a lower step, or an earlier round): the job's checkpoint never moves
+// backwards, and a stale round's rank 0 cannot overwrite the checkpoint of
+// the round that replaced it.
 var ErrStale = errors.New("older than the committed checkpoint")
 
 // Record is a job's latest committed checkpoint, as stored in etcd.
@@ -79,9 +81,10 @@ func NewStore(cli *clientv3.Client, prefix, job string) *Store {
 func (s *Store) Key() string { return s.key }
 
 // Commit records rec as the job's latest committed checkpoint unless the
-// stored one has a higher step, in which case it returns an error wrapping
-// ErrStale. A record with the same step replaces the stored one. A zero Time
-// is set to now.
+// stored one has a higher step or was committed in a later round, in which
+// case it returns an error wrapping ErrStale. A record with the same step
+// and round replaces the stored one. Round 0 means unknown (a commit made
+// outside any rendezvous) and is not compared. A zero Time is set to now.
 func (s *Store) Commit(ctx context.Context, rec Record) error {
 	if err := rec.validate(); err != nil {
 		return fmt.Errorf("checkpoint: commit to %s: %w", s.key, err)
@@ -97,6 +100,10 @@ func (s *Store) Commit(ctx context.Context, rec Record) error {
 		cur, rev, err := s.get(ctx)
 		if err != nil {
 			return err
+		}
+		if cur != nil && rec.Round != 0 && rec.Round < cur.Round {
+			return fmt.Errorf("checkpoint: commit step %d of round %d to %s: %w (step %d of round %d): round %d is no longer current",
+				rec.Step, rec.Round, s.key, ErrStale, cur.Step, cur.Round, rec.Round)
 		}
 		if cur != nil && rec.Step < cur.Step {
 			return fmt.Errorf("checkpoint: commit step %d to %s: %w (step %d)", rec.Step, s.key, ErrStale, cur.Step)
@@ -142,9 +149,10 @@ func (s *Store) get(ctx context.Context) (*Record, int64, error) {
 }
 
 // ReportHandler returns a Handler that commits every checkpoint report to s
-// (and every step whose checkpoint_update reports are complete)
-// (the round comes from round(), read when the report arrives) and accepts
-// every other report. Use it with WithHandler so that a worker's
+// (and every step whose checkpoint_update reports are complete) at the
+// report's Round, which a Channel with rounds sets to its sender's (else at
+// round(), read when the report arrives), and accepts every other report.
+// Use it with WithHandler so that a worker's
 // report_checkpoint returns only once the record is in etcd.
 func (s *Store) ReportHandler(round func() int64) Handler {
 	var pending parts
@@ -161,7 +169,8 @@ func (s *Store) ReportHandler(round func() int64) Handler {
 		default:
 			return nil
 		}
-		if round != nil {
+		rec.Round = r.Round
+		if rec.Round == 0 && round != nil {
 			rec.Round = round()
 		}
 		return s.Commit(ctx, rec)

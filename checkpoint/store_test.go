@@ -175,3 +175,35 @@ func TestReportHandlerCommitsBeforeAcknowledging(t *testing.T) {
 		t.Fatalf("stale report moved the record to %+v", rec)
 	}
 }
+
+// TestStoreRefusesAStaleRoundsCommit: the rank 0 of a round that was
+// replaced (its agent was frozen, its lease expired) may still report a
+// checkpoint with a higher step than the new round has reached; it must not
+// overwrite the new round's record.
+func TestStoreRefusesAStaleRoundsCommit(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 20*time.Second)
+	s := NewStore(cli, "", uniqueJob("job-stale-round"))
+	if err := s.Commit(ctx, Record{Step: 100, Path: "/old/100", Round: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// Round 4 resumed from step 100 and committed step 110.
+	if err := s.Commit(ctx, Record{Step: 110, Path: "/new/110", Round: 4}); err != nil {
+		t.Fatal(err)
+	}
+	// Round 3's rank 0 kept training while frozen out and reports step 150.
+	err := s.Commit(ctx, Record{Step: 150, Path: "/old/150", Round: 3})
+	if !errors.Is(err, ErrStale) {
+		t.Fatalf("Commit of a stale round's step 150 = %v, want ErrStale", err)
+	}
+	if !strings.Contains(err.Error(), "round 3") {
+		t.Errorf("error %q does not name the stale round", err)
+	}
+	if got, _ := s.Latest(ctx); got.Step != 110 || got.Path != "/new/110" || got.Round != 4 {
+		t.Fatalf("a stale round's commit changed the record: %+v", got)
+	}
+	// A later round commits as usual.
+	if err := s.Commit(ctx, Record{Step: 120, Path: "/new/120", Round: 5}); err != nil {
+		t.Fatalf("commit of a later round: %v", err)
+	}
+}

@@ -34,6 +34,8 @@ type Group struct {
 	filteredOut, filteredErr *lockedFile // torch 2.x duplicate filters
 	numaCPUs                 [][]int     // per local rank, with --numa-binding
 	numactl                  string      // numactl's path, "" for sched_setaffinity
+	wd                       *Watchdog   // guards the workers' process groups; may be nil
+	onSpawn                  func(pid int)
 
 	mu       sync.Mutex
 	stopping bool // failures after Stop began are not the workers' own
@@ -54,8 +56,20 @@ type worker struct {
 // consoleMu serialises console writes so lines from workers never interleave.
 var consoleMu sync.Mutex
 
+// StartOption configures Start.
+type StartOption func(*Group)
+
+// GuardedBy puts every worker's process group under wd from the moment it
+// is spawned until it has exited: wd kills them if its deadline passes
+// (see Watchdog). The caller keeps wd and closes it.
+func GuardedBy(wd *Watchdog) StartOption { return func(g *Group) { g.wd = wd } }
+
+// OnSpawn calls f with each worker's pid (its process group id) right
+// after it is spawned, before the next one is.
+func OnSpawn(f func(pid int)) StartOption { return func(g *Group) { g.onSpawn = f } }
+
 // Start spawns spec.NProcPerNode workers for one attempt.
-func Start(spec Spec, a Assignment) (*Group, error) {
+func Start(spec Spec, a Assignment, opts ...StartOption) (*Group, error) {
 	if err := spec.validate(a); err != nil {
 		return nil, err
 	}
@@ -72,6 +86,12 @@ func Start(spec Spec, a Assignment) (*Group, error) {
 		spec.Host, _ = os.Hostname()
 	}
 	g := &Group{spec: spec, asg: a, exited: make(chan struct{}), failed: make(chan struct{})}
+	for _, o := range opts {
+		o(g)
+	}
+	if g.wd != nil {
+		g.wd.Reset()
+	}
 	if spec.LogDir != "" {
 		g.dir = filepath.Join(spec.LogDir, "attempt_"+strconv.Itoa(a.Attempt))
 	}
@@ -253,6 +273,14 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 		return nil, fmt.Errorf("start worker %d (%s): %w", lr, path, err)
 	}
 	w.pid = pid
+	if g.wd != nil {
+		// An error means the watchdog is gone; the agent notices
+		// (Watchdog.Alive) and starts another for its next workers.
+		_ = g.wd.Guard(pid)
+	}
+	if g.onSpawn != nil {
+		g.onSpawn(pid)
+	}
 	exitCh := reap.wait(pid)
 	go func() {
 		w.exit = <-exitCh
@@ -265,6 +293,9 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 		// Kill whatever the worker left in its process group (forked
 		// children) so the pipes reach EOF and nothing outlives it.
 		syscall.Kill(-pid, syscall.SIGKILL)
+		if g.wd != nil {
+			_ = g.wd.Release(pid)
+		}
 		drained := make(chan struct{})
 		go func() { w.output.Wait(); close(drained) }()
 		select {

@@ -70,8 +70,25 @@ type Config struct {
 	// keep every node's reads O(1); Node.Members fetches the whole list.
 	// A negative value always fills Members.
 	MemberListLimit int
+	// OnRenew, when set, is called each time the node proves its lease
+	// alive for longer than before (at registration and after each
+	// confirmed keepalive), from the keepalive path, with the node's lock
+	// held: it must return at once and must not call the node. The agent
+	// uses it to renew the deadline of its workers' watchdog, which does
+	// not depend on the agent's main loop.
+	OnRenew func(Renewal)
 	// Logger receives structured logs (default slog.Default()).
 	Logger *slog.Logger
+}
+
+// Renewal is one proof that a node's lease is alive.
+type Renewal struct {
+	// FenceAt is when the node fires LeaseLost unless the lease is proven
+	// alive again first (Expiry - FenceMargin).
+	FenceAt time.Time
+	// Expiry is the earliest time at which etcd may expire the lease: the
+	// send time of the confirmed keepalive plus the TTL it was granted.
+	Expiry time.Time
 }
 
 func (c *Config) setDefaults() error {

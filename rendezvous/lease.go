@@ -226,6 +226,9 @@ func (n *Node) renewedLocked(expiry time.Time) {
 	at := expiry.Add(-n.cfg.FenceMargin)
 	if at.After(n.fenceAt) {
 		n.fenceAt = at
+		if n.cfg.OnRenew != nil {
+			n.cfg.OnRenew(Renewal{FenceAt: at, Expiry: expiry})
+		}
 	}
 	if n.fenceTimer == nil {
 		n.fenceTimer = time.AfterFunc(time.Until(n.fenceAt), n.fenceCheck)

@@ -18,6 +18,9 @@ import (
 )
 
 func main() {
+	// hyperpodrun re-executes itself as its workers' watchdog (elastic
+	// runs); that process never gets past this call.
+	launcher.WatchdogMain()
 	os.Exit(run(os.Args, os.Stderr))
 }
 
