@@ -53,6 +53,18 @@ func waitCycles(t *testing.T, cli *clientv3.Client, n int) {
 	}
 }
 
+// waitRunning waits until the job holds an allocation (Admitted in the
+// cycle that admits it, Running or Grown after).
+func waitRunning(t *testing.T, ep, job string) jobView {
+	t.Helper()
+	var v jobView
+	waitFor(t, job+" running", func() (bool, string) {
+		v = jobsJSON(t, ep)[job]
+		return v.Allocation != nil, mustCtl(t, ep, "get", "jobs")
+	})
+	return v
+}
+
 func waitState(t *testing.T, ep, job, state string) jobView {
 	t.Helper()
 	var v jobView
@@ -70,7 +82,7 @@ func TestUnparsableTeamRecordPreemptsNothing(t *testing.T) {
 	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
 	startCoordinator(t, cli)
 	mustCtl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob))
-	before := waitState(t, ep, "sweep", "Admitted")
+	before := waitRunning(t, ep, "sweep")
 	if _, err := cli.Put(context.Background(), fleet.NewKeys("").Team("research"), "{not json"); err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +124,7 @@ func TestSpecUnderAnotherKeyIsIgnored(t *testing.T) {
 	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
 	startCoordinator(t, cli)
 	mustCtl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob))
-	waitState(t, ep, "sweep", "Admitted")
+	waitRunning(t, ep, "sweep")
 	impostor := `{"name":"sweep","team":"prod","priority":99,"flavor":"nvidia-h100-80gb","perNode":{"accelerators":8},"minNodes":2,"maxNodes":2,"run":{"script":"x.py"}}`
 	if _, err := cli.Put(context.Background(), fleet.NewKeys("").Spec("zzz"), impostor); err != nil {
 		t.Fatal(err)
@@ -136,7 +148,7 @@ func TestDeletedJobSubmittedAgainStartsAfresh(t *testing.T) {
 	startCoordinator(t, cli)
 	job := writeFile(t, "sweep.yaml", elasticJob)
 	mustCtl(t, ep, "submit", "-f", job)
-	waitState(t, ep, "sweep", "Admitted")
+	waitRunning(t, ep, "sweep")
 	k := fleet.NewKeys("")
 	ctx := context.Background()
 	// What the job's hyperpodruns leave: a restart count, a checkpoint.
@@ -158,7 +170,7 @@ func TestDeletedJobSubmittedAgainStartsAfresh(t *testing.T) {
 		return err == nil && r.Count == 0, ""
 	})
 	mustCtl(t, ep, "submit", "-f", job)
-	waitState(t, ep, "sweep", "Admitted")
+	waitRunning(t, ep, "sweep")
 	for _, key := range []string{k.Restarts("sweep"), k.Checkpoint("sweep")} {
 		if r, err := cli.Get(ctx, key); err != nil || len(r.Kvs) != 0 {
 			t.Errorf("the new job inherited %s", key)
