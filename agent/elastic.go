@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -194,7 +195,7 @@ func failedWith(err error) roundEnd { return roundEnd{state: workersFailed, err:
 
 func (e *elastic) run(ctx context.Context) (err error) {
 	o := e.o
-	e.store = checkpoint.NewStore(e.cli, e.cfg.Prefix, e.cfg.JobID)
+	e.store = checkpoint.NewStore(e.cli, e.cfg.Prefix, e.cfg.JobID).WithLogger(e.log)
 	// A short path: unix socket paths are limited to 107 bytes.
 	ctlDir, err := os.MkdirTemp("", "hyperpodrun-ctl-")
 	if err != nil {
@@ -317,8 +318,32 @@ func (e *elastic) newNode() error {
 	return nil
 }
 
-// join waits for the next round, or a signal.
+// join waits for the next round, or a signal. A node that loses its lease
+// while it registers or waits (etcd restarting: the new lease's keepalives
+// are not confirmed in time, or a member write finds the lease gone) is
+// replaced by a fresh one, with a fresh lease, for as long as a join may
+// take: an etcd outage costs a rejoin, not the job.
 func (e *elastic) join(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
+	timeout := e.cfg.JoinTimeout
+	if timeout <= 0 {
+		timeout = rendezvous.DefaultJoinTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		r, sig, err := e.joinOnce(ctx, event)
+		leaseGone := errors.Is(err, rendezvous.ErrLeaseLost) || errors.Is(err, rpctypes.ErrLeaseNotFound)
+		if err == nil || !leaseGone || ctx.Err() != nil || time.Now().After(deadline) {
+			return r, sig, err
+		}
+		e.log.Warn("rendezvous: this node lost its lease while joining (etcd restarting?); joining again with a fresh lease", "err", err)
+		if err := e.newNode(); err != nil {
+			return nil, 0, err
+		}
+	}
+}
+
+// joinOnce is one Join of the current node, or a signal.
+func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
 	jctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	spanCtx := jctx

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -69,6 +70,7 @@ func (r *Record) Env() map[string]string {
 type Store struct {
 	cli *clientv3.Client
 	key string
+	log *slog.Logger
 }
 
 // NewStore returns the store of job under prefix ("" means
@@ -122,30 +124,50 @@ func (s *Store) Commit(ctx context.Context, rec Record) error {
 }
 
 // Latest returns the job's latest committed checkpoint, or nil when there is
-// none. A malformed stored value is an error naming the key.
+// none. A malformed stored value never stops the job: its last good value
+// is returned instead (or nil: start from scratch), and the problem is
+// logged with the key.
 func (s *Store) Latest(ctx context.Context) (*Record, error) {
 	rec, _, err := s.get(ctx)
 	return rec, err
 }
 
-// get returns the stored record and its mod revision (0 when absent).
+// get returns the stored record (its last good value when the stored one is
+// malformed) and the key's mod revision (0 when absent).
 func (s *Store) get(ctx context.Context) (*Record, int64, error) {
-	resp, err := s.cli.Get(ctx, s.key)
+	rec, rev, problem, err := fleet.ReadRecord(ctx, s.cli, s.key, decodeRecord)
 	if err != nil {
-		return nil, 0, fmt.Errorf("checkpoint: read %s: %w", s.key, err)
+		return nil, 0, fmt.Errorf("checkpoint: %w", err)
 	}
-	if len(resp.Kvs) == 0 {
-		return nil, 0, nil
+	if problem != nil {
+		s.logger().Warn("checkpoint: malformed checkpoint record", "key", s.key, "err", problem)
 	}
-	kv := resp.Kvs[0]
+	return rec, rev, nil
+}
+
+func decodeRecord(key string, v []byte) (*Record, error) {
 	var rec Record
-	if err := json.Unmarshal(kv.Value, &rec); err != nil {
-		return nil, 0, fmt.Errorf("checkpoint: malformed record at %s: %w", s.key, err)
+	if err := json.Unmarshal(v, &rec); err != nil {
+		return nil, fmt.Errorf("checkpoint: malformed record at %s: %w", key, err)
 	}
 	if err := rec.validate(); err != nil {
-		return nil, 0, fmt.Errorf("checkpoint: malformed record at %s: %w", s.key, err)
+		return nil, fmt.Errorf("checkpoint: malformed record at %s: %w", key, err)
 	}
-	return &rec, kv.ModRevision, nil
+	return &rec, nil
+}
+
+// WithLogger sets where the store logs the problems it works around
+// (default slog.Default()).
+func (s *Store) WithLogger(l *slog.Logger) *Store {
+	s.log = l
+	return s
+}
+
+func (s *Store) logger() *slog.Logger {
+	if s.log == nil {
+		return slog.Default()
+	}
+	return s.log
 }
 
 // ReportHandler returns a Handler that commits every checkpoint report to s

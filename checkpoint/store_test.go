@@ -1,8 +1,10 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand"
 	"path/filepath"
 	"strings"
@@ -100,7 +102,7 @@ func TestStoreConcurrentCommitsKeepTheHighestStep(t *testing.T) {
 	}
 }
 
-func TestStoreRejectsInvalidRecordsAndMalformedValues(t *testing.T) {
+func TestStoreRejectsInvalidRecordsAndSurvivesMalformedValues(t *testing.T) {
 	cli := etcdClient(t)
 	ctx := testCtx(t, 20*time.Second)
 	s := NewStore(cli, "", uniqueJob("job-bad"))
@@ -109,21 +111,40 @@ func TestStoreRejectsInvalidRecordsAndMalformedValues(t *testing.T) {
 			t.Errorf("Commit(%+v) succeeded", r)
 		}
 	}
-	for _, bad := range []string{"garbage", `{"step":"ten","path":"/x"}`, `{"step":3}`, `{"step":-4,"path":"/x"}`} {
+	// A malformed record never stops the job: its last good value is read
+	// in its place (logged with the key), commits are still compared with
+	// it, and the next commit replaces the bad value.
+	var logs bytes.Buffer
+	s.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	if err := s.Commit(ctx, Record{Step: 5, Path: "/ckpt/5", Round: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i, bad := range []string{"garbage", `{"step":"ten","path":"/x"}`, `{"step":3}`, `{"step":-4,"path":"/x"}`} {
 		if _, err := cli.Put(ctx, s.Key(), bad); err != nil {
 			t.Fatal(err)
 		}
 		rec, err := s.Latest(ctx)
-		if err == nil || rec != nil {
-			t.Fatalf("Latest over %q = %+v, %v; want an error", bad, rec, err)
+		if err != nil || rec == nil || rec.Step != int64(5+i) {
+			t.Fatalf("Latest over %q = %+v, %v; want the last good step %d", bad, rec, err, 5+i)
 		}
-		if !strings.Contains(err.Error(), s.Key()) {
-			t.Fatalf("error %q does not name the key", err)
+		if !strings.Contains(logs.String(), s.Key()) {
+			t.Fatalf("the malformed record was not logged with its key: %q", logs.String())
 		}
-		// A malformed record is never overwritten blindly either.
-		if err := s.Commit(ctx, Record{Step: 1, Path: "/x"}); err == nil || !strings.Contains(err.Error(), s.Key()) {
-			t.Fatalf("Commit over %q = %v, want an error naming the key", bad, err)
+		if err := s.Commit(ctx, Record{Step: 1, Path: "/x", Round: 1}); !errors.Is(err, ErrStale) {
+			t.Fatalf("Commit of an older step over %q = %v, want ErrStale against the last good record", bad, err)
 		}
+		if err := s.Commit(ctx, Record{Step: int64(6 + i), Path: "/x", Round: 1}); err != nil {
+			t.Fatalf("Commit over %q: %v", bad, err)
+		}
+	}
+	// A job whose record was never good starts from scratch.
+	fresh := NewStore(cli, "", uniqueJob("job-never-good"))
+	cli.Put(ctx, fresh.Key(), "garbage")
+	if rec, err := fresh.Latest(ctx); rec != nil || err != nil {
+		t.Fatalf("Latest of a record never good = %+v, %v; want none", rec, err)
+	}
+	if err := fresh.Commit(ctx, Record{Step: 1, Path: "/x"}); err != nil {
+		t.Fatalf("Commit over a record never good: %v", err)
 	}
 }
 

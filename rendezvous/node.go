@@ -196,9 +196,6 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // rejoin; the same NodeID is accepted again once the old lease expired.
 func (n *Node) LeaseLost() <-chan struct{} { return n.lost }
 
-// registerTimeout bounds registration (lease grant and member keys),
-// including retries of transient errors.
-const registerTimeout = time.Minute
 
 // opTimeout bounds single etcd requests made on the node's behalf.
 func (n *Node) opTimeout() time.Duration { return max(5*time.Second, 2*n.cfg.LeaseTTL) }
@@ -238,9 +235,12 @@ func (n *Node) register(ctx context.Context) error {
 		return nil
 	}
 	// Registration retries transient errors (an overloaded etcd answers
-	// "too many requests" when thousands of nodes join at once) for at most
-	// a minute, logging while it does.
-	ctx, cancel := context.WithTimeout(ctx, min(n.cfg.JoinTimeout, registerTimeout))
+	// "too many requests" when thousands of nodes join at once; a
+	// restarting etcd answers nothing) for as long as a join may take,
+	// logging while it does: a node fenced by an etcd outage of a minute or
+	// more rejoins when etcd is back. (A wrong endpoint fails at once, at
+	// connect time.)
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.JoinTimeout)
 	defer cancel()
 	ttlSec := int64((n.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	var (

@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -709,5 +710,32 @@ func TestNodeJoiningAFinishedJobIsRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "ran.b")); err == nil {
 		t.Error("the late node ran the finished job's worker again")
+	}
+}
+
+// A corrupt checkpoint or restart-count record used to make hyperpodrun
+// exit 1 and the job Failed: it is logged with its key, and the job runs
+// (from scratch when no good value was ever stored).
+func TestCorruptJobRecordsNeverEndAJob(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	k := fleet.NewKeys("")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cli.Put(ctx, k.Checkpoint("corrupt"), "{not json")
+	cli.Put(ctx, k.Restarts("corrupt"), "lots")
+	out := t.TempDir()
+	w := script(t, `echo "resume=${HYPERPODRUN_RESUME_STEP-none}" > "$OUT/ran"`)
+	r := hpr(t, []string{"OUT=" + out}, "--nnodes", "1:1", "--rdzv-backend", "etcd", "--rdzv-endpoint", srv.Endpoints[0],
+		"--rdzv-id", "corrupt", "--max-restarts", "0", "--no-python", w)
+	if r.code != 0 {
+		t.Fatalf("exit %d with corrupt records, want 0\n%s", r.code, r.stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "ran")); err != nil || !strings.Contains(string(b), "resume=none") {
+		t.Errorf("the worker did not run from scratch: %q %v", b, err)
+	}
+	for _, key := range []string{k.Checkpoint("corrupt"), k.Restarts("corrupt")} {
+		if !strings.Contains(r.stderr, key) {
+			t.Errorf("the corrupt record %s was not logged with its key:\n%s", key, r.stderr)
+		}
 	}
 }

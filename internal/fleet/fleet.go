@@ -215,7 +215,7 @@ func (s *Store) Counter(ctx context.Context, key, what string) (value, modRev in
 	if problem == nil {
 		return *n, kv.ModRevision, nil, nil
 	}
-	if good, rev := lastGood(ctx, s, kv, dec); good != nil {
+	if good, rev := lastGood(ctx, s.Cli, kv, dec); good != nil {
 		return *good, kv.ModRevision, fmt.Errorf("%w; using its last good value %d (revision %d)", problem, *good, rev), nil
 	}
 	return 0, kv.ModRevision, fmt.Errorf("%w; counting from 0", problem), nil
@@ -283,6 +283,30 @@ func jsonNamed[T any](name func(*T) string, check func(*T) error) decoder[T] {
 	}
 }
 
+// ReadRecord reads the record at key with dec. A malformed value never
+// stops its reader: it is reported as problem, and its last good value (an
+// earlier revision etcd still holds) is returned in its place, or nil when
+// none exists. modRev is the key's current mod revision (0 when absent),
+// for a compare-and-swap that replaces the bad value.
+func ReadRecord[T any](ctx context.Context, cli *clientv3.Client, key string, dec func(key string, v []byte) (*T, error)) (v *T, modRev int64, problem, err error) {
+	r, err := cli.Get(ctx, key)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, 0, nil, nil
+	}
+	kv := r.Kvs[0]
+	v, problem = dec(key, kv.Value)
+	if problem == nil {
+		return v, kv.ModRevision, nil, nil
+	}
+	if good, rev := lastGood(ctx, cli, kv, decoder[T](dec)); good != nil {
+		return good, kv.ModRevision, fmt.Errorf("%w; using its last good value (revision %d)", problem, rev), nil
+	}
+	return nil, kv.ModRevision, fmt.Errorf("%w; no good value to fall back on", problem), nil
+}
+
 // lastGoodDepth bounds how many earlier versions of a malformed record are
 // tried for its last good value.
 const lastGoodDepth = 3
@@ -304,7 +328,7 @@ func listRecords[T any](ctx context.Context, s *Store, prefix string, dec decode
 			out = append(out, *v)
 			continue
 		}
-		if good, rev := lastGood(ctx, s, kv, dec); good != nil {
+		if good, rev := lastGood(ctx, s.Cli, kv, dec); good != nil {
 			out = append(out, *good)
 			bad = append(bad, fmt.Errorf("%w; using its last good value (revision %d)", err, rev))
 			continue
@@ -316,13 +340,13 @@ func listRecords[T any](ctx context.Context, s *Store, prefix string, dec decode
 
 // lastGood reads the versions of kv before its current one, newest first,
 // and returns the first that decodes.
-func lastGood[T any](ctx context.Context, s *Store, kv *mvccpb.KeyValue, dec decoder[T]) (*T, int64) {
+func lastGood[T any](ctx context.Context, cli *clientv3.Client, kv *mvccpb.KeyValue, dec decoder[T]) (*T, int64) {
 	rev := kv.ModRevision
 	for range lastGoodDepth {
 		if rev <= kv.CreateRevision {
 			return nil, 0 // no earlier version of this key's life
 		}
-		r, err := s.Cli.Get(ctx, string(kv.Key), clientv3.WithRev(rev-1))
+		r, err := cli.Get(ctx, string(kv.Key), clientv3.WithRev(rev-1))
 		if err != nil || len(r.Kvs) == 0 {
 			return nil, 0 // compacted, or gone
 		}
