@@ -204,6 +204,7 @@ type soak struct {
 	faults     []*injected
 	violations []violation
 	dupObs     int
+	staleObs   int
 	lost       int64
 	orphans    int
 	completed  int
@@ -613,6 +614,7 @@ func (s *soak) watchProcs(ctx context.Context) {
 		pids        map[int]proc
 	}
 	open := map[dupKey]*episode{}
+	staleSeen := map[int]bool{}
 	ow := newOrphanWatch(2 * time.Second)
 	self := os.Getpid()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -653,6 +655,18 @@ func (s *soak) watchProcs(ctx context.Context) {
 			e.last = now
 			for _, p := range v {
 				e.pids[p.pid] = p
+			}
+		}
+		for job, v := range staleRounds(ps) {
+			s.mu.Lock()
+			s.staleObs++
+			s.mu.Unlock()
+			for _, p := range v {
+				if !staleSeen[p.pid] {
+					staleSeen[p.pid] = true
+					s.violate("fencing: no worker of a superseded round lives beside the next round's", fmt.Sprintf(
+						"job %s: %s is alive while round %s's workers run", job, p, newestRound(ps, job)))
+				}
 			}
 		}
 		for k, e := range open {
@@ -825,7 +839,7 @@ func (s *soak) report(w io.Writer) {
 	}
 	fmt.Fprintf(w, "== invariants broken: %d\n", len(s.violations))
 	for i, v := range s.violations {
-		fmt.Fprintf(w, "  %d. [%s] %s\n     after: %s\n     %s\n", i+1, s.since(v.at), v.invariant, v.after,
+		fmt.Fprintf(w, "  %d. [%s] %s\n     preceded by: %s\n     %s\n", i+1, s.since(v.at), v.invariant, v.after,
 			strings.ReplaceAll(v.detail, "\n", "\n     "))
 	}
 	for _, k := range faultKinds {
@@ -834,11 +848,22 @@ func (s *soak) report(w io.Writer) {
 	fmt.Fprintf(w, "BENCH soak_jobs_completed %d count\n", s.completed)
 	fmt.Fprintf(w, "BENCH soak_committed_steps_lost %d count target=0\n", s.lost)
 	fmt.Fprintf(w, "BENCH soak_duplicate_rank_observations %d count target=0\n", s.dupObs)
+	fmt.Fprintf(w, "BENCH soak_stale_round_observations %d count target=0\n", s.staleObs)
 	fmt.Fprintf(w, "BENCH soak_orphans %d count target=0\n", s.orphans)
 	fmt.Fprintf(w, "BENCH soak_jobs_failed %d count target=0\n", s.failed)
 	if s.cfg.keep {
 		fmt.Fprintf(w, "logs: %s\n", filepath.Join(s.work, "logs"))
 	}
+}
+
+func newestRound(ps []proc, job string) string {
+	var n int64
+	for _, p := range ps {
+		if r, err := strconv.ParseInt(p.round, 10, 64); p.worker && p.job == job && err == nil {
+			n = max(n, r)
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 func indent(lines []string, last int) string {

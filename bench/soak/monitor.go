@@ -223,3 +223,23 @@ func (o *orphanWatch) observe(ps []proc, now time.Time, self int, isChild func(i
 	}
 	return fresh
 }
+
+// staleRounds finds live workers of a job whose rendezvous round is older
+// than the newest round with live workers of that job: a superseded round's
+// worker must be gone before the next round's workers start (fencing),
+// whether or not its RANK collides.
+func staleRounds(ps []proc) map[string][]proc {
+	newest := map[string]int64{}
+	for _, p := range ps {
+		if r, err := strconv.ParseInt(p.round, 10, 64); p.worker && err == nil && r > newest[p.job] {
+			newest[p.job] = r
+		}
+	}
+	out := map[string][]proc{}
+	for _, p := range ps {
+		if r, err := strconv.ParseInt(p.round, 10, 64); p.worker && err == nil && r < newest[p.job] {
+			out[p.job] = append(out[p.job], p)
+		}
+	}
+	return out
+}

@@ -100,3 +100,18 @@ func TestRestartJudgedAgainstTheCommittedStep(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// A worker of round 1 alive beside round 2's workers is stale, whatever
+// its RANK.
+func TestStaleRounds(t *testing.T) {
+	ps := []proc{
+		{pid: 1, worker: true, job: "a", rank: "2", round: "1"},
+		{pid: 2, worker: true, job: "a", rank: "0", round: "2"},
+		{pid: 3, worker: true, job: "a", rank: "1", round: "2"},
+		{pid: 4, worker: true, job: "b", rank: "0", round: "1"},
+	}
+	st := staleRounds(ps)
+	if len(st) != 1 || len(st["a"]) != 1 || st["a"][0].pid != 1 {
+		t.Fatalf("stale: %v", st)
+	}
+}
