@@ -4,7 +4,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator elasticctl
 
-.PHONY: build test test-python test-short bench demo demo-standalone lint clean
+.PHONY: build test test-python test-short bench soak soak-short demo demo-standalone lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -40,6 +40,17 @@ bench: build
 	@for b in rdzvscale elastic engine kueue fairshare; do \
 		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
 	done
+
+## soak: the chaos soak of issue 10 (real etcd, 2 coordinators, 3 node agents,
+## a DDP job and a bundled-worker job; seeded faults; invariants checked all
+## the time; BENCH lines; exit 1 when an invariant broke). SOAK_DURATION is
+## how long faults are injected (default 20m), SOAK_SEED the schedule's seed.
+## soak-short: about 3 minutes of it (faults for 2m, shorter etcd outages).
+soak:
+	$(GO) run ./bench/soak $(SOAK_FLAGS)
+
+soak-short:
+	$(GO) run ./bench/soak -short $(SOAK_FLAGS)
 
 ## demo: the main demo on an embedded etcd (no setup): coordinator, 4 node
 ## agents, two teams, an elastic job shrunk and grown back by fair share.

@@ -33,6 +33,7 @@ func main() {
 	stepTime := flag.Duration("step-time", 50*time.Millisecond, "time per step")
 	lr := flag.Float64("lr", 0.05, "learning rate")
 	ckptDir := flag.String("ckpt-dir", "", "checkpoint directory (default: none)")
+	ckptEvery := flag.Int("ckpt-every", 0, "rank 0 also commits a checkpoint every N steps (0: only on the elastic signal)")
 	flag.Parse()
 	rank, _ := strconv.Atoi(os.Getenv("RANK"))
 	world, err := strconv.Atoi(os.Getenv("WORLD_SIZE"))
@@ -66,6 +67,9 @@ func main() {
 		st.Step++
 		if rank == 0 {
 			fmt.Printf("step=%d world_size=%d loss=%.6f\n", st.Step, world, loss)
+			if *ckptEvery > 0 && st.Step%*ckptEvery == 0 {
+				commit(st, *ckptDir, rank, world)
+			}
 		}
 	}
 	if rank == 0 {
@@ -73,23 +77,35 @@ func main() {
 	}
 }
 
-// save commits a checkpoint of st (rank 0) and tells the agent.
+// save commits a checkpoint of st (rank 0) and tells the agent this rank
+// is stopping.
 func save(st state, dir string, rank, world int) {
+	commit(st, dir, rank, world)
 	sock := os.Getenv("HYPERPODRUN_CONTROL_SOCKET")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if rank == 0 && dir != "" {
-		path := filepath.Join(dir, fmt.Sprintf("step-%08d", st.Step))
-		b, _ := json.Marshal(st)
-		if err := checkpoint.WriteDir(path, map[string][]byte{"state.json": b}); err != nil {
-			fmt.Fprintln(os.Stderr, "worker: checkpoint:", err)
-		} else if sock != "" {
-			if err := checkpoint.SendReport(ctx, sock, checkpoint.Report{Type: checkpoint.ReportCheckpoint, Step: int64(st.Step), Path: path, Rank: rank, WorldSize: world}); err != nil {
-				fmt.Fprintln(os.Stderr, "worker: report checkpoint:", err)
-			}
-		}
-	}
 	if sock != "" {
 		checkpoint.SendReport(ctx, sock, checkpoint.Report{Type: checkpoint.ReportStopping, Step: int64(st.Step), Rank: rank, WorldSize: world})
+	}
+}
+
+// commit writes a checkpoint of st atomically (rank 0) and reports it to the
+// agent, which records it as the job's committed checkpoint.
+func commit(st state, dir string, rank, world int) {
+	if rank != 0 || dir == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	path := filepath.Join(dir, fmt.Sprintf("step-%08d", st.Step))
+	b, _ := json.Marshal(st)
+	if err := checkpoint.WriteDir(path, map[string][]byte{"state.json": b}); err != nil {
+		fmt.Fprintln(os.Stderr, "worker: checkpoint:", err)
+		return
+	}
+	if sock := os.Getenv("HYPERPODRUN_CONTROL_SOCKET"); sock != "" {
+		if err := checkpoint.SendReport(ctx, sock, checkpoint.Report{Type: checkpoint.ReportCheckpoint, Step: int64(st.Step), Path: path, Rank: rank, WorldSize: world}); err != nil {
+			fmt.Fprintln(os.Stderr, "worker: report checkpoint:", err)
+		}
 	}
 }

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// A seed names one schedule; another seed another one; every kind comes up
+// once per deck.
+func TestPlanIsAFunctionOfTheSeed(t *testing.T) {
+	a := plan(7, 20*time.Minute, 15*time.Second, 40*time.Second, 30*time.Second)
+	b := plan(7, 20*time.Minute, 15*time.Second, 40*time.Second, 30*time.Second)
+	c := plan(8, 20*time.Minute, 15*time.Second, 40*time.Second, 30*time.Second)
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same seed gave two schedules")
+	}
+	if reflect.DeepEqual(a, c) {
+		t.Fatal("seeds 7 and 8 gave one schedule")
+	}
+	seen := map[string]bool{}
+	for _, f := range a[:len(faultKinds)] {
+		seen[f.kind] = true
+		if f.gap < 15*time.Second || f.gap > 40*time.Second {
+			t.Errorf("%v: gap out of range", f)
+		}
+		if f.kind == faultEtcdKill && (f.down < time.Second || f.down > 30*time.Second) {
+			t.Errorf("%v: etcd outage out of 1-30 s", f)
+		}
+	}
+	if len(seen) != len(faultKinds) {
+		t.Errorf("the first deck holds %d kinds, want %d", len(seen), len(faultKinds))
+	}
+}
+
+// Two live workers of one job with one RANK are a duplicate; a worker's
+// own child (it inherits RANK) and workers of another job are not.
+func TestDuplicates(t *testing.T) {
+	ps := []proc{
+		{pid: 10, ppid: 1, worker: true, job: "a", rank: "0"},
+		{pid: 11, ppid: 10, worker: true, job: "a", rank: "0"}, // child of 10
+		{pid: 12, ppid: 2, worker: true, job: "a", rank: "1"},
+		{pid: 13, ppid: 3, worker: true, job: "b", rank: "0"},
+	}
+	if d := duplicates(ps); len(d) != 0 {
+		t.Fatalf("false duplicates: %v", d)
+	}
+	ps = append(ps, proc{pid: 14, ppid: 4, worker: true, job: "a", rank: "1"})
+	d := duplicates(ps)
+	if len(d) != 1 || len(d[dupKey{"a", "1"}]) != 2 {
+		t.Fatalf("duplicates: %v", d)
+	}
+}
+
+// An orphan counts once it has lived grace reparented; the soak's own
+// children do not count.
+func TestOrphanWatch(t *testing.T) {
+	o := newOrphanWatch(time.Second)
+	self := 100
+	isChild := func(pid int) bool { return pid == 5 }
+	ps := []proc{{pid: 5, ppid: self}, {pid: 6, ppid: self}, {pid: 7, ppid: 1}, {pid: 8, ppid: 50}}
+	t0 := time.Now()
+	if got := o.observe(ps, t0, self, isChild); len(got) != 0 {
+		t.Fatalf("orphans at once: %v", got)
+	}
+	got := o.observe(ps, t0.Add(1500*time.Millisecond), self, isChild)
+	if len(got) != 2 || got[0].pid != 6 || got[1].pid != 7 {
+		t.Fatalf("orphans: %v", got)
+	}
+	if got := o.observe(ps, t0.Add(3*time.Second), self, isChild); len(got) != 0 {
+		t.Fatalf("counted twice: %v", got)
+	}
+}
+
+// Rank 0 starting over before the latest committed step is a loss; resuming
+// from it is not.
+func TestRestartJudgedAgainstTheCommittedStep(t *testing.T) {
+	tb := newJobTable()
+	tb.add(&jobState{name: "j", steps: 100})
+	for i := 1; i <= 25; i++ {
+		if ev := tb.line("node-0/j [default0]:step=" + itoa(i) + " world_size=3 loss=0.1"); ev != nil {
+			t.Fatalf("step %d: %+v", i, ev)
+		}
+	}
+	if lost, _ := tb.record("j", 20); lost != 0 {
+		t.Fatal("a first record lost steps")
+	}
+	ev := tb.line("node-1/j [default0]:step=21 world_size=2 loss=0.1")
+	if ev == nil || !ev.restart || ev.lost != 0 {
+		t.Fatalf("resume after the commit: %+v", ev)
+	}
+	ev = tb.line("node-1/j [default0]:step=11 world_size=2 loss=0.1")
+	if ev == nil || ev.lost != 10 {
+		t.Fatalf("resume before the commit: %+v", ev)
+	}
+	if lost, prev := tb.record("j", 10); lost != 10 || prev != 20 {
+		t.Fatalf("record backwards: lost %d prev %d", lost, prev)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+// A worker of round 1 alive beside round 2's workers is stale, whatever
+// its RANK.
+func TestStaleRounds(t *testing.T) {
+	ps := []proc{
+		{pid: 1, worker: true, job: "a", rank: "2", round: "1"},
+		{pid: 2, worker: true, job: "a", rank: "0", round: "2"},
+		{pid: 3, worker: true, job: "a", rank: "1", round: "2"},
+		{pid: 4, worker: true, job: "b", rank: "0", round: "1"},
+	}
+	st := staleRounds(ps)
+	if len(st) != 1 || len(st["a"]) != 1 || st["a"][0].pid != 1 {
+		t.Fatalf("stale: %v", st)
+	}
+}
