@@ -51,6 +51,25 @@ var ErrLeaseLost = errors.New("rendezvous: lease lost")
 // --rdzv-id (a job submitted again through elasticctl gets a fresh one).
 var ErrJobFinished = errors.New("rendezvous: the job has finished: its rendezvous is closed")
 
+// JobFinished reports whether the job's rendezvous is closed for good
+// (every member of its last round finished), without joining it: the node
+// agent asks it when a hyperpodrun ends.
+func JobFinished(ctx context.Context, cli *clientv3.Client, prefix, job string) (bool, error) {
+	k := newKeys(fleet.NormalizePrefix(prefix), job)
+	r, err := cli.Get(ctx, k.Head)
+	if err != nil {
+		return false, fmt.Errorf("rendezvous: read %s: %w", k.Head, err)
+	}
+	if len(r.Kvs) == 0 {
+		return false, nil
+	}
+	h, err := decodeHeader(k.Head, r.Kvs[0].Value)
+	if err != nil {
+		return false, err
+	}
+	return h.State == stateFinished, nil
+}
+
 // ErrClosed is wrapped by the errors of a node after Close, Leave or Finish.
 var ErrClosed = errors.New("rendezvous: node closed")
 
@@ -195,7 +214,6 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // wrapping ErrLeaseLost or ErrClosed): Close it and create a new Node to
 // rejoin; the same NodeID is accepted again once the old lease expired.
 func (n *Node) LeaseLost() <-chan struct{} { return n.lost }
-
 
 // opTimeout bounds single etcd requests made on the node's behalf.
 func (n *Node) opTimeout() time.Duration { return max(5*time.Second, 2*n.cfg.LeaseTTL) }

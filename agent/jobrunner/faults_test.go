@@ -307,3 +307,73 @@ func TestBackoffDoubles(t *testing.T) {
 		}
 	}
 }
+
+// A job ends only when every node's part of it is done. The first node
+// whose ranks finish used to mark the whole job Succeeded, and the other
+// nodes were drained mid-training (the chaos soak found it). Two runners
+// (node-a, node-b) run a 2-node job; node-a's worker ends at once, node-b's
+// when the test says: the job is Succeeded only then, and node-a's
+// hyperpodrun is not started again meanwhile.
+func TestJobSucceedsOnlyWhenEveryNodeFinished(t *testing.T) {
+	hpr := hyperpodrun(t)
+	dir := t.TempDir()
+	w := filepath.Join(dir, "w.sh")
+	os.WriteFile(w, []byte(`#!/bin/sh
+echo x >> "$OUT/runs.$HYPERPODRUN_NODE_ID"
+if [ "$HYPERPODRUN_NODE_ID" = node-b ]; then while [ ! -f "$OUT/finish" ]; do sleep 0.02; done; fi
+`), 0o755)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	srv, cli := etcdtest.Start(t)
+	st := fleet.New(cli, "")
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 2, MaxNodes: 2},
+		Run: fleet.RunSpec{Script: w, NoPython: true, Env: map[string]string{"OUT": dir}}}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	for _, node := range []string{"node-a", "node-b"} {
+		tmp, err := os.MkdirTemp("", "hpa")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(tmp) })
+		r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2,last_call_timeout=0.2", Output: &syncBuf{},
+			Logger: slog.New(slog.NewTextHandler(logs, nil)), TempDir: tmp, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { r.Run(rctx, nodeagent.Node{Name: node, Prefix: "/hyperpodrun", Client: cli}); close(done) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
+	op, _ := st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 2, Nodes: []string{"node-a", "node-b"}}, Generation: 1})
+	if _, err := cli.Do(ctx, op); err != nil {
+		t.Fatal(err)
+	}
+	runs := func(node string) int {
+		b, _ := os.ReadFile(filepath.Join(dir, "runs."+node))
+		return strings.Count(string(b), "\n")
+	}
+	finished := func() (fleet.Finish, bool) {
+		f, _, _ := st.Finished(ctx)
+		fin, ok := f["j"]
+		return fin, ok
+	}
+	waitUntil := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(45 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s\n%s", what, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitUntil("node-a's part to be done", func() bool { return strings.Contains(logs.String(), "the job goes on on other nodes") })
+	if fin, ok := finished(); ok {
+		t.Fatalf("the job was recorded %s while node-b still trains", fin.Outcome)
+	}
+	os.WriteFile(filepath.Join(dir, "finish"), nil, 0o644)
+	waitUntil("the job's finish record", func() bool { fin, ok := finished(); return ok && fin.Outcome == fleet.Succeeded })
+	if a, b := runs("node-a"), runs("node-b"); a != 1 || b != 1 {
+		t.Errorf("workers ran %d time(s) on node-a and %d on node-b, want once each", a, b)
+	}
+}

@@ -32,6 +32,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
 // Config tunes the runner.
@@ -72,9 +73,12 @@ type Runner struct {
 	mu    sync.Mutex
 	jobs  map[string]*proc  // the running hyperpodrun of each job
 	retry map[string]*retry // jobs whose hyperpodrun failed on this node
-	wg    sync.WaitGroup
-	node  nodeagent.Node
-	st    *fleet.Store
+	// doneHere holds the jobs whose hyperpodrun finished its part on this
+	// node while other nodes still train: they are not started again here.
+	doneHere map[string]bool
+	wg       sync.WaitGroup
+	node     nodeagent.Node
+	st       *fleet.Store
 	// kick asks the Run loop to reconcile (a restart's backoff is over).
 	kick chan struct{}
 	box  *containment
@@ -124,7 +128,7 @@ func New(cfg Config) *Runner {
 	if cfg.HealthyAfter <= 0 {
 		cfg.HealthyAfter = time.Minute
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, kick: make(chan struct{}, 1)}
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1)}
 }
 
 var _ nodeagent.Workloads = (*Runner)(nil)
@@ -251,8 +255,13 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 			delete(r.retry, job)
 		}
 	}
+	for job := range r.doneHere {
+		if !placed[job] {
+			delete(r.doneHere, job)
+		}
+	}
 	for job, here := range placed {
-		if _, running := r.jobs[job]; !here || running || r.leaving {
+		if _, running := r.jobs[job]; !here || running || r.leaving || r.doneHere[job] {
 			continue
 		}
 		if rt := r.retry[job]; rt != nil && now.Before(rt.notBefore) {
@@ -498,10 +507,14 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 		r.log.Info("job drained off this node", "job", job, "err", err)
 		return
 	case err == nil:
-		r.log.Info("job finished", "job", job)
-		if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Succeeded, Node: r.node.Name, Time: time.Now().UTC()}); err != nil {
-			r.log.Error("cannot record the job's success", "job", job, "err", err)
-		}
+		r.finishedHere(ctx, job, "its workers succeeded")
+		return
+	}
+	if done, ferr := rendezvous.JobFinished(ctx, r.node.Client, r.st.Keys.Prefix(), job); ferr == nil && done {
+		// A node that joined after every other node finished is refused
+		// (exit 1, as torchrun's closed rendezvous): not a node failure.
+		r.forget(job)
+		r.finishedHere(ctx, job, "the job had already finished when it joined")
 		return
 	}
 	why := describeExit(err)
@@ -523,6 +536,29 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 		return
 	}
 	r.restartLater(job, why, ran, "restarts", n, "max_restarts", maxRestarts)
+}
+
+// finishedHere records that the job's hyperpodrun on this node is done:
+// it is not started here again while the job stays placed. The job itself
+// succeeded only when no node is left in its rendezvous (each node leaves
+// it before its hyperpodrun exits, so the last one to exit sees none): a
+// node whose ranks finish first must not end the job for the others.
+func (r *Runner) finishedHere(ctx context.Context, job, why string) {
+	r.mu.Lock()
+	r.doneHere[job] = true
+	r.mu.Unlock()
+	left, err := r.st.Members(ctx, job)
+	switch {
+	case err != nil:
+		r.log.Warn("this node's part of the job is done; cannot tell whether other nodes still train", "job", job, "why", why, "err", err)
+	case left > 0:
+		r.log.Info("this node's part of the job is done; the job goes on on other nodes", "job", job, "why", why, "nodes_left", left)
+	default:
+		r.log.Info("job finished: no node is left in its rendezvous", "job", job, "why", why)
+		if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Succeeded, Node: r.node.Name, Time: time.Now().UTC()}); err != nil {
+			r.log.Error("cannot record the job's success", "job", job, "err", err)
+		}
+	}
 }
 
 // describeExit says how a hyperpodrun ended.

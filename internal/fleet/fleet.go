@@ -585,6 +585,17 @@ func (s *Store) Restarts(ctx context.Context, job string) (n int64, problem, err
 	return n, problem, err
 }
 
+// Members counts the nodes still in a job's rendezvous (their member keys
+// live under their leases).
+func (s *Store) Members(ctx context.Context, job string) (int64, error) {
+	prefix := s.Keys.Rdzv(job).Members
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, fmt.Errorf("count %s: %w", prefix, err)
+	}
+	return r.Count, nil
+}
+
 // DesiredAll lists every job's desired record; malformed records are
 // returned as problems (with their last good value used where one exists).
 func (s *Store) DesiredAll(ctx context.Context) ([]Desired, []error, error) {
