@@ -270,12 +270,15 @@ func TestStoppedNodesWorkersDieBeforeTheirRanksAreReused(t *testing.T) {
 			t.Fatal(err)
 		}
 		exited := make(chan struct{})
-		logs[name] = &strings.Builder{}
+		lb := &strings.Builder{}
+		logMu.Lock()
+		logs[name] = lb
+		logMu.Unlock()
 		go func() {
 			sc := bufio.NewScanner(stderr)
 			for sc.Scan() {
 				logMu.Lock()
-				logs[name].WriteString(sc.Text() + "\n")
+				lb.WriteString(sc.Text() + "\n")
 				logMu.Unlock()
 			}
 			cmd.Wait()
