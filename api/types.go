@@ -162,8 +162,8 @@ type Job struct {
 	SubmitTime time.Time `json:"submitTime" yaml:"submitTime"`
 }
 
-// Allocation is a job's current size and placement, stored under
-// /hyperpodrun/allocations/<job>.
+// Allocation is a job's current size and placement, held in the job's
+// desired record (internal/fleet Desired, desired/<job>).
 type Allocation struct {
 	// Job names the job.
 	Job string `json:"job" yaml:"job"`

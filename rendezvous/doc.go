@@ -53,7 +53,7 @@
 // around it.
 //
 // A round closes at MaxNodes at once; at >= MinNodes after LastCallTimeout;
-// at the target size (<prefix>/jobs/<job>/target, clamped to [MIN, MAX]) at
+// at the target size (the desired record's size, clamped to [MIN, MAX]) at
 // once. Nodes beyond the size wait as spares, preferred by join order; a
 // waiting node while the round is below its size starts a new round (after
 // the last call unless the size is reached). A lower target shrinks at

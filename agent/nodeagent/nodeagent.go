@@ -74,7 +74,7 @@ type Config struct {
 
 // Workloads is the seam through which the node agent runs the work the
 // coordinator places on its node: starting and stopping each job's
-// hyperpodrun to match <prefix>/allocations/<job>.
+// hyperpodrun to match the coordinator's desired record (fleet.Desired).
 type Workloads interface {
 	// Run starts once the node is first registered and runs until ctx is
 	// done (the agent stopping or crashing).
