@@ -6,19 +6,46 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/agent"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
 type usageError struct{ err error }
+
+// maxTimeout bounds every timeout flag: beyond a day is a typo.
+const maxTimeout = 24 * time.Hour
+
+// checkRdzvID refuses a rendezvous id that could escape its etcd prefix or
+// the log directory: on a rendezvous backend it is a DNS-1123 label, as
+// job names are; on the static backend it is at least one path segment.
+func checkRdzvID(id, backend string, standalone bool) error {
+	switch {
+	case standalone:
+		return nil // replaced by a random id
+	case backend == "static":
+		if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+			return &usageError{fmt.Errorf("--rdzv-id %q: must be a plain name (it names the log directory); e.g. --rdzv-id my-job", id)}
+		}
+		return nil
+	case id == "" || id == "none":
+		return nil // the elastic agent asks for one, naming the flag
+	}
+	if err := api.ValidateName("--rdzv-id", id); err != nil {
+		return &usageError{err}
+	}
+	return nil
+}
 
 func (u *usageError) Error() string { return u.err.Error() }
 
@@ -280,10 +307,13 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	if err != nil {
 		return bad("--elastic-signal: %v", err)
 	}
+	if elSig == syscall.SIGKILL || elSig == syscall.SIGSTOP {
+		return bad("--elastic-signal %s: workers cannot catch it to checkpoint; use SIGUSR1 (the default) or another signal they can handle", launcher.SignalName(elSig))
+	}
 	dur := func(name string) (time.Duration, error) {
 		v := c.Float64(name)
-		if v < 0 {
-			return 0, &usageError{fmt.Errorf("--%s must be >= 0 seconds", name)}
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxTimeout.Seconds() {
+			return 0, &usageError{fmt.Errorf("--%s %v: must be a number of seconds between 0 and %.0f", name, v, maxTimeout.Seconds())}
 		}
 		return time.Duration(v * float64(time.Second)), nil
 	}
@@ -300,6 +330,9 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	o.RdzvBackend = c.String("rdzv-backend")
 	o.RdzvEndpoint = c.String("rdzv-endpoint")
 	o.RdzvID = c.String("rdzv-id")
+	if err := checkRdzvID(o.RdzvID, o.RdzvBackend, c.Bool("standalone")); err != nil {
+		return cl, err
+	}
 	o.RdzvConf = c.String("rdzv-conf")
 	o.Standalone = c.Bool("standalone")
 	o.MaxRestarts = c.Int("max-restarts")

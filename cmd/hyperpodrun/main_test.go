@@ -739,3 +739,28 @@ func TestCorruptJobRecordsNeverEndAJob(t *testing.T) {
 		}
 	}
 }
+
+// Hostile or mistaken input is refused with exit 2 and the rule: a
+// rendezvous id that could escape its prefix or log directory, a signal
+// workers cannot catch, a timeout that is not a number of seconds.
+func TestRdzvIDSignalsAndTimeoutsAreChecked(t *testing.T) {
+	w := script(t, "true")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "../nodes/x"}, "DNS-1123"},
+		{[]string{"--nnodes", "1:2", "--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "My_Job"}, "DNS-1123"},
+		{[]string{"--rdzv-id", "../../etc"}, "plain name"},
+		{[]string{"--standalone", "--elastic-signal", "SIGKILL"}, "cannot catch"},
+		{[]string{"--standalone", "--elastic-signal", "STOP"}, "cannot catch"},
+		{[]string{"--standalone", "--graceful-timeout", "NaN"}, "--graceful-timeout"},
+		{[]string{"--standalone", "--shutdown-timeout", "Inf"}, "--shutdown-timeout"},
+		{[]string{"--standalone", "--graceful-timeout", "1e12"}, "between 0 and 86400"},
+	} {
+		r := hpr(t, nil, append(tc.args, "--no-python", w)...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+}
