@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -68,7 +67,7 @@ func cmdEvents(c *cli.Context, st *fleet.Store) error {
 		case "yaml":
 			return writeYAML(c.App.Writer, nonNil(evs))
 		}
-		tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+		tw := newTab(c.App.Writer)
 		for _, e := range evs {
 			fmt.Fprintf(tw, "%s\t%s\n", e.Time.Format(time.RFC3339), eventLine(e, ""))
 		}

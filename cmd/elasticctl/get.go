@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/urfave/cli/v2"
@@ -391,7 +390,7 @@ func (p *jobPrinter) print(rows []jobView, header bool) error {
 		return writeYAML(w, rows)
 	}
 	wide := p.out == "wide"
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTab(w)
 	if header {
 		if wide {
 			fmt.Fprintln(tw, "NAME\tTEAM\tPRIORITY\tSTATE\tNODES\tMIN:MAX\tREASON\tAGE\tFLAVOR\tNODE-NAMES\tMESSAGE")
@@ -607,7 +606,7 @@ func printNodes(c *cli.Context, nodes []devices.Inventory, jobsOn map[string][]s
 		return writeYAML(w, nodes)
 	}
 	wide := c.String("output") == "wide"
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTab(w)
 	if header {
 		h := "NAME\tSTATE\tFLAVOR\tACCELERATORS\tHEALTHY\tVCPUS\tMEMORY\tJOBS"
 		if wide {
@@ -740,7 +739,7 @@ func printTeams(c *cli.Context, st *fleet.Store, names []string, header bool) er
 			return err
 		}
 	default:
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		tw := newTab(w)
 		if header {
 			fmt.Fprintln(tw, "TEAM\tCOHORT\tWEIGHT\tFLAVOR\tNOMINAL\tUSED\tBORROWED\tRUNNING\tPENDING")
 		}

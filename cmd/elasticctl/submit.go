@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -214,4 +215,22 @@ func cmdApply(c *cli.Context, st *fleet.Store) error {
 	return err
 }
 
-func newTab(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+// bufTab is a tabwriter writing through a buffer: one write per 64 KiB,
+// not one per cell.
+type bufTab struct {
+	*tabwriter.Writer
+	buf *bufio.Writer
+}
+
+// Flush aligns and writes out everything.
+func (t bufTab) Flush() error {
+	if err := t.Writer.Flush(); err != nil {
+		return err
+	}
+	return t.buf.Flush()
+}
+
+func newTab(w io.Writer) bufTab {
+	b := bufio.NewWriterSize(w, 64<<10)
+	return bufTab{tabwriter.NewWriter(b, 0, 4, 2, ' ', 0), b}
+}
