@@ -67,9 +67,6 @@ func main() {
 		slices.Sort(ds)
 		return float64(ds[len(ds)/2].Microseconds()) / 1000
 	}
-	if os.Getenv("BENCH_CTL_DEBUG") != "" {
-		fmt.Println("name", median(func(int) time.Duration { return ctl("get", "jobs", "-o", "name") }), "version", median(func(int) time.Duration { return ctl("version") }), "nodes", median(func(int) time.Duration { return ctl("get", "nodes") }))
-	}
 	fmt.Printf("BENCH elasticctl_get_jobs_10k %.0f ms target=300\n", median(func(int) time.Duration { return ctl("get", "jobs") }))
 	fmt.Printf("BENCH elasticctl_describe_job_26k_events %.0f ms target=100\n", median(func(int) time.Duration { return ctl("describe", "job", "job-00042") }))
 	dir, err := os.MkdirTemp("", "bench-ctl-")

@@ -316,12 +316,7 @@ func getJobs(c *cli.Context, st *fleet.Store, names []string) error {
 		return err
 	}
 	keep := jobFilter(c)
-	rows := jobs[:0:0]
-	for _, j := range jobs {
-		if keep(j) {
-			rows = append(rows, j)
-		}
-	}
+	rows := slices.DeleteFunc(jobs, func(j jobView) bool { return !keep(j) })
 	sortRows(c, "jobs", rows)
 	p := newJobPrinter(c)
 	if err := p.print(rows, true); err != nil {

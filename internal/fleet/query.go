@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -57,41 +59,72 @@ func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 		return nil, nil, fmt.Errorf("list jobs: %w", err)
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
-	snap := &Snapshot{Statuses: map[string]Status{}, Finished: map[string]Finish{}, Revision: r.Header.Revision}
-	var bad []error
+	snap := &Snapshot{Revision: r.Header.Revision}
 	specDec := jsonNamed(func(j *JobSpec) string { return j.Name }, nil)
 	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
-	for _, kv := range kvs(0) {
-		if v, err := specDec(string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
-		} else {
-			snap.Jobs = append(snap.Jobs, *v)
-		}
+	type keyedFinish struct {
+		job string
+		f   Finish
 	}
-	for _, kv := range kvs(1) {
-		if v, err := DecodeDesired(string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
-		} else {
-			snap.Desired = append(snap.Desired, *v)
-		}
-	}
-	for _, kv := range kvs(2) {
-		if v, err := statDec(string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
-		} else {
-			snap.Statuses[v.Job] = *v
-		}
-	}
-	for _, kv := range kvs(3) {
+	finDec := func(key string, v []byte) (*keyedFinish, error) {
 		var f Finish
-		if err := json.Unmarshal(kv.Value, &f); err != nil {
-			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
-			continue
+		if err := json.Unmarshal(v, &f); err != nil {
+			return nil, fmt.Errorf("malformed finish record at %s: %w", key, err)
 		}
-		snap.Finished[strings.TrimPrefix(string(kv.Key), k.FinishedPrefix())] = f
+		return &keyedFinish{strings.TrimPrefix(key, k.FinishedPrefix()), f}, nil
+	}
+	// The four lists decode in parallel (tens of thousands of records).
+	var wg sync.WaitGroup
+	var badSpecs, badDesired, badStatus, badFinish []error
+	var statuses []Status
+	var finished []keyedFinish
+	wg.Add(4)
+	go func() { defer wg.Done(); snap.Jobs, badSpecs = decodeParallel(kvs(0), specDec) }()
+	go func() { defer wg.Done(); snap.Desired, badDesired = decodeParallel(kvs(1), DecodeDesired) }()
+	go func() { defer wg.Done(); statuses, badStatus = decodeParallel(kvs(2), statDec) }()
+	go func() { defer wg.Done(); finished, badFinish = decodeParallel(kvs(3), finDec) }()
+	wg.Wait()
+	bad := append(append(append(badSpecs, badDesired...), badStatus...), badFinish...)
+	snap.Statuses = make(map[string]Status, len(statuses))
+	for _, x := range statuses {
+		snap.Statuses[x.Job] = x
+	}
+	snap.Finished = make(map[string]Finish, len(finished))
+	for _, x := range finished {
+		snap.Finished[x.job] = x.f
 	}
 	sort.Slice(snap.Jobs, func(i, j int) bool { return snap.Jobs[i].Name < snap.Jobs[j].Name })
 	return snap, bad, nil
+}
+
+// decodeParallel decodes records in chunks on several goroutines, keeping
+// their order; undecodable records are problems.
+func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]T, []error) {
+	n := len(kvs)
+	workers := min(runtime.GOMAXPROCS(0), max(1, n/512))
+	vals := make([]*T, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w * n / workers; i < (w+1)*n/workers; i++ {
+				vals[i], errs[i] = dec(string(kvs[i].Key), kvs[i].Value)
+			}
+		}()
+	}
+	wg.Wait()
+	out := make([]T, 0, n)
+	var bad []error
+	for i := range vals {
+		if errs[i] != nil {
+			bad = append(bad, errs[i])
+			continue
+		}
+		out = append(out, *vals[i])
+	}
+	return out, bad
 }
 
 // JobRecords reads the records of the named jobs only (four keys each, in
@@ -331,21 +364,20 @@ func (s *Store) QueryEvents(ctx context.Context, q EventQuery) ([]Event, []error
 		out, bad := decodeAll(kvs)
 		return out, bad, r.Header.Revision, nil
 	}
-	r, err := s.Cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithKeysOnly())
+	allKeys, rev, err := s.eventKeys(ctx, start, end)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("list events: %w", err)
+		return nil, nil, 0, err
 	}
-	rev := r.Header.Revision
 	suffix := "-" + q.Job
 	times := map[string]bool{}
-	for _, kv := range r.Kvs {
+	for _, kv := range allKeys {
 		if k := string(kv.Key); strings.HasSuffix(k, suffix) {
 			ts, _, _ := strings.Cut(strings.TrimPrefix(k, prefix), "-")
 			times[ts] = true
 		}
 	}
 	var keys []string
-	for _, kv := range r.Kvs {
+	for _, kv := range allKeys {
 		ts, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "-")
 		if times[ts] {
 			keys = append(keys, string(kv.Key))
@@ -372,6 +404,15 @@ func (s *Store) QueryEvents(ctx context.Context, q EventQuery) ([]Event, []error
 		out = out[len(out)-q.Tail:]
 	}
 	return out, bad, rev, nil
+}
+
+// eventKeys lists the keys (without values) of the events in [start, end).
+func (s *Store) eventKeys(ctx context.Context, start, end string) ([]*mvccpb.KeyValue, int64, error) {
+	r, err := s.Cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, 0, fmt.Errorf("list events: %w", err)
+	}
+	return r.Kvs, r.Header.Revision, nil
 }
 
 func slicesReverse[T any](s []T) {
