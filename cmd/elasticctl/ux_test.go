@@ -362,3 +362,45 @@ func TestConfigContextsAndOverrides(t *testing.T) {
 		t.Errorf("--context tset: %d %q", code, errs)
 	}
 }
+
+// events --follow no longer replays the whole history: the last 10, then
+// new ones.
+func TestEventsFollowStartsFromTheTail(t *testing.T) {
+	ep, cli := startFleet(t, 0)
+	st := fleet.New(cli, "")
+	now := time.Now()
+	for i := range 50 {
+		st.PutEvent(context.Background(), fleet.Event{Time: now.Add(time.Duration(i-50) * time.Second), Reason: policy.Reason{Job: "a", Kind: policy.KindPending, Message: fmt.Sprintf("old-%02d", i)}})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := follow(ctx, ep, &out)
+	waitFor(t, "the last 10 events", func() (bool, string) { return strings.Contains(out.String(), "old-49"), out.String() })
+	st.PutEvent(context.Background(), fleet.Event{Time: time.Now(), Reason: policy.Reason{Job: "a", Kind: policy.KindPending, Message: "new-event"}})
+	waitFor(t, "the new event", func() (bool, string) { return strings.Contains(out.String(), "new-event"), out.String() })
+	if s := out.String(); strings.Contains(s, "old-39") || !strings.Contains(s, "old-40") {
+		t.Errorf("--follow printed more or less than the last 10:\n%s", s)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("follow: %v", err)
+	}
+}
+
+func TestGetTeamsAndNodesSelectors(t *testing.T) {
+	ep, _ := startFleet(t, 2)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", strings.Replace(teamsYAML, "- name: prod\n", "- name: prod\n  cohort: serving\n", 1)))
+	if got := mustCtl(t, ep, "get", "teams", "-l", "cohort=serving", "-o", "name"); got != "team/prod\n" {
+		t.Errorf("get teams -l cohort=serving: %q", got)
+	}
+	if got := mustCtl(t, ep, "get", "nodes", "-l", "flavor=nvidia-h100-80gb", "--sort-by", "name", "-o", "name"); got != "node/node-0\nnode/node-1\n" {
+		t.Errorf("get nodes -l flavor: %q", got)
+	}
+	if _, errs, code := ctl(t, ep, "get", "teams", "nope"); code != 1 || errs != "elasticctl: team \"nope\" not found: 'elasticctl get teams' lists them\n" {
+		t.Errorf("get teams nope: %d %q", code, errs)
+	}
+	if _, errs, code := ctl(t, ep, "describe", "node", "node-9"); code != 1 || !strings.Contains(errs, `node "node-9" not found`) || !strings.Contains(errs, `did you mean "node-0"?`) {
+		t.Errorf("describe node node-9: %d %q", code, errs)
+	}
+}
