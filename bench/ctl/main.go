@@ -2,6 +2,8 @@
 // with 10,000 jobs, 'describe job' with 26,000 events in the history, and
 // the submit of a 2,000-job file (parse, checks and write), each as a
 // separate elasticctl process against an embedded etcd (median of runs).
+// A pending job's describe (queue place among 5,000 pending jobs) is shown
+// too, without a target.
 package main
 
 import (
@@ -69,6 +71,9 @@ func main() {
 	}
 	fmt.Printf("BENCH elasticctl_get_jobs_10k %.0f ms target=300\n", median(func(int) time.Duration { return ctl("get", "jobs") }))
 	fmt.Printf("BENCH elasticctl_describe_job_26k_events %.0f ms target=100\n", median(func(int) time.Duration { return ctl("describe", "job", "job-00042") }))
+	// A pending job's describe also finds its place in the queue among the
+	// cohort's 5,000 pending jobs and estimates its wait.
+	fmt.Printf("BENCH elasticctl_describe_pending_job_10k_jobs %.0f ms\n", median(func(int) time.Duration { return ctl("describe", "job", "job-00043") }))
 	dir, err := os.MkdirTemp("", "bench-ctl-")
 	if err != nil {
 		fail("%v", err)

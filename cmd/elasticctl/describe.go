@@ -121,8 +121,9 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name s
 // queuePlace finds a pending job's place in its team's and cohort's
 // queues (the engine's admission order: priority, then submit time, then
 // name) and estimates its wait. It reads the teams, the jobs' statuses,
-// and the specs of the cohort's pending jobs and of the team's running
-// jobs only.
+// the specs of the cohort's pending jobs (one range read, only those
+// decoded) and the records of the team's 50 most recently admitted running
+// jobs.
 func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer) (*queueInfo, error) {
 	teams, bad, err := st.Teams(ctx)
 	if err != nil {
@@ -146,12 +147,12 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 		}
 		return ""
 	}
-	statuses, bad, err := st.Statuses(ctx)
+	statuses, bad, _, err := st.StatusSnapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	warnAll(warn, bad)
-	var pendingNames, runningNames []string
+	pending := map[string]bool{}
 	var running []fleet.Status
 	for n, s := range statuses {
 		t, ok := byTeam[s.Team]
@@ -160,7 +161,7 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 		}
 		switch {
 		case s.Kind == api.KindPending:
-			pendingNames = append(pendingNames, n)
+			pending[n] = true
 		case s.Team == team.Name && s.ToSize > 0:
 			running = append(running, s)
 		}
@@ -168,20 +169,25 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 	// The most recently admitted running jobs of the team are the sample.
 	sort.Slice(running, func(i, j int) bool { return running[i].Since.After(running[j].Since) })
 	const samples = 50
+	var runningNames []string
 	for _, s := range running[:min(len(running), samples)] {
 		runningNames = append(runningNames, s.Job)
 	}
-	sort.Strings(pendingNames)
-	recs, bad, _, err := st.JobRecords(ctx, append(pendingNames, runningNames...))
+	specs, bad, err := st.SpecsWhere(ctx, func(name string) bool { return pending[name] })
+	if err != nil {
+		return nil, err
+	}
+	warnAll(warn, bad)
+	recs, bad, _, err := st.JobRecords(ctx, runningNames)
 	if err != nil {
 		return nil, err
 	}
 	warnAll(warn, bad)
 	flavor := flavorOf(v.Spec.Job)
 	var queue []api.Job
-	for _, n := range pendingNames {
-		if r, ok := recs[n]; ok && r.Finished == nil && !r.Spec.Suspended && flavorOf(r.Spec.Job) == flavor {
-			queue = append(queue, r.Spec.Job)
+	for _, sp := range specs {
+		if !sp.Suspended && flavorOf(sp.Job) == flavor {
+			queue = append(queue, sp.Job)
 		}
 	}
 	if !slices.ContainsFunc(queue, func(j api.Job) bool { return j.Name == v.Spec.Name }) {
