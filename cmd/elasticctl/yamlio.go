@@ -268,8 +268,8 @@ func (d doc) typeErrors(err error) []string {
 }
 
 var (
-	unmarshalRE = regexp.MustCompile("cannot unmarshal !!(\\w+) `([^`]*)` into (\\S+)")
-	unknownRE   = regexp.MustCompile(`field (\S+) not found in type \S+`)
+	unmarshalRE = regexp.MustCompile("cannot unmarshal !*(\\S*?)(?: `([^`]*)`)? into (\\S+)")
+	unknownRE   = regexp.MustCompile(`field (.*?) not found in type \S+`)
 )
 
 // typeWords says in YAML terms what a Go type of the job and team files
@@ -337,6 +337,9 @@ func yamlMessage(msg string) string {
 		val := m[2]
 		if len(val) > 40 {
 			val = val[:40] + "..."
+		}
+		if val == "" {
+			return fmt.Sprintf("want %s, got %s", want, got)
 		}
 		return fmt.Sprintf("want %s, got %s (%s)", want, got, val)
 	}
