@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 
@@ -283,6 +284,9 @@ func interspersed(app *cli.App, args []string) []string {
 		pos = append(pos, a)
 	}
 	out := append(append([]string{}, args[:i+1]...), flags...)
+	if slices.Contains(flags, "-h") || slices.Contains(flags, "--help") {
+		return out // "get jobs -h": the command's help, not a help topic "jobs"
+	}
 	return append(out, pos...)
 }
 

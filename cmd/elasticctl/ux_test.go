@@ -38,7 +38,7 @@ func TestMistakesExactMessagesAndExitCodes(t *testing.T) {
 		{[]string{"completion", "tcsh"}, 2, "elasticctl: completion \"tcsh\": choose bash, zsh or fish\nRun 'elasticctl completion --help' for usage.\n"},
 	} {
 		out, errs, code := ctl(t, "127.0.0.1:1", tc.args...)
-		if code != tc.code || errs != tc.want {
+		if code != tc.code || errs != tc.want || out != "" {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d, stderr %q (stdout %q)", tc.args, code, errs, tc.code, tc.want, out)
 		}
 	}
@@ -54,6 +54,26 @@ func TestHelpDocumentsExitCodesAndExamples(t *testing.T) {
 		if code != 0 || !regexp.MustCompile(`Examples:\n\s+(elasticctl|source) `).MatchString(out) || !strings.Contains(out, "EXIT STATUS:") {
 			t.Errorf("%s --help has no examples or exit statuses: exit %d\n%s", cmd.Name, code, out)
 		}
+	}
+}
+
+func TestSubcommandHelpAfterArguments(t *testing.T) {
+	for _, args := range [][]string{{"get", "jobs", "-h"}, {"get", "jobs", "sweep", "--help"}, {"describe", "job", "x", "-h"}} {
+		out, errs, code := ctl(t, "127.0.0.1:1", args...)
+		if code != 0 || !strings.Contains(out, "USAGE:\n   elasticctl "+args[0]) || errs != "" {
+			t.Errorf("%v: exit %d, stderr %q\n%s", args, code, errs, out)
+		}
+	}
+}
+
+func TestTeamsFileErrorsNameLineAndPath(t *testing.T) {
+	f := writeFile(t, "teams.yaml", "teams:\n- name: a\n  quotas:\n  - flavor: x\n    nominal: lots\n    borowingLimit: 3\n")
+	_, errs, code := ctl(t, "127.0.0.1:1", "apply", "-f", f)
+	errs = strings.ReplaceAll(errs, filepath.Dir(f)+"/", "")
+	want := "elasticctl: teams.yaml:5: teams[0].quotas[0].nominal: want a whole number, got a string (lots)\n" +
+		"teams.yaml:6: unknown field \"borowingLimit\": did you mean \"borrowingLimit\"?\n"
+	if code != 1 || errs != want {
+		t.Errorf("apply of a bad teams file: exit %d, stderr %q, want %q", code, errs, want)
 	}
 }
 

@@ -269,6 +269,7 @@ func (d doc) typeErrors(err error) []string {
 
 var (
 	unmarshalRE = regexp.MustCompile("cannot unmarshal !*(\\S*?)(?: `([^`]*)`)? into (\\S+)")
+	lineRE      = regexp.MustCompile(`^\s*line (\d+): (.*)$`)
 	unknownRE   = regexp.MustCompile(`field (.*?) not found in type \S+`)
 )
 
@@ -372,8 +373,27 @@ func isTeamsFile(data []byte) bool {
 func parseTeams(data []byte, file string) ([]policy.Team, error) {
 	tf, err := sim.ParseTeams(data, file)
 	if err != nil {
+		// The YAML library's "file: unmarshal errors:\n  line 5: ..." becomes
+		// "file:5: teams[0].quotas[0].nominal: ...".
+		var d *doc
+		var n yaml.Node
+		if yaml.Unmarshal(data, &n) == nil && len(n.Content) > 0 {
+			d = &doc{file: file, data: data, node: &n}
+		}
 		var lines []string
 		for _, l := range strings.Split(err.Error(), "\n") {
+			if strings.HasSuffix(l, ": unmarshal errors:") {
+				continue
+			}
+			if m := lineRE.FindStringSubmatch(l); m != nil {
+				msg := rewriteTypeMessages(m[2])
+				if num, _ := strconv.Atoi(m[1]); d != nil && !strings.HasPrefix(msg, "unknown field") {
+					if path := d.pathAtLine(num); path != "" {
+						msg = path + ": " + msg
+					}
+				}
+				l = fmt.Sprintf("%s:%s: %s", file, m[1], msg)
+			}
 			lines = append(lines, rewriteTypeMessages(l))
 		}
 		return nil, errors.New(strings.Join(lines, "\n"))
