@@ -424,3 +424,44 @@ func TestGetTeamsAndNodesSelectors(t *testing.T) {
 		t.Errorf("describe node node-9: %d %q", code, errs)
 	}
 }
+
+// watchCtl runs "elasticctl ARGS" (a -w command) until ctx ends.
+func watchCtl(ctx context.Context, ep string, out *syncBuffer, args ...string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		app := newApp(out)
+		app.ErrWriter = &bytes.Buffer{}
+		done <- app.RunContext(ctx, interspersed(app, append([]string{"elasticctl", "--etcd-endpoints", ep}, args...)))
+	}()
+	return done
+}
+
+func TestGetNodesAndTeamsWatch(t *testing.T) {
+	ep, cli := startFleet(t, 1)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var nodes syncBuffer
+	doneNodes := watchCtl(ctx, ep, &nodes, "get", "nodes", "-w")
+	waitFor(t, "the node list", func() (bool, string) { return strings.Contains(nodes.String(), "node-0"), nodes.String() })
+	var teams syncBuffer
+	doneTeams := watchCtl(ctx, ep, &teams, "get", "teams", "-w")
+	waitFor(t, "the team list", func() (bool, string) { return strings.Contains(teams.String(), "research"), teams.String() })
+	putNode(t, cli, h100Node("node-7"))
+	waitFor(t, "the new node", func() (bool, string) {
+		return regexp.MustCompile(`(?m)^node-7\s+ready`).MatchString(strings.ToLower(nodes.String())), nodes.String()
+	})
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "more.yaml", "teams:\n- name: extra\n  quotas:\n  - {flavor: nvidia-h100-80gb, nominal: 8}\n"))
+	waitFor(t, "the new team", func() (bool, string) { return strings.Contains(teams.String(), "extra"), teams.String() })
+	cancel()
+	for _, d := range []<-chan error{doneNodes, doneTeams} {
+		select {
+		case err := <-d:
+			if err != nil {
+				t.Errorf("watch ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a watch did not stop")
+		}
+	}
+}
