@@ -37,6 +37,7 @@ test-short:
 ## bench: every performance figure as "BENCH <name> <value> <unit> [anchor=] [target=]".
 bench: build
 	@$(GO) run ./bench/launch -hyperpodrun $(BIN)/hyperpodrun
+	@$(GO) run ./bench/ctl -elasticctl $(BIN)/elasticctl
 	@for b in rdzvscale elastic engine kueue fairshare; do \
 		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
 	done

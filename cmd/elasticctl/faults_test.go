@@ -70,6 +70,10 @@ func waitState(t *testing.T, ep, job, state string) jobView {
 	var v jobView
 	waitFor(t, job+" "+state, func() (bool, string) {
 		v = jobsJSON(t, ep)[job]
+		if state == "Admitted" {
+			// Admitted lasts one coordinator cycle: Running (placed) follows.
+			return (v.state() == state || v.state() == "Running") && v.Allocation != nil, mustCtl(t, ep, "get", "jobs")
+		}
 		return v.state() == state, mustCtl(t, ep, "get", "jobs")
 	})
 	return v

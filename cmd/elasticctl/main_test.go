@@ -177,8 +177,8 @@ func rowHas(table, job string, cells ...string) bool {
 
 func TestBadYAMLNamesFileLineAndField(t *testing.T) {
 	for _, tc := range []struct{ name, body, want string }{
-		{"unknown.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nmaxNode: 3\nrun: {script: a.py}\n", "unknown.yaml:4: field maxNode not found"},
-		{"type.yaml", "name: x\nteam: t\nperNode:\n  accelerators: lots\nrun: {script: a.py}\n", "type.yaml:4: perNode.accelerators: cannot unmarshal"},
+		{"unknown.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nmaxNode: 3\nrun: {script: a.py}\n", `unknown.yaml:4: unknown field "maxNode": did you mean "maxNodes"?`},
+		{"type.yaml", "name: x\nteam: t\nperNode:\n  accelerators: lots\nrun: {script: a.py}\n", "type.yaml:4: perNode.accelerators: want a whole number, got a string (lots)"},
 		{"range.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nminNodes: 3\nmaxNodes: 2\nrun: {script: a.py}\n", `range.yaml:5: job "x": maxNodes: must be >= minNodes`},
 		{"syntax.yaml", "name: x\n  team: : t\n", "syntax.yaml"},
 		{"noscript.yaml", "name: x\nteam: t\nperNode: {accelerators: 1}\nrun: {}\n", "noscript.yaml:4: run.script"},
@@ -346,8 +346,11 @@ func startPendingFleet(t *testing.T) (string, *clientv3.Client) {
 func TestDescribePendingJobNamesHolders(t *testing.T) {
 	ep, _ := startPendingFleet(t)
 	out := mustCtl(t, ep, "get", "jobs")
-	if !rowHas(out, "waiter", "Pending") || !strings.Contains(out, "borrowing limit") {
-		t.Errorf("get jobs: waiter's REASON should say the team is at its borrowing limit:\n%s", out)
+	if !rowHas(out, "waiter", "Pending", "BorrowingLimit") || strings.Contains(out, "borrowing limit") {
+		t.Errorf("get jobs: waiter's REASON should be the short code BorrowingLimit:\n%s", out)
+	}
+	if out := mustCtl(t, ep, "get", "jobs", "-o", "wide"); !rowHas(out, "waiter", "Pending", "BorrowingLimit") || !strings.Contains(out, "borrowing limit") {
+		t.Errorf("get jobs -o wide: waiter's MESSAGE should say the team is at its borrowing limit:\n%s", out)
 	}
 	out = mustCtl(t, ep, "describe", "job", "waiter")
 	for _, re := range []string{

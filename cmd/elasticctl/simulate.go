@@ -1,15 +1,38 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/sim"
 )
+
+// compareTable prints several policies' results side by side, then each
+// report's per-team table.
+func compareTable(c *cli.Context, reps []*sim.Report) error {
+	tw := newTab(c.App.Writer)
+	fmt.Fprintln(tw, "POLICY\tJOBS\tDONE\tUTILIZATION %\tALLOCATED %\tWAIT P50\tWAIT P95\tRECLAIM P95\tPREEMPTIONS\tSHRINKS\tGROWS")
+	for _, r := range reps {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.0fs\t%.0fs\t%.0fs\t%d\t%d\t%d\n", r.Mode, r.Jobs, r.Completed, r.Utilization, r.Allocated,
+			r.WaitP50, r.WaitP95, r.ReclaimP95, r.Preemptions, r.Shrinks, r.Grows)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range reps {
+		fmt.Fprintln(c.App.Writer)
+		if _, err := fmt.Fprint(c.App.Writer, r.Table()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // simulateCommand runs the policy engine in virtual time over a job trace,
 // and generates synthetic traces shaped like public GPU cluster traces.
@@ -20,17 +43,25 @@ func simulateCommand() *cli.Command {
 		ArgsUsage: " ",
 		Description: "Runs the coordinator's engine over a trace (JSON lines or CSV) with the teams (and fleet) of a\n" +
 			"YAML file, and reports per-team GPU utilization, queue waits, reclaim latency and preemptions.\n" +
-			"'simulate generate' writes a synthetic trace shaped like the Helios GPU cluster traces.",
+			"'simulate generate' writes a synthetic trace shaped like the Helios GPU cluster traces.\n\n" +
+			examples("elasticctl simulate generate --jobs 1000 --teams a,b,c > trace.jsonl",
+				"elasticctl simulate --trace trace.jsonl --teams examples/teams.yaml",
+				"elasticctl simulate --trace trace.jsonl --teams teams.yaml --compare fifo,engine --report report.html",
+				"elasticctl simulate --trace trace.jsonl --teams teams.yaml -o json > series.json"),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "trace", Usage: "job trace file (.jsonl or .csv)"},
 			&cli.StringFlag{Name: "teams", Usage: "teams (and optional fleet/config) YAML file"},
 			&cli.StringFlag{Name: "mode", Value: "engine", Usage: "engine (hyperpodrun's policy) or fifo (static sizes, first come first served)"},
 			&cli.Float64Flag{Name: "restart-delay", Value: 15, Usage: "seconds of checkpoint+restart charged to every resize or preemption"},
-			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table or json"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, json or yaml (json and yaml include the time series)"},
+			&cli.StringFlag{Name: "report", Usage: "also write a self-contained HTML report with time-series charts to this file"},
+			&cli.StringFlag{Name: "compare", Usage: "run several policies side by side, e.g. fifo,engine (overrides --mode)"},
 		},
 		Subcommands: []*cli.Command{{
 			Name:  "generate",
 			Usage: "write a synthetic Helios-shaped trace (median 1 GPU, mean ~3.7; median 200 s, heavy tail)",
+			Description: examples("elasticctl simulate generate --jobs 5000 --capacity 512 --teams a,b > trace.jsonl",
+				"elasticctl simulate generate --format csv > trace.csv"),
 			Flags: []cli.Flag{
 				&cli.IntFlag{Name: "jobs", Value: 1000}, &cli.Uint64Flag{Name: "seed", Value: 1},
 				&cli.IntFlag{Name: "capacity", Value: 256, Usage: "fleet accelerators the load is sized for"},
@@ -64,9 +95,23 @@ func simulateCommand() *cli.Command {
 			if c.String("trace") == "" || c.String("teams") == "" {
 				return usageError{errors.New("simulate needs --trace FILE and --teams FILE ('elasticctl simulate generate > trace.jsonl' makes a trace)")}
 			}
-			mode := sim.Mode(c.String("mode"))
-			if mode != "engine" && mode != "fifo" {
-				return usageError{fmt.Errorf("--mode %q: choose engine or fifo", mode)}
+			modes := []string{c.String("mode")}
+			if c.IsSet("compare") {
+				modes = nil
+				for _, m := range strings.Split(c.String("compare"), ",") {
+					if m = strings.TrimSpace(m); m != "" && !slices.Contains(modes, m) {
+						modes = append(modes, m)
+					}
+				}
+			}
+			for _, m := range modes {
+				if m != "engine" && m != "fifo" {
+					return usage(c, "policy %q: choose engine or fifo", m)
+				}
+			}
+			o := c.String("output")
+			if o != "table" && o != "json" && o != "yaml" {
+				return usage(c, "-o %q: choose table, json or yaml", o)
 			}
 			trace, err := sim.LoadTrace(c.String("trace"))
 			if err != nil {
@@ -76,27 +121,48 @@ func simulateCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			o := sim.Options{Mode: mode, Teams: tf.Teams, RestartDelay: c.Float64("restart-delay")}
-			if len(tf.Fleet) > 0 {
-				o.Fleet = sim.BuildFleet(tf.Fleet)
+			var reps []*sim.Report
+			for _, m := range modes {
+				opts := sim.Options{Mode: sim.Mode(m), Teams: tf.Teams, RestartDelay: c.Float64("restart-delay")}
+				if len(tf.Fleet) > 0 {
+					opts.Fleet = sim.BuildFleet(tf.Fleet)
+				}
+				if tf.Config != nil {
+					opts.Config = *tf.Config
+				}
+				rep, err := sim.RunSeries(trace, opts)
+				if err != nil {
+					return err
+				}
+				reps = append(reps, rep)
 			}
-			if tf.Config != nil {
-				o.Config = *tf.Config
+			if path := c.String("report"); path != "" {
+				var b strings.Builder
+				if err := sim.WriteHTML(&b, fmt.Sprintf("Simulation of %s (%d jobs)", filepath.Base(c.String("trace")), len(trace)), reps); err != nil {
+					return err
+				}
+				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+					return fmt.Errorf("write the report: %w", err)
+				}
 			}
-			rep, err := sim.Run(trace, o)
-			if err != nil {
-				return err
+			var v any = reps[0]
+			if len(reps) > 1 {
+				v = reps
 			}
-			switch c.String("output") {
+			switch o {
 			case "json":
-				enc := json.NewEncoder(c.App.Writer)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
-			case "table", "":
-				_, err := fmt.Fprint(c.App.Writer, rep.Table())
-				return err
+				return writeJSON(c.App.Writer, v)
+			case "yaml":
+				return writeYAML(c.App.Writer, v)
 			}
-			return usageError{fmt.Errorf("-o %q: choose table or json", c.String("output"))}
+			if len(reps) > 1 {
+				return compareTable(c, reps)
+			}
+			if reps[0].Series != nil {
+				reps[0].Series = nil
+			}
+			_, err = fmt.Fprint(c.App.Writer, reps[0].Table())
+			return err
 		},
 	}
 }

@@ -726,9 +726,16 @@ func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list nodes: %w", err)
 	}
+	out, bad := nodesFrom(r.Kvs)
+	return out, bad, nil
+}
+
+// nodesFrom decodes node inventories; those without a lease or malformed
+// are problems.
+func nodesFrom(kvs []*mvccpb.KeyValue) ([]devices.Inventory, []error) {
 	var out []devices.Inventory
 	var bad []error
-	for _, kv := range r.Kvs {
+	for _, kv := range kvs {
 		if kv.Lease == 0 {
 			// An inventory counts only while its agent's lease proves the
 			// agent alive; one without a lease would never expire.
@@ -743,7 +750,7 @@ func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error)
 		out = append(out, *inv)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
-	return out, bad, nil
+	return out, bad
 }
 
 // Events lists the decision events, oldest first; job "" means all.

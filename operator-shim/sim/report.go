@@ -47,6 +47,8 @@ type Report struct {
 	// RestartDelay (s) charged for every planned change.
 	RestartDelay float64       `json:"restartDelay"`
 	Teams        []*TeamReport `json:"teams"`
+	// Series is the time series (RunSeries only).
+	Series *Series `json:"series,omitempty"`
 }
 
 // TeamReport is one team's part of a Report.

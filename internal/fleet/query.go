@@ -1,0 +1,635 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+)
+
+// MaxTxnOps is etcd's default --max-txn-ops: the most operations (and the
+// most comparisons) one transaction may hold. Batched reads and writes stay
+// within it.
+const MaxTxnOps = 128
+
+// JobRecord is everything elasticctl shows of one job: its spec, the
+// coordinator's desired record and latest decision, and its finish record.
+// Any but Spec may be nil.
+type JobRecord struct {
+	Spec     *JobSpec
+	Desired  *Desired
+	Status   *Status
+	Finished *Finish
+}
+
+// Snapshot is every job's records read at one etcd revision: watching from
+// Revision+1 misses no change and repeats none.
+type Snapshot struct {
+	Jobs     []JobSpec
+	Desired  []Desired
+	Statuses map[string]Status
+	Finished map[string]Finish
+	Revision int64
+}
+
+// JobsSnapshot reads every job's spec, desired record, status and finish
+// record in one transaction (one revision). Malformed records are
+// returned as problems, as Jobs, DesiredAll, Statuses and Finished do.
+func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
+	k := s.Keys
+	r, err := s.Cli.Txn(ctx).Then(
+		clientv3.OpGet(k.SpecsPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(k.DesiredPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(k.StatusPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(k.FinishedPrefix(), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list jobs: %w", err)
+	}
+	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
+	snap := &Snapshot{Revision: r.Header.Revision}
+	specDec := jsonNamed(func(j *JobSpec) string { return j.Name }, nil)
+	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
+	type keyedFinish struct {
+		job string
+		f   Finish
+	}
+	finDec := func(key string, v []byte) (*keyedFinish, error) {
+		var f Finish
+		if err := json.Unmarshal(v, &f); err != nil {
+			return nil, fmt.Errorf("malformed finish record at %s: %w", key, err)
+		}
+		return &keyedFinish{strings.TrimPrefix(key, k.FinishedPrefix()), f}, nil
+	}
+	// The four lists decode in parallel (tens of thousands of records).
+	var wg sync.WaitGroup
+	var badSpecs, badDesired, badStatus, badFinish []error
+	var statuses []Status
+	var finished []keyedFinish
+	wg.Add(4)
+	go func() { defer wg.Done(); snap.Jobs, badSpecs = decodeParallel(kvs(0), specDec) }()
+	go func() { defer wg.Done(); snap.Desired, badDesired = decodeParallel(kvs(1), DecodeDesired) }()
+	go func() { defer wg.Done(); statuses, badStatus = decodeParallel(kvs(2), statDec) }()
+	go func() { defer wg.Done(); finished, badFinish = decodeParallel(kvs(3), finDec) }()
+	wg.Wait()
+	bad := append(append(append(badSpecs, badDesired...), badStatus...), badFinish...)
+	snap.Statuses = make(map[string]Status, len(statuses))
+	for _, x := range statuses {
+		snap.Statuses[x.Job] = x
+	}
+	snap.Finished = make(map[string]Finish, len(finished))
+	for _, x := range finished {
+		snap.Finished[x.job] = x.f
+	}
+	sort.Slice(snap.Jobs, func(i, j int) bool { return snap.Jobs[i].Name < snap.Jobs[j].Name })
+	return snap, bad, nil
+}
+
+// decodeParallel decodes records in chunks on several goroutines, keeping
+// their order; undecodable records are problems.
+func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]T, []error) {
+	n := len(kvs)
+	workers := min(runtime.GOMAXPROCS(0), max(1, n/512))
+	vals := make([]*T, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w * n / workers; i < (w+1)*n/workers; i++ {
+				vals[i], errs[i] = dec(string(kvs[i].Key), kvs[i].Value)
+			}
+		}()
+	}
+	wg.Wait()
+	out := make([]T, 0, n)
+	var bad []error
+	for i := range vals {
+		if errs[i] != nil {
+			bad = append(bad, errs[i])
+			continue
+		}
+		out = append(out, *vals[i])
+	}
+	return out, bad
+}
+
+// JobRecords reads the records of the named jobs only (four keys each, in
+// transactions of at most MaxTxnOps reads), at one revision per batch. A
+// job without a spec is absent from the map. Malformed records are
+// returned as problems.
+func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobRecord, []error, int64, error) {
+	out := make(map[string]JobRecord, len(names))
+	var bad []error
+	var rev int64
+	specDec := jsonNamed(func(j *JobSpec) string { return j.Name }, nil)
+	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
+	const per = 4
+	for len(names) > 0 {
+		n := min(len(names), MaxTxnOps/per)
+		batch := names[:n]
+		names = names[n:]
+		var ops []clientv3.Op
+		for _, name := range batch {
+			if err := api.ValidateName("job", name); err != nil {
+				return nil, nil, 0, err
+			}
+			ops = append(ops, clientv3.OpGet(s.Keys.Spec(name)), clientv3.OpGet(s.Keys.Desired(name)),
+				clientv3.OpGet(s.Keys.Status(name)), clientv3.OpGet(s.Keys.Finish(name)))
+		}
+		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("read jobs: %w", err)
+		}
+		rev = r.Header.Revision
+		for i, name := range batch {
+			get := func(k int) *mvccpb.KeyValue {
+				kvs := r.Responses[i*per+k].GetResponseRange().Kvs
+				if len(kvs) == 0 {
+					return nil
+				}
+				return kvs[0]
+			}
+			kv := get(0)
+			if kv == nil {
+				continue
+			}
+			spec, err := specDec(string(kv.Key), kv.Value)
+			if err != nil {
+				bad = append(bad, err)
+				continue
+			}
+			rec := JobRecord{Spec: spec}
+			if kv := get(1); kv != nil {
+				if d, err := DecodeDesired(string(kv.Key), kv.Value); err != nil {
+					bad = append(bad, err)
+				} else {
+					rec.Desired = d
+				}
+			}
+			if kv := get(2); kv != nil {
+				if st, err := statDec(string(kv.Key), kv.Value); err != nil {
+					bad = append(bad, err)
+				} else {
+					rec.Status = st
+				}
+			}
+			if kv := get(3); kv != nil {
+				var f Finish
+				if err := json.Unmarshal(kv.Value, &f); err != nil {
+					bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
+				} else {
+					rec.Finished = &f
+				}
+			}
+			out[name] = rec
+		}
+	}
+	return out, bad, rev, nil
+}
+
+// JobOfKey names the job a spec, desired, status or finish record key
+// belongs to ("" for any other key).
+func (k Keys) JobOfKey(key string) string {
+	for _, p := range []string{k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix()} {
+		if name, ok := strings.CutPrefix(key, p); ok && !strings.Contains(name, "/") {
+			return name
+		}
+	}
+	return ""
+}
+
+// WatchJobs reports, from revision rev on, the names of the jobs whose
+// spec, desired record, status or finish record changed, one batch per
+// etcd revision (names sorted, without repeats). The channel closes when
+// ctx ends or a watch fails (the error is then sent on errc first).
+func (s *Store) WatchJobs(ctx context.Context, rev int64) (<-chan []string, <-chan error) {
+	return s.watchNames(ctx, rev, s.Keys.JobOfKey, s.Keys.SpecsPrefix(), s.Keys.DesiredPrefix(), s.Keys.StatusPrefix(), s.Keys.FinishedPrefix())
+}
+
+// WatchNodes reports, from revision rev on, the names of the nodes whose
+// inventory was written or expired.
+func (s *Store) WatchNodes(ctx context.Context, rev int64) (<-chan []string, <-chan error) {
+	p := s.Keys.NodesPrefix()
+	return s.watchNames(ctx, rev, func(key string) string { return strings.TrimPrefix(key, p) }, p)
+}
+
+// WatchTeams reports, from revision rev on, that a team record or the
+// teams' usage changed (the names are those of changed teams; "" stands
+// for the usage record).
+func (s *Store) WatchTeams(ctx context.Context, rev int64) (<-chan []string, <-chan error) {
+	p := s.Keys.TeamsPrefix()
+	return s.watchNames(ctx, rev, func(key string) string { return strings.TrimPrefix(key, p) }, p, s.Keys.Usage())
+}
+
+func (s *Store) watchNames(ctx context.Context, rev int64, name func(string) string, prefixes ...string) (<-chan []string, <-chan error) {
+	out := make(chan []string, 16)
+	errc := make(chan error, 1)
+	ctx, cancel := context.WithCancel(ctx)
+	type batch struct {
+		names []string
+		err   error
+	}
+	in := make(chan batch)
+	for _, p := range prefixes {
+		w := s.Cli.Watch(clientv3.WithRequireLeader(ctx), p, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		go func() {
+			for resp := range w {
+				if err := resp.Err(); err != nil {
+					select {
+					case in <- batch{err: fmt.Errorf("watch: %w", err)}:
+					case <-ctx.Done():
+					}
+					return
+				}
+				seen := map[string]bool{}
+				var names []string
+				for _, ev := range resp.Events {
+					if n := name(string(ev.Kv.Key)); !seen[n] && (n != "" || p == s.Keys.Usage()) {
+						seen[n] = true
+						names = append(names, n)
+					}
+				}
+				sort.Strings(names)
+				if len(names) > 0 {
+					select {
+					case in <- batch{names: names}:
+					case <-ctx.Done():
+						return
+					}
+				}
+			}
+		}()
+	}
+	go func() {
+		defer close(out)
+		defer cancel()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case b := <-in:
+				if b.err != nil {
+					errc <- b.err
+					return
+				}
+				select {
+				case out <- b.names:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	return out, errc
+}
+
+// NodesAt is Nodes plus the revision it read at.
+func (s *Store) NodesAt(ctx context.Context) ([]devices.Inventory, []error, int64, error) {
+	r, err := s.Cli.Get(ctx, s.Keys.NodesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list nodes: %w", err)
+	}
+	nodes, bad := nodesFrom(r.Kvs)
+	return nodes, bad, r.Header.Revision, nil
+}
+
+// EventQuery selects decision events.
+type EventQuery struct {
+	// Job keeps the events about one job (its own, and those naming it
+	// as the job capacity was taken for); "" keeps every job's.
+	Job string
+	// Since keeps the events at or after this time (zero: all).
+	Since time.Time
+	// Tail keeps only the newest Tail events (0: all).
+	Tail int
+}
+
+// QueryEvents reads the events q selects, oldest first, and the revision
+// it read at. It reads only what it returns, or little more: Since and an
+// unfiltered Tail are key ranges (event keys sort by time); for one job
+// the keys are listed without values, and only the job's own events and
+// the events of the same decisions (the coordinator writes a decision's
+// events with one time, so an event naming the job as the one capacity
+// was taken for shares its time with the job's own) are read.
+func (s *Store) QueryEvents(ctx context.Context, q EventQuery) ([]Event, []error, int64, error) {
+	prefix := s.Keys.EventsPrefix()
+	start := prefix
+	if !q.Since.IsZero() {
+		start = s.Keys.Event(q.Since, "")
+		start = start[:len(start)-1] // drop the "-" so same-nanosecond events are kept
+	}
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	decodeAll := func(kvs []*mvccpb.KeyValue) ([]Event, []error) {
+		var out []Event
+		var bad []error
+		for _, kv := range kvs {
+			e, err := DecodeEvent(string(kv.Key), kv.Value)
+			if err != nil {
+				bad = append(bad, err)
+				continue
+			}
+			if e.Concerns(q.Job) {
+				out = append(out, *e)
+			}
+		}
+		return out, bad
+	}
+	if q.Job == "" {
+		opts := []clientv3.OpOption{clientv3.WithRange(end)}
+		if q.Tail > 0 {
+			opts = append(opts, clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(q.Tail)))
+		}
+		r, err := s.Cli.Get(ctx, start, opts...)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("list events: %w", err)
+		}
+		kvs := r.Kvs
+		if q.Tail > 0 {
+			slicesReverse(kvs)
+		}
+		out, bad := decodeAll(kvs)
+		return out, bad, r.Header.Revision, nil
+	}
+	allKeys, rev, err := s.eventKeys(ctx, start, end)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	suffix := "-" + q.Job
+	times := map[string]bool{}
+	for _, kv := range allKeys {
+		if k := string(kv.Key); strings.HasSuffix(k, suffix) {
+			ts, _, _ := strings.Cut(strings.TrimPrefix(k, prefix), "-")
+			times[ts] = true
+		}
+	}
+	var keys []string
+	for _, kv := range allKeys {
+		ts, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "-")
+		if times[ts] {
+			keys = append(keys, string(kv.Key))
+		}
+	}
+	var kvs []*mvccpb.KeyValue
+	for len(keys) > 0 {
+		n := min(len(keys), MaxTxnOps)
+		ops := make([]clientv3.Op, n)
+		for i, k := range keys[:n] {
+			ops[i] = clientv3.OpGet(k, clientv3.WithRev(rev))
+		}
+		keys = keys[n:]
+		tr, err := s.Cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("read events: %w", err)
+		}
+		for _, resp := range tr.Responses {
+			kvs = append(kvs, resp.GetResponseRange().Kvs...)
+		}
+	}
+	out, bad := decodeAll(kvs)
+	if q.Tail > 0 && len(out) > q.Tail {
+		out = out[len(out)-q.Tail:]
+	}
+	return out, bad, rev, nil
+}
+
+// eventKeys lists the keys (without values) of the events in [start, end).
+func (s *Store) eventKeys(ctx context.Context, start, end string) ([]*mvccpb.KeyValue, int64, error) {
+	r, err := s.Cli.Get(ctx, start, clientv3.WithRange(end), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil, 0, fmt.Errorf("list events: %w", err)
+	}
+	return r.Kvs, r.Header.Revision, nil
+}
+
+func slicesReverse[T any](s []T) {
+	for i, j := 0, len(s)-1; i < j; i, j = i+1, j-1 {
+		s[i], s[j] = s[j], s[i]
+	}
+}
+
+// ErrJobsExist is returned (wrapped, naming the jobs) by SubmitJobs when
+// a job of the batch exists already.
+var ErrJobsExist = errors.New("already exist")
+
+// SubmitJobs stores new jobs as SubmitJob does, all or none: when they fit
+// one transaction (MaxTxnOps) they are written in one; a larger batch is
+// written in consecutive transactions, and when one of those fails the
+// jobs the earlier ones wrote are deleted again (unless changed since), so
+// no partial batch stays. The jobs that exist already are named in the
+// error, which wraps ErrJobsExist.
+func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
+	const opsPerJob = 4 // put, and forgetOps' three deletes
+	per := MaxTxnOps / opsPerJob
+	type written struct {
+		name string
+		rev  int64
+	}
+	var done []written
+	rollback := func() {
+		for _, w := range done {
+			key := s.Keys.Spec(w.name)
+			_, _ = s.Cli.Txn(context.WithoutCancel(ctx)).If(clientv3.Compare(clientv3.ModRevision(key), "=", w.rev)).
+				Then(clientv3.OpDelete(key)).Commit()
+		}
+	}
+	for i := 0; i < len(jobs); i += per {
+		batch := jobs[i:min(len(jobs), i+per)]
+		var cmps []clientv3.Cmp
+		var ops []clientv3.Op
+		for _, j := range batch {
+			if err := api.ValidateName("job", j.Name); err != nil {
+				rollback()
+				return err
+			}
+			key := s.Keys.Spec(j.Name)
+			op, err := putOp(key, j)
+			if err != nil {
+				rollback()
+				return err
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name))
+			ops = append(ops, op)
+			ops = append(ops, s.forgetOps(j.Name)...)
+		}
+		r, err := s.Cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if err != nil {
+			rollback()
+			return fmt.Errorf("submit jobs: %w", err)
+		}
+		if !r.Succeeded {
+			rollback()
+			return s.whyNotSubmitted(ctx, jobs)
+		}
+		for _, j := range batch {
+			done = append(done, written{j.Name, r.Header.Revision})
+		}
+	}
+	return nil
+}
+
+// whyNotSubmitted names the jobs of a refused batch that exist, or those
+// whose earlier namesake is still leaving its nodes.
+func (s *Store) whyNotSubmitted(ctx context.Context, jobs []JobSpec) error {
+	var exist, leaving []string
+	for i := 0; i < len(jobs); i += MaxTxnOps / 2 {
+		batch := jobs[i:min(len(jobs), i+MaxTxnOps/2)]
+		var ops []clientv3.Op
+		for _, j := range batch {
+			ops = append(ops, clientv3.OpGet(s.Keys.Spec(j.Name), clientv3.WithCountOnly()),
+				clientv3.OpGet(s.Keys.Rdzv(j.Name).Members, clientv3.WithPrefix(), clientv3.WithCountOnly()))
+		}
+		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("submit jobs: %w", err)
+		}
+		for k, j := range batch {
+			switch {
+			case r.Responses[2*k].GetResponseRange().Count > 0:
+				exist = append(exist, j.Name)
+			case r.Responses[2*k+1].GetResponseRange().Count > 0:
+				leaving = append(leaving, j.Name)
+			}
+		}
+	}
+	if len(exist) > 0 {
+		return fmt.Errorf("%s %w: nothing was submitted; delete them first, choose other names, or use 'elasticctl apply -f' to update them",
+			jobList(exist), ErrJobsExist)
+	}
+	if len(leaving) > 0 {
+		return fmt.Errorf("an earlier job named %s is still leaving its nodes: nothing was submitted; try again in a few seconds", strings.Join(quoteAll(leaving), ", "))
+	}
+	return errors.New("the jobs changed while they were submitted: nothing was submitted; try again")
+}
+
+func quoteAll(names []string) []string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n)
+	}
+	return q
+}
+
+func jobList(names []string) string {
+	if len(names) == 1 {
+		return "job " + strconv.Quote(names[0])
+	}
+	const shown = 5
+	q := quoteAll(names)
+	if len(q) > shown {
+		return fmt.Sprintf("jobs %s and %d more", strings.Join(q[:shown], ", "), len(q)-shown)
+	}
+	return "jobs " + strings.Join(q, ", ")
+}
+
+// ApplyResult is what ApplyJobs did to one job.
+type ApplyResult string
+
+// ApplyJobs results.
+const (
+	Created   ApplyResult = "created"
+	Unchanged ApplyResult = "unchanged"
+	Updated   ApplyResult = "configured"
+)
+
+// ApplyJobs creates the jobs that do not exist and updates those that do
+// (keeping their submit time, so their place in the queue), leaving equal
+// ones untouched: applying one file twice changes nothing the second time.
+// Each job is written with a compare on its revision (a concurrent change
+// is retried). A job's submit time, when the file leaves it out, is the
+// stored one, or now for a new job.
+func (s *Store) ApplyJobs(ctx context.Context, jobs []JobSpec, now time.Time) ([]ApplyResult, error) {
+	res := make([]ApplyResult, len(jobs))
+	for i, j := range jobs {
+		for {
+			key := s.Keys.Spec(j.Name)
+			r, err := s.Cli.Get(ctx, key)
+			if err != nil {
+				return res, fmt.Errorf("read job %q: %w", j.Name, err)
+			}
+			if len(r.Kvs) == 0 {
+				if j.SubmitTime.IsZero() {
+					j.SubmitTime = now
+				}
+				err := s.SubmitJob(ctx, j)
+				if err != nil {
+					return res, err
+				}
+				res[i] = Created
+				break
+			}
+			var old JobSpec
+			if err := json.Unmarshal(r.Kvs[0].Value, &old); err != nil {
+				old = JobSpec{} // a malformed spec is replaced
+			}
+			if j.SubmitTime.IsZero() {
+				j.SubmitTime = old.SubmitTime
+			}
+			a, _ := json.Marshal(old)
+			b, _ := json.Marshal(j)
+			if string(a) == string(b) {
+				res[i] = Unchanged
+				break
+			}
+			op, err := putOp(key, j)
+			if err != nil {
+				return res, err
+			}
+			tr, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", r.Kvs[0].ModRevision)).Then(op).Commit()
+			if err != nil {
+				return res, fmt.Errorf("write job %q: %w", j.Name, err)
+			}
+			if tr.Succeeded {
+				res[i] = Updated
+				break
+			}
+		}
+	}
+	return res, nil
+}
+
+// StatusSnapshot is Statuses decoded in parallel, with the revision it read
+// at (a malformed status is a problem; no earlier value is looked for).
+func (s *Store) StatusSnapshot(ctx context.Context) (map[string]Status, []error, int64, error) {
+	r, err := s.Cli.Get(ctx, s.Keys.StatusPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list statuses: %w", err)
+	}
+	list, bad := decodeParallel(r.Kvs, jsonNamed(func(x *Status) string { return x.Job }, nil))
+	out := make(map[string]Status, len(list))
+	for _, x := range list {
+		out[x.Job] = x
+	}
+	return out, bad, r.Header.Revision, nil
+}
+
+// SpecsWhere reads the specs of the jobs whose name keep accepts: one
+// range read, and only those specs decoded (in parallel).
+func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]JobSpec, []error, error) {
+	p := s.Keys.SpecsPrefix()
+	r, err := s.Cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list jobs: %w", err)
+	}
+	kvs := make([]*mvccpb.KeyValue, 0, len(r.Kvs))
+	for _, kv := range r.Kvs {
+		if keep(strings.TrimPrefix(string(kv.Key), p)) {
+			kvs = append(kvs, kv)
+		}
+	}
+	specs, bad := decodeParallel(kvs, jsonNamed(func(j *JobSpec) string { return j.Name }, nil))
+	return specs, bad, nil
+}

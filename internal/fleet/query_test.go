@@ -1,0 +1,175 @@
+package fleet_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
+
+func spec(name string) fleet.JobSpec {
+	return fleet.JobSpec{Job: api.Job{Name: name, Team: "t", PerNode: api.Resources{Accelerators: 1}, SubmitTime: time.Unix(1_800_000_000, 0).UTC()},
+		Run: fleet.RunSpec{Script: "a.py"}}
+}
+
+// A batch larger than one transaction is written whole, and a batch with
+// one existing job leaves nothing behind, however many transactions it
+// took; the error names the existing job.
+func TestSubmitJobsAllOrNothing(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	var batch []fleet.JobSpec
+	for i := range 100 {
+		batch = append(batch, spec(fmt.Sprintf("a-%03d", i)))
+	}
+	if err := st.SubmitJobs(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	// The 90th job of the second batch exists: its first transactions are undone.
+	var second []fleet.JobSpec
+	for i := range 90 {
+		second = append(second, spec(fmt.Sprintf("b-%03d", i)))
+	}
+	second = append(second, spec("a-050"))
+	err := st.SubmitJobs(ctx, second)
+	if !errors.Is(err, fleet.ErrJobsExist) || !strings.Contains(err.Error(), `job "a-050" already exist`) {
+		t.Fatalf("submit with an existing job: %v", err)
+	}
+	snap, bad, err := st.JobsSnapshot(ctx)
+	if err != nil || len(bad) > 0 || len(snap.Jobs) != 100 || snap.Jobs[0].Name != "a-000" {
+		t.Fatalf("after the refused batch: %d jobs (%v %v), want the first batch's 100 only", len(snap.Jobs), bad, err)
+	}
+}
+
+func TestJobRecordsReadOnlyTheNamedJobs(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	var all []fleet.JobSpec
+	for i := range 40 {
+		all = append(all, spec(fmt.Sprintf("j-%02d", i)))
+	}
+	if err := st.SubmitJobs(ctx, all); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetTarget(ctx, "j-07", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.MarkFinished(ctx, "j-39", fleet.Finish{Outcome: fleet.Succeeded, Node: "n"}); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"j-07", "j-39", "nope"}
+	for i := range 35 { // more than one transaction's worth
+		names = append(names, fmt.Sprintf("j-%02d", i))
+	}
+	recs, bad, rev, err := st.JobRecords(ctx, names)
+	if err != nil || len(bad) > 0 || rev == 0 {
+		t.Fatal(err, bad)
+	}
+	if len(recs) != 36 || recs["j-07"].Desired.Target() != 2 || recs["j-39"].Finished == nil || recs["j-39"].Finished.Outcome != fleet.Succeeded {
+		t.Errorf("records: %d, j-07 %+v, j-39 %+v", len(recs), recs["j-07"], recs["j-39"])
+	}
+	if _, ok := recs["nope"]; ok {
+		t.Error("a job without a spec has records")
+	}
+	if _, _, _, err := st.JobRecords(ctx, []string{"../nodes/x"}); err == nil {
+		t.Error("a name escaping its prefix was read")
+	}
+}
+
+func TestApplyJobsIsIdempotentAndKeepsTheQueuePlace(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	j := spec("x")
+	j.SubmitTime = time.Time{}
+	now := time.Unix(1_900_000_000, 0).UTC()
+	for i, want := range []fleet.ApplyResult{fleet.Created, fleet.Unchanged} {
+		res, err := st.ApplyJobs(ctx, []fleet.JobSpec{j}, now.Add(time.Duration(i)*time.Hour))
+		if err != nil || res[0] != want {
+			t.Fatalf("apply %d: %v %v, want %s", i, res, err, want)
+		}
+	}
+	j.MaxNodes = 3
+	if res, err := st.ApplyJobs(ctx, []fleet.JobSpec{j}, now.Add(2*time.Hour)); err != nil || res[0] != fleet.Updated {
+		t.Fatalf("changed apply: %v %v", res, err)
+	}
+	got, err := st.Job(ctx, "x")
+	if err != nil || got.MaxNodes != 3 || !got.SubmitTime.Equal(now) {
+		t.Errorf("stored: %+v %v; want maxNodes 3 and the first submit time", got, err)
+	}
+}
+
+// Events: Since and Tail are key ranges; one job's events are its own and
+// those of the same decisions that name it.
+func TestQueryEvents(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	t0 := time.Unix(1_800_000_000, 0)
+	put := func(sec int, r api.Reason) {
+		t.Helper()
+		if err := st.PutEvent(ctx, fleet.Event{Time: t0.Add(time.Duration(sec) * time.Second), Reason: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		put(i, api.Reason{Job: "other", Kind: api.KindPending})
+	}
+	put(20, api.Reason{Job: "sweep", Kind: api.KindShrunk, For: []string{"prod"}})
+	put(20, api.Reason{Job: "prod", Kind: api.KindAdmitted})
+	put(30, api.Reason{Job: "prod", Kind: api.KindRunning})
+	evs, _, _, err := st.QueryEvents(ctx, fleet.EventQuery{Job: "prod"})
+	if err != nil || len(evs) != 3 || evs[0].Job == "other" {
+		t.Fatalf("prod's events: %+v %v", evs, err)
+	}
+	evs, _, _, _ = st.QueryEvents(ctx, fleet.EventQuery{Tail: 2})
+	if len(evs) != 2 || evs[1].Kind != api.KindRunning {
+		t.Errorf("tail 2: %+v", evs)
+	}
+	evs, _, _, _ = st.QueryEvents(ctx, fleet.EventQuery{Since: t0.Add(8 * time.Second)})
+	if len(evs) != 5 {
+		t.Errorf("since 8s: %d events, want 5", len(evs))
+	}
+	evs, _, _, _ = st.QueryEvents(ctx, fleet.EventQuery{Job: "prod", Tail: 1})
+	if len(evs) != 1 || evs[0].Kind != api.KindRunning {
+		t.Errorf("prod tail 1: %+v", evs)
+	}
+}
+
+func TestWatchJobsFromARevision(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	snap, _, err := st.JobsSnapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Written after the snapshot, before the watch starts: still reported.
+	if err := st.SubmitJobs(ctx, []fleet.JobSpec{spec("late")}); err != nil {
+		t.Fatal(err)
+	}
+	changes, errc := st.WatchJobs(ctx, snap.Revision+1)
+	select {
+	case names := <-changes:
+		if len(names) != 1 || names[0] != "late" {
+			t.Errorf("changed: %v", names)
+		}
+	case err := <-errc:
+		t.Fatal(err)
+	case <-ctx.Done():
+		t.Fatal("the change was never reported")
+	}
+}
