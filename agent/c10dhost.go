@@ -90,6 +90,10 @@ func runC10d(ctx context.Context, o Options) error {
 		}
 	}
 	o.RdzvBackend, o.RdzvEndpoint = "etcd", endpoint
+	// The hosted etcd does not come back when its node is lost (a restarted
+	// host starts empty): give up on it after a minute, as torchrun's c10d
+	// agents fail, rather than waiting out the join timeout.
+	o.RegisterTimeout = time.Minute
 	runErr := RunElastic(ctx, o)
 	if srv != nil {
 		waitOthersLeft(ctx, endpoint, o)

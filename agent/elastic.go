@@ -64,6 +64,7 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 	cfg.Addr = o.LocalAddr
 	cfg.LocalWorldSize = o.Spec.NProcPerNode
 	cfg.MinNodes, cfg.MaxNodes = o.MinNodes, o.MaxNodes
+	cfg.RegisterTimeout = o.RegisterTimeout
 	cfg.Logger = log
 	cfg.Prefix = fleet.NormalizePrefix(cfg.Prefix)
 	if cfg.JobID == "" || cfg.JobID == "none" {
@@ -324,7 +325,10 @@ func (e *elastic) newNode() error {
 // replaced by a fresh one, with a fresh lease, for as long as a join may
 // take: an etcd outage costs a rejoin, not the job.
 func (e *elastic) join(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
-	timeout := e.cfg.JoinTimeout
+	timeout := e.cfg.RegisterTimeout
+	if timeout <= 0 {
+		timeout = e.cfg.JoinTimeout
+	}
 	if timeout <= 0 {
 		timeout = rendezvous.DefaultJoinTimeout
 	}

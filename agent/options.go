@@ -34,17 +34,20 @@ type Options struct {
 
 	MinNodes, MaxNodes int
 	RdzvBackend        string // static, etcd (etcd-v2 is an alias: etcd v3 serves it)
-	RdzvEndpoint       string
-	RdzvID             string
-	RdzvConf           string
-	Standalone         bool
-	MaxRestarts        int
-	MonitorInterval    time.Duration
-	NodeRank           int
-	MasterAddr         string
-	MasterPort         int
-	LocalAddr          string
-	BaseLogDir         string // --log-dir; empty means a fresh temporary dir
+	// RegisterTimeout bounds how long a node that lost etcd keeps trying
+	// to rejoin (0: the join timeout).
+	RegisterTimeout time.Duration
+	RdzvEndpoint    string
+	RdzvID          string
+	RdzvConf        string
+	Standalone      bool
+	MaxRestarts     int
+	MonitorInterval time.Duration
+	NodeRank        int
+	MasterAddr      string
+	MasterPort      int
+	LocalAddr       string
+	BaseLogDir      string // --log-dir; empty means a fresh temporary dir
 
 	ShutdownSignal  syscall.Signal // sent to workers when hyperpodrun stops them itself
 	ShutdownTimeout time.Duration  // then SIGKILL

@@ -56,6 +56,11 @@ type Config struct {
 	// JoinTimeout bounds Join: it fails if no round includes this node by
 	// then (default 600s).
 	JoinTimeout time.Duration
+	// RegisterTimeout bounds how long registration (lease and member key)
+	// retries an etcd that does not answer (default JoinTimeout, so a node
+	// fenced by an etcd outage rejoins when etcd is back). A rendezvous whose
+	// etcd cannot come back (c10d's, hosted by a node) sets it shorter.
+	RegisterTimeout time.Duration
 	// AckTimeout: a proposed round closes once every member acknowledged it;
 	// members whose agent has not acknowledged it after AckTimeout without
 	// any acknowledgement progress are left out (they may be dead with a
@@ -128,6 +133,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.JoinTimeout == 0 {
 		c.JoinTimeout = DefaultJoinTimeout
+	}
+	if c.RegisterTimeout <= 0 || c.RegisterTimeout > c.JoinTimeout {
+		c.RegisterTimeout = c.JoinTimeout
 	}
 	if c.AckTimeout == 0 {
 		c.AckTimeout = DefaultAckTimeout

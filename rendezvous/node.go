@@ -258,7 +258,7 @@ func (n *Node) register(ctx context.Context) error {
 	// logging while it does: a node fenced by an etcd outage of a minute or
 	// more rejoins when etcd is back. (A wrong endpoint fails at once, at
 	// connect time.)
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.JoinTimeout)
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.RegisterTimeout)
 	defer cancel()
 	ttlSec := int64((n.cfg.LeaseTTL + time.Second - 1) / time.Second)
 	var (
