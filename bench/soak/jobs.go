@@ -89,9 +89,10 @@ func (t *jobTable) snapshot() []jobState {
 // "<node>/<job> <line>".
 var agentLine = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9-]+) (.*)$`)
 
-// stepLine matches global rank 0's step line (nproc 1 per node: rank 0 is
-// local rank 0 of its node, and only rank 0 prints steps).
-var stepLine = regexp.MustCompile(`^\[default0\]:step=(\d+) world_size=(\d+) `)
+// stepLine matches global rank 0's step line (nproc 1 per node, and only
+// rank 0 prints steps). Worker output is unprefixed, as under torchrun,
+// unless teed ("[default0]:").
+var stepLine = regexp.MustCompile(`^(?:\[default0\]:)?step=(\d+) world_size=(\d+) `)
 
 // lineEvent is what one output line meant for the invariants.
 type lineEvent struct {
