@@ -24,6 +24,9 @@ test: test-python
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
+	@# The chaos soak's short version (issue 10): real etcd killed and
+	@# restarted, coordinators, node agents and jobs under seeded faults.
+	$(GO) run ./bench/soak -short -seed 1
 
 ## test-python: the stdlib Python helper's unittests (with Debian's torch for
 ## the gloo tests when present).
