@@ -475,7 +475,11 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	}
 	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
 	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
-	rec, err := e.store.Latest(lctx)
+	// Claim the checkpoint for this round before reading it: a commit of
+	// an earlier round still in flight (this node's, from before it was
+	// fenced) is refused from now on instead of landing after our workers
+	// read where to resume.
+	rec, err := e.store.Resume(lctx, r.Number)
 	lcancel()
 	if err != nil {
 		return nil, err

@@ -123,6 +123,42 @@ func (s *Store) Commit(ctx context.Context, rec Record) error {
 	}
 }
 
+// Resume returns the checkpoint the workers of round resume from (nil when
+// there is none) and claims it for that round: the stored record is
+// rewritten with Round = round unless it already belongs to round or a later
+// one. From then on every commit of an earlier round is refused with
+// ErrStale, so what the round's workers resume from stays final. Without the
+// claim, a commit of a superseded round that was still in flight (held up by
+// an etcd outage, say) could land after the new round read the record, and
+// the steps between the two would be committed and then run again. Round 0
+// claims nothing and is the same as Latest.
+func (s *Store) Resume(ctx context.Context, round int64) (*Record, error) {
+	for {
+		cur, rev, err := s.get(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if cur == nil || round == 0 || cur.Round >= round {
+			return cur, nil
+		}
+		claimed := *cur
+		claimed.Round = round
+		val, err := json.Marshal(claimed)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: claim %s for round %d: encode: %w", s.key, round, err)
+		}
+		cmp := clientv3.Compare(clientv3.ModRevision(s.key), "=", rev)
+		resp, err := s.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(s.key, string(val))).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: claim %s for round %d: %w", s.key, round, err)
+		}
+		if resp.Succeeded {
+			return &claimed, nil
+		}
+		// A commit landed between the read and the claim: read it again.
+	}
+}
+
 // Latest returns the job's latest committed checkpoint, or nil when there is
 // none. A malformed stored value never stops the job: its last good value
 // is returned instead (or nil: start from scratch), and the problem is

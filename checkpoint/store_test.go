@@ -11,6 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 func TestStoreCommitAndLatest(t *testing.T) {
@@ -226,5 +230,88 @@ func TestStoreRefusesAStaleRoundsCommit(t *testing.T) {
 	// A later round commits as usual.
 	if err := s.Commit(ctx, Record{Step: 120, Path: "/new/120", Round: 5}); err != nil {
 		t.Fatalf("commit of a later round: %v", err)
+	}
+}
+
+// TestResumeRefusesACommitHeldUpByAnOutage is the soak's lost-steps case: a
+// fenced round's rank 0 reports step 816 while its node cannot reach etcd;
+// the commit is still in flight when etcd comes back, after the next round's
+// agent read step 801 as where to resume. Without the claim the late commit
+// lands (same round as the record, higher step) and the job's record says
+// 816 while its workers redo 802..816.
+func TestResumeRefusesACommitHeldUpByAnOutage(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 30*time.Second)
+	job := uniqueJob("job-held-commit")
+	s := NewStore(cli, "", job)
+	if err := s.Commit(ctx, Record{Step: 801, Path: "/ckpt/801", Round: 5}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The fenced node reaches etcd through a proxy that is cut: its commit
+	// waits in the client for the connection to come back.
+	proxy, err := tcpproxy.New(strings.TrimPrefix(etcdSrv.Endpoints[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	fenced, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fenced.Close() })
+	if _, err := fenced.Get(ctx, "warm-up"); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Cut()
+	late := make(chan error, 1)
+	go func() { late <- NewStore(fenced, "", job).Commit(ctx, Record{Step: 816, Path: "/ckpt/816", Round: 5}) }()
+
+	// Round 6 forms on the nodes that reach etcd and claims the record.
+	rec, err := s.Resume(ctx, 6)
+	if err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if rec == nil || rec.Step != 801 || rec.Round != 6 {
+		t.Fatalf("Resume(6) = %+v, want step 801 claimed for round 6", rec)
+	}
+	select {
+	case err := <-late:
+		t.Fatalf("the fenced commit returned while its etcd was cut: %v", err)
+	default:
+	}
+
+	// etcd is back for the fenced node: its commit is refused.
+	if err := proxy.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-late:
+		if !errors.Is(err, ErrStale) {
+			t.Fatalf("late commit of round 5 after round 6 resumed = %v, want ErrStale", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the fenced commit never returned after etcd came back")
+	}
+	if got, _ := s.Latest(ctx); got.Step != 801 || got.Round != 6 {
+		t.Fatalf("record after the late commit = %+v, want step 801 of round 6 (what round 6 resumed from)", got)
+	}
+	// Round 6's own commits go on; resuming again claims nothing new.
+	if err := s.Commit(ctx, Record{Step: 810, Path: "/ckpt/810", Round: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Resume(ctx, 6); err != nil || rec.Step != 810 {
+		t.Fatalf("Resume(6) again = %+v, %v; want step 810", rec, err)
+	}
+	if rec, err := s.Resume(ctx, 0); err != nil || rec.Step != 810 || rec.Round != 6 {
+		t.Fatalf("Resume(0) = %+v, %v; want the record unchanged", rec, err)
+	}
+}
+
+func TestResumeWithNothingCommitted(t *testing.T) {
+	cli := etcdClient(t)
+	ctx := testCtx(t, 10*time.Second)
+	if rec, err := NewStore(cli, "", uniqueJob("job-resume-empty")).Resume(ctx, 3); err != nil || rec != nil {
+		t.Fatalf("Resume with no record = %+v, %v; want nil, nil", rec, err)
 	}
 }
