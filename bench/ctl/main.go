@@ -133,7 +133,7 @@ func populate(ctx context.Context, st *fleet.Store, jobs, events int) error {
 		sub := base.Add(time.Duration(i) * time.Second)
 		spec := fleet.JobSpec{Job: api.Job{Name: name, Team: team, Flavor: "nvidia-h100-80gb", PerNode: api.Resources{Accelerators: 8},
 			MinNodes: 1, MaxNodes: 4, Elastic: true, SubmitTime: sub}, Run: fleet.RunSpec{Script: "train.py"}}
-		if err := put(st.Keys.Spec(name), spec); err != nil {
+		if err := put(st.Keys.Spec(team, name), spec); err != nil {
 			return err
 		}
 		r := api.Reason{Job: name, Team: team, Kind: api.KindPending, Code: api.CodeNoCapacity,

@@ -130,7 +130,12 @@ func TestSpecUnderAnotherKeyIsIgnored(t *testing.T) {
 	mustCtl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob))
 	waitRunning(t, ep, "sweep")
 	impostor := `{"name":"sweep","team":"prod","priority":99,"flavor":"nvidia-h100-80gb","perNode":{"accelerators":8},"minNodes":2,"maxNodes":2,"run":{"script":"x.py"}}`
-	if _, err := cli.Put(context.Background(), fleet.NewKeys("").Spec("zzz"), impostor); err != nil {
+	// Another team's younger spec of the same name, and a spec naming team
+	// prod stored under team research's prefix.
+	if _, err := cli.Put(context.Background(), fleet.NewKeys("").Spec("prod", "sweep"), impostor); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(context.Background(), fleet.NewKeys("").Spec("research", "zzz"), impostor); err != nil {
 		t.Fatal(err)
 	}
 	waitCycles(t, cli, 3)

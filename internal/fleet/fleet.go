@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
@@ -320,9 +321,15 @@ func listRecords[T any](ctx context.Context, s *Store, prefix string, dec decode
 	if err != nil {
 		return nil, nil, fmt.Errorf("list %s: %w", prefix, err)
 	}
+	out, bad := decodeRecords(ctx, s, r.Kvs, dec)
+	return out, bad, nil
+}
+
+// decodeRecords decodes kvs as listRecords does.
+func decodeRecords[T any](ctx context.Context, s *Store, kvs []*mvccpb.KeyValue, dec decoder[T]) ([]T, []error) {
 	var out []T
 	var bad []error
-	for _, kv := range r.Kvs {
+	for _, kv := range kvs {
 		v, err := dec(string(kv.Key), kv.Value)
 		if err == nil {
 			out = append(out, *v)
@@ -335,7 +342,7 @@ func listRecords[T any](ctx context.Context, s *Store, prefix string, dec decode
 		}
 		bad = append(bad, err)
 	}
-	return out, bad, nil
+	return out, bad
 }
 
 // lastGood reads the versions of kv before its current one, newest first,
@@ -403,21 +410,37 @@ func (s *Store) Team(ctx context.Context, name string) (*api.Team, error) {
 	return getJSON[api.Team](ctx, s, s.Keys.Team(name))
 }
 
-// SubmitJob stores a new job; it fails if the job exists, or if an earlier
-// job of the same name still has nodes in its rendezvous. Whatever an
-// earlier job of that name left (restart count, checkpoint record, desired
-// record, status) goes in the same transaction: a new job starts afresh.
+// SubmitJob stores a new job under its team; it fails if a job of that
+// name exists (in any team), or if an earlier job of the same name still
+// has nodes in its rendezvous. Whatever an earlier job of that name left
+// (restart count, checkpoint record, desired record, status) goes in the
+// same transaction: a new job starts afresh. A client whose etcd role may
+// write only its team's specs (auth on: docs/security.md) cannot delete
+// those records; its submit then waits for the coordinator to have
+// forgotten them (see Forget) and says so.
 func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
 	if err := api.ValidateName("job", j.Name); err != nil {
 		return err
 	}
-	key := s.Keys.Spec(j.Name)
+	if err := api.ValidateName("team", j.Team); err != nil {
+		return fmt.Errorf("job %q: %w", j.Name, err)
+	}
+	if t, err := s.nameTakenBy(ctx, j.Team, j.Name); err != nil {
+		return err
+	} else if t != "" {
+		return fmt.Errorf("job %q already exists in team %q: job names are unique across teams; choose another name", j.Name, t)
+	}
+	key := s.Keys.Spec(j.Team, j.Name)
 	op, err := putOp(key, j)
 	if err != nil {
 		return err
 	}
 	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name)).
 		Then(append([]clientv3.Op{op}, s.forgetOps(j.Name)...)...).Commit()
+	if IsPermissionDenied(err) {
+		r, err = s.Cli.Txn(ctx).If(append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name)}, s.forgottenCmps(j.Name)...)...).
+			Then(op).Commit()
+	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", key, err)
 	}
@@ -428,6 +451,23 @@ func (s *Store) SubmitJob(ctx context.Context, j JobSpec) error {
 		return fmt.Errorf("job %q: an earlier job of that name is still leaving its nodes: try again in a few seconds, or choose another name", j.Name)
 	}
 	return fmt.Errorf("job %q already exists: delete it first, or choose another name", j.Name)
+}
+
+// forgottenCmps hold once nothing of an earlier job of that name is left
+// (what forgetOps would delete, and its finish record).
+func (s *Store) forgottenCmps(job string) []clientv3.Cmp {
+	return []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(s.Keys.Job(job)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(s.Keys.Desired(job)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(s.Keys.Status(job)), "=", 0),
+		clientv3.Compare(clientv3.CreateRevision(s.Keys.Finish(job)), "=", 0),
+	}
+}
+
+// IsPermissionDenied reports whether err is etcd refusing the operation to
+// this client's user (auth on, and its role does not cover a key).
+func IsPermissionDenied(err error) bool {
+	return err != nil && errors.Is(rpctypes.Error(err), rpctypes.ErrPermissionDenied)
 }
 
 // noMembers holds while no node is a member of the job's rendezvous.
@@ -446,12 +486,18 @@ func (s *Store) forgetOps(job string) []clientv3.Op {
 	}
 }
 
-// Forget removes what a deleted job left behind (see forgetOps) once none
-// of its nodes is left in its rendezvous and it has no spec; it reports
-// whether it did.
+// Forget removes what a deleted job left behind (see forgetOps, and its
+// finish record) once none of its nodes is left in its rendezvous and no
+// team has a spec of that name; it reports whether it did.
 func (s *Store) Forget(ctx context.Context, job string) (bool, error) {
-	r, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(s.Keys.Spec(job)), "=", 0), s.noMembers(job)).
-		Then(s.forgetOps(job)...).Commit()
+	if _, err := s.SpecKey(ctx, job); err == nil {
+		return false, nil
+	} else if !errors.Is(err, ErrNotFound) {
+		return false, fmt.Errorf("forget job %q: %w", job, err)
+	}
+	cmps := []clientv3.Cmp{s.noMembers(job)}
+	r, err := s.Cli.Txn(ctx).If(cmps...).
+		Then(append(s.forgetOps(job), clientv3.OpDelete(s.Keys.Finish(job)))...).Commit()
 	if err != nil {
 		return false, fmt.Errorf("forget job %q: %w", job, err)
 	}
@@ -496,11 +542,12 @@ func (s *Store) PruneEvents(ctx context.Context, perJob, total int) (int, error)
 }
 
 // UpdateJob applies f to a stored job atomically (retrying on conflicts).
+// f may not move the job to another team.
 func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) error) (*JobSpec, error) {
-	if err := api.ValidateName("job", name); err != nil {
+	key, err := s.SpecKey(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	key := s.Keys.Spec(name)
 	for {
 		r, err := s.Cli.Get(ctx, key)
 		if err != nil {
@@ -511,10 +558,14 @@ func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) err
 		}
 		var j JobSpec
 		if err := json.Unmarshal(r.Kvs[0].Value, &j); err != nil {
-			return nil, fmt.Errorf("malformed value at %s: %w", key, err)
+			return nil, fmt.Errorf("job %q: its stored spec is malformed (%v): delete it and submit it again", name, err)
 		}
+		team := j.Team
 		if err := f(&j); err != nil {
 			return nil, err
+		}
+		if j.Team != team {
+			return nil, fmt.Errorf("job %q: a job cannot move from team %q to team %q: delete it and submit it to the other team", name, team, j.Team)
 		}
 		op, err := putOp(key, j)
 		if err != nil {
@@ -522,7 +573,7 @@ func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) err
 		}
 		tr, err := s.Cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", r.Kvs[0].ModRevision)).Then(op).Commit()
 		if err != nil {
-			return nil, fmt.Errorf("write %s: %w", key, err)
+			return nil, fmt.Errorf("write job %q: %w", name, err)
 		}
 		if tr.Succeeded {
 			return &j, nil
@@ -530,14 +581,20 @@ func (s *Store) UpdateJob(ctx context.Context, name string, f func(*JobSpec) err
 	}
 }
 
-// DeleteJob removes a job's spec (the coordinator then releases it).
+// DeleteJob removes a job's spec (the coordinator then releases it) and,
+// where this client may, its finish record; otherwise the coordinator
+// removes that once the job's nodes have left (Forget).
 func (s *Store) DeleteJob(ctx context.Context, name string) error {
-	if err := api.ValidateName("job", name); err != nil {
+	key, err := s.SpecKey(ctx, name)
+	if err != nil {
 		return err
 	}
 	// The finish record goes with the spec: a job submitted again under
 	// the same name runs again.
-	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(s.Keys.Spec(name)), clientv3.OpDelete(s.Keys.Finish(name))).Commit()
+	r, err := s.Cli.Txn(ctx).Then(clientv3.OpDelete(key), clientv3.OpDelete(s.Keys.Finish(name))).Commit()
+	if IsPermissionDenied(err) {
+		r, err = s.Cli.Txn(ctx).Then(clientv3.OpDelete(key)).Commit()
+	}
 	if err != nil {
 		return fmt.Errorf("delete job %q: %w", name, err)
 	}
@@ -547,20 +604,28 @@ func (s *Store) DeleteJob(ctx context.Context, name string) error {
 	return nil
 }
 
-// Jobs lists the job specs. A spec whose name disagrees with its key is
-// a problem, never a job.
+// Jobs lists the job specs. A spec whose name or team disagrees with its
+// key is a problem, never a job, and so is a spec whose name an older spec
+// of another team holds.
 func (s *Store) Jobs(ctx context.Context) ([]JobSpec, []error, error) {
-	js, bad, err := listRecords(ctx, s, s.Keys.SpecsPrefix(), jsonNamed(func(j *JobSpec) string { return j.Name }, nil))
-	sort.Slice(js, func(i, j int) bool { return js[i].Name < js[j].Name })
-	return js, bad, err
+	p := s.Keys.SpecsPrefix()
+	r, err := s.Cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", p, err)
+	}
+	kvs, bad := ownedSpecs(s.Keys, r.Kvs)
+	js, bad2 := decodeRecords(ctx, s, kvs, specDecoder(s.Keys))
+	sortSpecs(js)
+	return js, append(bad, bad2...), nil
 }
 
-// Job reads one job spec.
+// Job reads one job spec, whichever team owns it.
 func (s *Store) Job(ctx context.Context, name string) (*JobSpec, error) {
-	if err := api.ValidateName("job", name); err != nil {
+	key, err := s.SpecKey(ctx, name)
+	if err != nil {
 		return nil, err
 	}
-	return getJSON[JobSpec](ctx, s, s.Keys.Spec(name))
+	return getJSON[JobSpec](ctx, s, key)
 }
 
 // Desired reads a job's desired record (nil, nil when there is none).
@@ -824,4 +889,33 @@ func (s *Store) Finished(ctx context.Context) (map[string]Finish, []error, error
 		out[strings.TrimPrefix(string(kv.Key), prefix)] = f
 	}
 	return out, bad, nil
+}
+
+// JobCreds is a job's etcd user and password (creds/<job>), minted by the
+// coordinator when auth is on. The node agent writes them to a 0600 file
+// for the job's hyperpodrun (--rdzv-conf user=...,password_file=...).
+type JobCreds struct {
+	Job      string `json:"job"`
+	User     string `json:"user"`
+	Password string `json:"password"`
+}
+
+// Creds reads a job's credentials (nil, nil when none were minted).
+func (s *Store) Creds(ctx context.Context, job string) (*JobCreds, error) {
+	if err := api.ValidateName("job", job); err != nil {
+		return nil, err
+	}
+	key := s.Keys.Creds(job)
+	r, err := s.Cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, nil
+	}
+	var c JobCreds
+	if err := json.Unmarshal(r.Kvs[0].Value, &c); err != nil || c.User == "" || c.Job != job {
+		return nil, fmt.Errorf("malformed credentials record at %s", key)
+	}
+	return &c, nil
 }

@@ -55,8 +55,36 @@ func (k Keys) Team(team string) string { return k.TeamsPrefix() + team }
 // SpecsPrefix is the prefix of every job spec.
 func (k Keys) SpecsPrefix() string { return k.under("specs") }
 
-// Spec is a job's spec: JobSpec.
-func (k Keys) Spec(job string) string { return k.SpecsPrefix() + job }
+// TeamSpecs is the prefix of one team's job specs: a team's etcd role
+// may write under it and nowhere else (docs/security.md).
+func (k Keys) TeamSpecs(team string) string { return k.SpecsPrefix() + team + "/" }
+
+// Spec is a job's spec (JobSpec), under its team's prefix. Job names are
+// unique across teams; when two teams' specs name one job, the older spec
+// (lower create revision) owns the name and the other is ignored.
+func (k Keys) Spec(team, job string) string { return k.TeamSpecs(team) + job }
+
+// SpecOwner splits a spec key into its team and job; ok is false for any
+// other key.
+func (k Keys) SpecOwner(key string) (team, job string, ok bool) {
+	rest, ok := strings.CutPrefix(key, k.SpecsPrefix())
+	if !ok {
+		return "", "", false
+	}
+	team, job, ok = strings.Cut(rest, "/")
+	if !ok || team == "" || job == "" || strings.Contains(job, "/") {
+		return "", "", false
+	}
+	return team, job, true
+}
+
+// CredsPrefix is the prefix of the per-job etcd credentials the
+// coordinator mints when auth is on; only the coordinator and the node
+// agents may read them.
+func (k Keys) CredsPrefix() string { return k.under("creds") }
+
+// Creds is a job's etcd credentials: JobCreds.
+func (k Keys) Creds(job string) string { return k.CredsPrefix() + job }
 
 // DesiredPrefix is the prefix of every desired record.
 func (k Keys) DesiredPrefix() string { return k.under("desired") }
@@ -93,15 +121,22 @@ func (k Keys) FinishedPrefix() string { return k.under("finished") }
 // Finish is a job's finish record: Finish.
 func (k Keys) Finish(job string) string { return k.FinishedPrefix() + job }
 
+// CoordinatorPrefix is the prefix of the coordinators' own records (usage,
+// leader election).
+func (k Keys) CoordinatorPrefix() string { return k.under("coordinator") }
+
+// JobsPrefix is the prefix of every running job's keys (Job).
+func (k Keys) JobsPrefix() string { return k.under("jobs") }
+
 // Usage is the teams' usage of the last decision: []api.TeamUsage.
-func (k Keys) Usage() string { return k.Prefix() + "/coordinator/usage" }
+func (k Keys) Usage() string { return k.CoordinatorPrefix() + "usage" }
 
 // Leader is the coordinators' concurrency.Election prefix.
-func (k Keys) Leader() string { return k.Prefix() + "/coordinator/leader" }
+func (k Keys) Leader() string { return k.CoordinatorPrefix() + "leader" }
 
 // Job is the prefix of everything a running job keeps: its rendezvous,
 // restart count, checkpoint record and ready barriers.
-func (k Keys) Job(job string) string { return k.under("jobs") + job + "/" }
+func (k Keys) Job(job string) string { return k.JobsPrefix() + job + "/" }
 
 // Restarts is a job's global failure-restart count: a decimal (Count).
 func (k Keys) Restarts(job string) string { return k.Job(job) + "restarts" }
@@ -218,7 +253,8 @@ func (k Keys) Documented() []string {
 		k.Finish("<job>"),
 		k.Node("<node>"),
 		k.Team("<team>"),
-		k.Spec("<job>"),
+		k.Spec("<team>", "<job>"),
+		k.Creds("<job>"),
 		k.Status("<job>"),
 		k.Usage(),
 		k.EventsPrefix() + "<unix-nanos>-<job>",

@@ -60,7 +60,7 @@ func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
 	snap := &Snapshot{Revision: r.Header.Revision}
-	specDec := jsonNamed(func(j *JobSpec) string { return j.Name }, nil)
+	specDec := specDecoder(k)
 	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
 	type keyedFinish struct {
 		job string
@@ -79,7 +79,12 @@ func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 	var statuses []Status
 	var finished []keyedFinish
 	wg.Add(4)
-	go func() { defer wg.Done(); snap.Jobs, badSpecs = decodeParallel(kvs(0), specDec) }()
+	go func() {
+		defer wg.Done()
+		owned, dup := ownedSpecs(k, kvs(0))
+		snap.Jobs, badSpecs = decodeParallel(owned, specDec)
+		badSpecs = append(dup, badSpecs...)
+	}()
 	go func() { defer wg.Done(); snap.Desired, badDesired = decodeParallel(kvs(1), DecodeDesired) }()
 	go func() { defer wg.Done(); statuses, badStatus = decodeParallel(kvs(2), statDec) }()
 	go func() { defer wg.Done(); finished, badFinish = decodeParallel(kvs(3), finDec) }()
@@ -135,8 +140,17 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 	out := make(map[string]JobRecord, len(names))
 	var bad []error
 	var rev int64
-	specDec := jsonNamed(func(j *JobSpec) string { return j.Name }, nil)
+	specDec := specDecoder(s.Keys)
 	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
+	for _, name := range names {
+		if err := api.ValidateName("job", name); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	specKeys, err := s.specKeys(ctx, names)
+	if err != nil {
+		return nil, nil, 0, err
+	}
 	const per = 4
 	for len(names) > 0 {
 		n := min(len(names), MaxTxnOps/per)
@@ -144,10 +158,11 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 		names = names[n:]
 		var ops []clientv3.Op
 		for _, name := range batch {
-			if err := api.ValidateName("job", name); err != nil {
-				return nil, nil, 0, err
+			specKey, ok := specKeys[name]
+			if !ok {
+				specKey = s.Keys.Spec("-", name) // no spec: read nothing
 			}
-			ops = append(ops, clientv3.OpGet(s.Keys.Spec(name)), clientv3.OpGet(s.Keys.Desired(name)),
+			ops = append(ops, clientv3.OpGet(specKey), clientv3.OpGet(s.Keys.Desired(name)),
 				clientv3.OpGet(s.Keys.Status(name)), clientv3.OpGet(s.Keys.Finish(name)))
 		}
 		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
@@ -204,7 +219,10 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 // JobOfKey names the job a spec, desired, status or finish record key
 // belongs to ("" for any other key).
 func (k Keys) JobOfKey(key string) string {
-	for _, p := range []string{k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix()} {
+	if _, job, ok := k.SpecOwner(key); ok {
+		return job
+	}
+	for _, p := range []string{k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix()} {
 		if name, ok := strings.CutPrefix(key, p); ok && !strings.Contains(name, "/") {
 			return name
 		}
@@ -432,30 +450,58 @@ var ErrJobsExist = errors.New("already exist")
 // no partial batch stays. The jobs that exist already are named in the
 // error, which wraps ErrJobsExist.
 func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
-	const opsPerJob = 4 // put, and forgetOps' three deletes
-	per := MaxTxnOps / opsPerJob
 	type written struct {
-		name string
-		rev  int64
+		key string
+		rev int64
 	}
 	var done []written
 	rollback := func() {
 		for _, w := range done {
-			key := s.Keys.Spec(w.name)
-			_, _ = s.Cli.Txn(context.WithoutCancel(ctx)).If(clientv3.Compare(clientv3.ModRevision(key), "=", w.rev)).
-				Then(clientv3.OpDelete(key)).Commit()
+			_, _ = s.Cli.Txn(context.WithoutCancel(ctx)).If(clientv3.Compare(clientv3.ModRevision(w.key), "=", w.rev)).
+				Then(clientv3.OpDelete(w.key)).Commit()
 		}
 	}
-	for i := 0; i < len(jobs); i += per {
+	names := make([]string, len(jobs))
+	for i, j := range jobs {
+		if err := api.ValidateName("job", j.Name); err != nil {
+			return err
+		}
+		if err := api.ValidateName("team", j.Team); err != nil {
+			return fmt.Errorf("job %q: %w", j.Name, err)
+		}
+		names[i] = j.Name
+	}
+	// Names are unique across teams.
+	owners, err := s.specKeys(ctx, names)
+	if err != nil {
+		return fmt.Errorf("submit jobs: %w", err)
+	}
+	var taken []string
+	for _, j := range jobs {
+		if key, ok := owners[j.Name]; ok {
+			if t, _, _ := s.Keys.SpecOwner(key); t != j.Team {
+				taken = append(taken, fmt.Sprintf("%q (team %q has it)", j.Name, t))
+			}
+		}
+	}
+	if len(taken) > 0 {
+		return fmt.Errorf("job names are unique across teams and %s %s: nothing was submitted; choose other names: %w",
+			strings.Join(taken, ", "), map[bool]string{true: "is taken", false: "are taken"}[len(taken) == 1], ErrJobsExist)
+	}
+	// wipe: also delete what earlier jobs of these names left, which a
+	// team's role may not (auth on); then the batch waits for the
+	// coordinator to have forgotten them instead.
+	wipe := true
+	for i := 0; i < len(jobs); {
+		per := MaxTxnOps / 4 // put + forgetOps' three deletes; or 6 compares
+		if !wipe {
+			per = MaxTxnOps / 6
+		}
 		batch := jobs[i:min(len(jobs), i+per)]
 		var cmps []clientv3.Cmp
 		var ops []clientv3.Op
 		for _, j := range batch {
-			if err := api.ValidateName("job", j.Name); err != nil {
-				rollback()
-				return err
-			}
-			key := s.Keys.Spec(j.Name)
+			key := s.Keys.Spec(j.Team, j.Name)
 			op, err := putOp(key, j)
 			if err != nil {
 				rollback()
@@ -463,9 +509,17 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 			}
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name))
 			ops = append(ops, op)
-			ops = append(ops, s.forgetOps(j.Name)...)
+			if wipe {
+				ops = append(ops, s.forgetOps(j.Name)...)
+			} else {
+				cmps = append(cmps, s.forgottenCmps(j.Name)...)
+			}
 		}
 		r, err := s.Cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+		if wipe && IsPermissionDenied(err) {
+			wipe = false
+			continue
+		}
 		if err != nil {
 			rollback()
 			return fmt.Errorf("submit jobs: %w", err)
@@ -475,8 +529,9 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 			return s.whyNotSubmitted(ctx, jobs)
 		}
 		for _, j := range batch {
-			done = append(done, written{j.Name, r.Header.Revision})
+			done = append(done, written{s.Keys.Spec(j.Team, j.Name), r.Header.Revision})
 		}
+		i += len(batch)
 	}
 	return nil
 }
@@ -489,7 +544,7 @@ func (s *Store) whyNotSubmitted(ctx context.Context, jobs []JobSpec) error {
 		batch := jobs[i:min(len(jobs), i+MaxTxnOps/2)]
 		var ops []clientv3.Op
 		for _, j := range batch {
-			ops = append(ops, clientv3.OpGet(s.Keys.Spec(j.Name), clientv3.WithCountOnly()),
+			ops = append(ops, clientv3.OpGet(s.Keys.Spec(j.Team, j.Name), clientv3.WithCountOnly()),
 				clientv3.OpGet(s.Keys.Rdzv(j.Name).Members, clientv3.WithPrefix(), clientv3.WithCountOnly()))
 		}
 		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
@@ -555,7 +610,10 @@ func (s *Store) ApplyJobs(ctx context.Context, jobs []JobSpec, now time.Time) ([
 	res := make([]ApplyResult, len(jobs))
 	for i, j := range jobs {
 		for {
-			key := s.Keys.Spec(j.Name)
+			if err := api.ValidateName("team", j.Team); err != nil {
+				return res, fmt.Errorf("job %q: %w", j.Name, err)
+			}
+			key := s.Keys.Spec(j.Team, j.Name)
 			r, err := s.Cli.Get(ctx, key)
 			if err != nil {
 				return res, fmt.Errorf("read job %q: %w", j.Name, err)
@@ -624,12 +682,13 @@ func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]
 	if err != nil {
 		return nil, nil, fmt.Errorf("list jobs: %w", err)
 	}
-	kvs := make([]*mvccpb.KeyValue, 0, len(r.Kvs))
-	for _, kv := range r.Kvs {
-		if keep(strings.TrimPrefix(string(kv.Key), p)) {
+	owned, dup := ownedSpecs(s.Keys, r.Kvs)
+	kvs := make([]*mvccpb.KeyValue, 0, len(owned))
+	for _, kv := range owned {
+		if _, job, ok := s.Keys.SpecOwner(string(kv.Key)); !ok || keep(job) {
 			kvs = append(kvs, kv)
 		}
 	}
-	specs, bad := decodeParallel(kvs, jsonNamed(func(j *JobSpec) string { return j.Name }, nil))
-	return specs, bad, nil
+	specs, bad := decodeParallel(kvs, specDecoder(s.Keys))
+	return specs, append(dup, bad...), nil
 }

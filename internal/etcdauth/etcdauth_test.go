@@ -1,0 +1,247 @@
+package etcdauth
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestRolesAreLeastPrivilege(t *testing.T) {
+	k := fleet.NewKeys("")
+	team, err := TeamRoleFor(k, "research")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := JobRoleFor(k, "sweep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := func(r Role) []string {
+		var out []string
+		for _, p := range r.Perms {
+			if p.Access != Read {
+				out = append(out, p.Prefix+p.Key)
+			}
+		}
+		return out
+	}
+	reads := func(r Role, key string) bool {
+		for _, p := range r.Perms {
+			if p.Key == key || (p.Prefix != "" && strings.HasPrefix(key, p.Prefix)) {
+				return true
+			}
+		}
+		return false
+	}
+	if got := writes(team); len(got) != 1 || got[0] != "/hyperpodrun/specs/research/" {
+		t.Errorf("team role writes %v, want only its own specs prefix", got)
+	}
+	if got := writes(job); len(got) != 1 || got[0] != "/hyperpodrun/jobs/sweep/" {
+		t.Errorf("job role writes %v, want only jobs/sweep/", got)
+	}
+	if reads(team, k.Creds("sweep")) {
+		t.Error("a team may read another job's credentials")
+	}
+	if reads(job, k.Checkpoint("sweep2")) || reads(job, k.Spec("research", "sweep")) || reads(job, k.Creds("sweep")) {
+		t.Error("a job may read beyond its own keys and desired record")
+	}
+	for _, r := range FleetRoles(k) {
+		if r.Name == AgentRole && !reads(r, k.Creds("sweep")) {
+			t.Error("the node agent cannot read the credentials it hands to jobs")
+		}
+	}
+	if _, err := TeamRoleFor(k, "../x"); err == nil {
+		t.Error("a team name escaping its prefix was accepted")
+	}
+	if _, err := JobRoleFor(k, "a/b"); err == nil {
+		t.Error("a job name escaping its prefix was accepted")
+	}
+}
+
+// backends are the real etcds the auth tests run on: the embedded server
+// and Debian's etcd 3.4 binary.
+func backends(t *testing.T) map[string]func(t *testing.T) string {
+	return map[string]func(t *testing.T) string{
+		"embedded": func(t *testing.T) string {
+			srv, _ := etcdtest.Start(t)
+			return srv.Endpoints[0]
+		},
+		"debian-etcd-3.4": func(t *testing.T) string {
+			bin, ok := etcdtest.DebianEtcd()
+			if !ok {
+				t.Skipf("Debian's etcd is not installed at %s: apt-get install etcd-server (.ci/run does)", bin)
+			}
+			return etcdtest.StartBinary(t, bin)
+		},
+	}
+}
+
+func connectAs(t *testing.T, ep, user, pwFile string) (*clientv3.Client, error) {
+	t.Helper()
+	var pw string
+	if pwFile != "" {
+		b, err := os.ReadFile(pwFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pw = strings.TrimSpace(string(b))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cli, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: []string{ep}, User: user, Password: pw})
+	if err == nil {
+		t.Cleanup(func() { cli.Close() })
+	}
+	return cli, err
+}
+
+func mustConnectAs(t *testing.T, ep, user, pwFile string) *clientv3.Client {
+	t.Helper()
+	cli, err := connectAs(t, ep, user, pwFile)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	return cli
+}
+
+func spec(name, team string) fleet.JobSpec {
+	return fleet.JobSpec{Job: api.Job{Name: name, Team: team, Flavor: "cpu", PerNode: api.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 2, Elastic: true},
+		Run: fleet.RunSpec{Script: "train.py"}}
+}
+
+// Each attack of issue 11 that etcd's auth must stop, against a real etcd
+// with auth on: another team's job, another job's keys, the credentials.
+func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
+	for name, start := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			ep := start(t)
+			k := fleet.NewKeys("")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			open := mustConnectAs(t, ep, "", "")
+			dir := filepath.Join(t.TempDir(), "passwords")
+			res, err := Bootstrap(ctx, open, k, []string{"team-a", "team-b"}, dir)
+			if err != nil {
+				t.Fatalf("bootstrap: %v", err)
+			}
+			if !res.Enabled {
+				t.Fatal("bootstrap did not turn auth on")
+			}
+			for user, p := range res.Created {
+				if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
+					t.Errorf("%s's password file %s: %v, mode %v; want 0600", user, p, err, fi.Mode().Perm())
+				}
+			}
+			pw := func(user string) string { return filepath.Join(dir, user+".password") }
+			// Auth is on: no user, no access.
+			if _, err := open.Get(ctx, k.TeamsPrefix(), clientv3.WithPrefix()); err == nil {
+				t.Fatal("an anonymous client still reads the fleet after bootstrap")
+			}
+			// Bootstrap again changes nothing and keeps the passwords.
+			root := mustConnectAs(t, ep, RootUser, pw(RootUser))
+			again, err := Bootstrap(ctx, root, k, []string{"team-a", "team-b"}, dir)
+			if err != nil || len(again.Created) != 0 || again.Enabled {
+				t.Fatalf("second bootstrap = %+v, %v; want nothing created", again, err)
+			}
+
+			admin := fleet.New(mustConnectAs(t, ep, AdminUser, pw(AdminUser)), "")
+			for _, team := range []string{"team-a", "team-b"} {
+				if err := admin.PutTeam(ctx, api.Team{Name: team}); err != nil {
+					t.Fatalf("admin writes team %s: %v", team, err)
+				}
+			}
+			a := fleet.New(mustConnectAs(t, ep, TeamRole("team-a"), pw(TeamRole("team-a"))), "")
+			b := fleet.New(mustConnectAs(t, ep, TeamRole("team-b"), pw(TeamRole("team-b"))), "")
+			if err := a.SubmitJob(ctx, spec("a-job", "team-a")); err != nil {
+				t.Fatalf("team a submits its own job: %v", err)
+			}
+			if err := b.SubmitJob(ctx, spec("b-job", "team-b")); err != nil {
+				t.Fatalf("team b submits its own job: %v", err)
+			}
+			// Team a resizes team b's job.
+			_, err = a.UpdateJob(ctx, "b-job", func(j *fleet.JobSpec) error { j.MaxNodes = 1; return nil })
+			if !fleet.IsPermissionDenied(err) {
+				t.Errorf("team a resizing team b's job = %v, want permission denied", err)
+			}
+			if err := a.DeleteJob(ctx, "b-job"); !fleet.IsPermissionDenied(err) {
+				t.Errorf("team a deleting team b's job = %v, want permission denied", err)
+			}
+			if err := a.SubmitJob(ctx, spec("x", "team-b")); !fleet.IsPermissionDenied(errors.Unwrap(err)) && !fleet.IsPermissionDenied(err) {
+				t.Errorf("team a submitting into team b = %v, want permission denied", err)
+			}
+			if j, err := b.Job(ctx, "b-job"); err != nil || j.MaxNodes != 2 {
+				t.Errorf("team b's job after the attacks: %+v, %v; want it unchanged", j, err)
+			}
+			// A team writes the fleet's teams and quotas.
+			if err := a.PutTeam(ctx, api.Team{Name: "team-a", Quotas: []api.FlavorQuota{{Flavor: "cpu", Nominal: 1000}}}); !fleet.IsPermissionDenied(err) {
+				t.Errorf("team a raising its own quota = %v, want permission denied", err)
+			}
+			// A team's own resize works.
+			if _, err := a.UpdateJob(ctx, "a-job", func(j *fleet.JobSpec) error { j.MaxNodes = 1; return nil }); err != nil {
+				t.Errorf("team a resizes its own job: %v", err)
+			}
+
+			// The coordinator mints a job's credentials.
+			coord := mustConnectAs(t, ep, CoordinatorUser, pw(CoordinatorUser))
+			creds, err := Mint(ctx, coord, k, "a-job")
+			if err != nil {
+				t.Fatalf("mint: %v", err)
+			}
+			if _, err := Mint(ctx, coord, k, "b-job"); err != nil {
+				t.Fatalf("mint: %v", err)
+			}
+			if _, err := a.Creds(ctx, "a-job"); !fleet.IsPermissionDenied(err) {
+				t.Errorf("a team reads job credentials: %v, want permission denied", err)
+			}
+			agent := fleet.New(mustConnectAs(t, ep, AgentUser, pw(AgentUser)), "")
+			if got, err := agent.Creds(ctx, "a-job"); err != nil || got.Password != creds.Password {
+				t.Fatalf("the node agent reads the job's credentials: %+v, %v", got, err)
+			}
+			pwFile := filepath.Join(t.TempDir(), "job.password")
+			os.WriteFile(pwFile, []byte(creds.Password), 0o600)
+			job := mustConnectAs(t, ep, creds.User, pwFile)
+			if _, err := job.Put(ctx, k.Checkpoint("a-job"), `{"step":1,"path":"/c/1"}`); err != nil {
+				t.Errorf("the job writes its own checkpoint record: %v", err)
+			}
+			if _, err := job.Get(ctx, k.Desired("a-job")); err != nil {
+				t.Errorf("the job reads its desired record: %v", err)
+			}
+			// A job's hyperpodrun writes another job's keys.
+			for _, key := range []string{k.Checkpoint("b-job"), k.Rdzv("b-job").Head, k.Spec("team-a", "a-job"), k.Desired("a-job"), k.Finish("b-job")} {
+				if _, err := job.Put(ctx, key, "x"); !fleet.IsPermissionDenied(err) {
+					t.Errorf("job a-job writing %s = %v, want permission denied", key, err)
+				}
+			}
+			if _, err := job.Get(ctx, k.Creds("b-job")); !fleet.IsPermissionDenied(err) {
+				t.Errorf("job a-job reading b-job's credentials = %v, want permission denied", err)
+			}
+			if r, err := agent.Cli.Get(ctx, k.Checkpoint("b-job")); err != nil || len(r.Kvs) != 0 {
+				t.Errorf("b-job's checkpoint record after the attack: %v, %v", r, err)
+			}
+
+			// Revoked when the job ends: the job's user is gone.
+			if err := Revoke(ctx, coord, k, "a-job"); err != nil {
+				t.Fatalf("revoke: %v", err)
+			}
+			if _, err := connectAs(t, ep, creds.User, pwFile); err == nil {
+				t.Error("a revoked job's credentials still authenticate")
+			}
+			if c, err := agent.Creds(ctx, "a-job"); err != nil || c != nil {
+				t.Errorf("a revoked job's credentials record: %+v, %v; want none", c, err)
+			}
+			if jobs, err := MintedJobs(ctx, coord); err != nil || len(jobs) != 1 || jobs[0] != "b-job" {
+				t.Errorf("minted jobs after revoking a-job = %v, %v; want [b-job]", jobs, err)
+			}
+		})
+	}
+}

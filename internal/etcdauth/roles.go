@@ -1,0 +1,160 @@
+// Package etcdauth is who may do what in etcd: the roles of the fleet
+// (docs/security.md) as a pure function of the key layout, the bootstrap
+// that creates them with their users on an etcd and turns auth on, and the
+// per-job credentials the coordinator mints when it admits a job and
+// revokes when the job ends. etcd's own auth (users, roles, key-range
+// permissions) is the mechanism; nothing here checks a permission itself.
+package etcdauth
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
+
+// Access is a permission's kind, as etcd's.
+type Access string
+
+// Kinds of access.
+const (
+	Read      Access = "read"
+	Write     Access = "write"
+	ReadWrite Access = "readwrite"
+)
+
+// Perm grants Access to the keys under Prefix (or to the one key Key).
+type Perm struct {
+	// Prefix is a key prefix (every key that starts with it); empty when
+	// Key is set.
+	Prefix string
+	// Key is one exact key; empty when Prefix is set.
+	Key    string
+	Access Access
+}
+
+// Role is an etcd role and its permissions.
+type Role struct {
+	Name  string
+	Perms []Perm
+	// Root says the role's user also gets etcd's root role: etcd allows
+	// only root to manage users and roles, which minting per-job
+	// credentials needs.
+	Root bool
+	// Doc says what the role is for (docs/security.md).
+	Doc string
+}
+
+// Role names.
+const (
+	AdminRole       = "hyperpod-admin"
+	CoordinatorRole = "hyperpod-coordinator"
+	AgentRole       = "hyperpod-agent"
+	teamRolePrefix  = "hyperpod-team-"
+	jobRolePrefix   = "hyperpod-job-"
+)
+
+// TeamRole is the role (and user) name of a team.
+func TeamRole(team string) string { return teamRolePrefix + team }
+
+// JobRole is the role (and user) name of a running job.
+func JobRole(job string) string { return jobRolePrefix + job }
+
+// IsJobRole reports whether name is a job's role, and which job's.
+func IsJobRole(name string) (string, bool) {
+	job, ok := strings.CutPrefix(name, jobRolePrefix)
+	return job, ok && job != ""
+}
+
+// public are the prefixes every party may read: what elasticctl shows.
+// Not creds/ (other jobs' passwords).
+func public(k fleet.Keys) []Perm {
+	var ps []Perm
+	for _, p := range []string{k.TeamsPrefix(), k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.EventsPrefix(),
+		k.NodesPrefix(), k.FinishedPrefix(), k.CoordinatorPrefix(), k.JobsPrefix()} {
+		ps = append(ps, Perm{Prefix: p, Access: Read})
+	}
+	return ps
+}
+
+// merge drops repeated ranges, keeping the widest access: etcd replaces a
+// range's permission when it is granted again, so a read grant after a
+// readwrite one of the same range would take the write away.
+func merge(ps []Perm) []Perm {
+	var out []Perm
+	at := map[[2]string]int{}
+	for _, p := range ps {
+		k := [2]string{p.Prefix, p.Key}
+		if i, ok := at[k]; ok {
+			if out[i].Access != p.Access {
+				out[i].Access = ReadWrite
+			}
+			continue
+		}
+		at[k] = len(out)
+		out = append(out, p)
+	}
+	return out
+}
+
+// FleetRoles are the roles every fleet has: admin, coordinator and node
+// agent.
+func FleetRoles(k fleet.Keys) []Role {
+	return []Role{
+		{
+			Name: AdminRole,
+			Doc:  "platform admins: teams and quotas (elasticctl apply -f teams.yaml); reads everything users see",
+			Perms: merge(append([]Perm{
+				{Prefix: k.TeamsPrefix(), Access: ReadWrite},
+			}, public(k)...)),
+		},
+		{
+			Name: CoordinatorRole,
+			Root: true,
+			Doc:  "hyperpod-coordinator: decides every job's size and writes desired, status, events and usage; mints and revokes per-job credentials, which etcd allows only its root role",
+			Perms: []Perm{
+				{Prefix: k.Root(), Access: ReadWrite},
+			},
+		},
+		{
+			Name: AgentRole,
+			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish records, the per-job credentials it hands to the jobs it runs; reads the rest",
+			Perms: merge(append([]Perm{
+				{Prefix: k.NodesPrefix(), Access: ReadWrite},
+				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
+				{Prefix: k.CredsPrefix(), Access: Read},
+			}, public(k)...)),
+		},
+	}
+}
+
+// TeamRoleFor is a team's role: submit, resize, suspend and delete its own
+// jobs (its spec prefix), read what elasticctl shows of the rest.
+func TeamRoleFor(k fleet.Keys, team string) (Role, error) {
+	if err := api.ValidateName("team", team); err != nil {
+		return Role{}, err
+	}
+	return Role{
+		Name:  TeamRole(team),
+		Doc:   fmt.Sprintf("team %s: submit, resize, suspend and delete its own jobs (%s); read the rest", team, k.TeamSpecs(team)),
+		Perms: merge(append([]Perm{{Prefix: k.TeamSpecs(team), Access: ReadWrite}}, public(k)...)),
+	}, nil
+}
+
+// JobRoleFor is a running job's role: its own rendezvous, restart count,
+// checkpoint record and barriers (jobs/<job>/), and its desired record to
+// read. Nothing of any other job.
+func JobRoleFor(k fleet.Keys, job string) (Role, error) {
+	if err := api.ValidateName("job", job); err != nil {
+		return Role{}, err
+	}
+	return Role{
+		Name: JobRole(job),
+		Doc:  fmt.Sprintf("job %s's hyperpodruns: its own rendezvous and checkpoint keys only", job),
+		Perms: []Perm{
+			{Prefix: k.Job(job), Access: ReadWrite},
+			{Key: k.Desired(job), Access: Read},
+		},
+	}, nil
+}
