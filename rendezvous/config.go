@@ -210,15 +210,17 @@ type ClientOptions = etcdconn.Options
 
 var confKeys = []string{
 	"ack_timeout", "cacert", "cert", "dial_timeout", "join_timeout", "key",
-	"last_call_timeout", "lease_ttl", "password", "prefix", "protocol", "timeout", "user",
+	"last_call_timeout", "lease_ttl", "password", "password_file", "prefix", "protocol", "timeout", "user",
 }
 
 // ParseConf parses torchrun's --rdzv-conf value ("k=v,k2=v2") into cfg and
 // returns the etcd client options it carries. Durations are seconds (float
 // allowed, e.g. "2.5") or Go durations ("1500ms"). Keys: lease_ttl,
 // last_call_timeout, join_timeout (torch's "timeout" is an alias),
-// ack_timeout, prefix, and for the client cacert, cert, key, user, password,
-// protocol, dial_timeout. An unknown key is an error naming it and the valid
+// ack_timeout, prefix, and for the client cacert, cert, key, user,
+// password_file (a 0600 file holding the password; password= also works,
+// as torch's does, but shows in /proc/<pid>/cmdline), protocol,
+// dial_timeout. An unknown key is an error naming it and the valid
 // ones.
 func ParseConf(conf string, cfg *Config) (ClientOptions, error) {
 	opts := ClientOptions{Flags: etcdconn.RdzvFlags}
@@ -258,7 +260,11 @@ func ParseConf(conf string, cfg *Config) (ClientOptions, error) {
 		case "user":
 			opts.User = v
 		case "password":
+			// torch's etcd backend takes it here; it shows in
+			// /proc/<pid>/cmdline, so password_file is the way.
 			opts.Password = v
+		case "password_file":
+			opts.Password, err = etcdconn.ReadPassword(v, "", "--rdzv-conf password_file")
 		case "protocol":
 			v = strings.ToLower(v)
 			if v != "http" && v != "https" {

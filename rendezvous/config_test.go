@@ -3,6 +3,8 @@ package rendezvous
 import (
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,4 +114,31 @@ func TestNewClientReachable(t *testing.T) {
 		t.Fatal(err)
 	}
 	cli.Close()
+}
+
+// The password reaches hyperpodrun through a file, not its command line.
+func TestParseConfPasswordFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "pw")
+	if err := os.WriteFile(good, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Config
+	opts, err := ParseConf("user=hyperpod-job-x,password_file="+good, &cfg)
+	if err != nil || opts.User != "hyperpod-job-x" || opts.Password != "s3cret" {
+		t.Fatalf("ParseConf = %+v, %v; want the password read from the file", opts, err)
+	}
+	open := filepath.Join(dir, "open")
+	if err := os.WriteFile(open, []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for conf, want := range map[string]string{
+		"user=u,password_file=" + open:                       "is readable by others (mode 0644): chmod 600",
+		"user=u,password_file=" + filepath.Join(dir, "none"): "--rdzv-conf password_file: stat",
+		"password_file=" + good:                              "password given without user",
+	} {
+		if _, err := ParseConf(conf, &cfg); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseConf(%q) = %v; want error containing %q", conf, err, want)
+		}
+	}
 }

@@ -115,6 +115,11 @@ func expandHome(p string) string {
 	return p
 }
 
+// passwordEnv holds elasticctl's etcd password when no password file is
+// given (flag or context). There is no password flag: /proc/*/cmdline is
+// world-readable.
+const passwordEnv = "ELASTICCTL_ETCD_PASSWORD"
+
 // connection resolves how to reach etcd: a flag (or its ELASTICCTL_*
 // variable) wins over the context, which wins over the defaults.
 func connection(c *cli.Context) (etcdconn.Options, string, error) {
@@ -143,12 +148,10 @@ func connection(c *cli.Context) (etcdconn.Options, string, error) {
 		User:      pick("etcd-user", ctx.User, ""),
 		Flags:     etcdconn.Flags{Endpoints: "--etcd-endpoints", CACert: "--etcd-cacert", Cert: "--etcd-cert", Key: "--etcd-key", Auth: "the --etcd-* flags (or the config context)"},
 	}
-	if pf := expandHome(pick("etcd-password-file", ctx.PasswordFile, "")); pf != "" {
-		b, err := os.ReadFile(pf)
-		if err != nil {
-			return opts, "", fmt.Errorf("etcd password file: %w", err)
-		}
-		opts.Password = strings.TrimRight(string(b), "\r\n")
+	pw, err := etcdconn.ReadPassword(expandHome(pick("etcd-password-file", ctx.PasswordFile, "")), passwordEnv, "--etcd-password-file")
+	if err != nil {
+		return opts, "", err
 	}
+	opts.Password = pw
 	return opts, pick("etcd-prefix", ctx.Prefix, fleet.DefaultPrefix), nil
 }

@@ -88,6 +88,8 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "etcd-cacert", EnvVars: []string{"HYPERPOD_ETCD_CACERT"}, Usage: "CA bundle that signed etcd's server certificate"},
 					&cli.StringFlag{Name: "etcd-cert", EnvVars: []string{"HYPERPOD_ETCD_CERT"}, Usage: "client certificate for etcd (with --etcd-key)"},
 					&cli.StringFlag{Name: "etcd-key", EnvVars: []string{"HYPERPOD_ETCD_KEY"}, Usage: "client key for etcd (with --etcd-cert)"},
+					&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"HYPERPOD_ETCD_USER"}, Usage: "etcd user (etcd auth on: hyperpod-agent, see docs/security.md)"},
+					&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password (mode 0600); else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
 					&cli.DurationFlag{Name: "etcd-dial-timeout", Value: 5 * time.Second, Usage: "etcd connection timeout"},
 					&cli.BoolFlag{Name: "embedded-etcd", Usage: "start an in-process etcd (local try-outs; ignores --etcd-endpoints)"},
 					&cli.StringFlag{Name: "listen", Value: nodeagent.DefaultListen, Usage: "address of /healthz, /metrics and /inventory (empty: none)"},
@@ -202,8 +204,15 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			return usagef("--listen %s: %v", l, err)
 		}
 	}
+	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
+	if err != nil {
+		return usagef("%v", err)
+	}
 	conn := etcdconn.Options{CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key"),
-		DialTimeout: c.Duration("etcd-dial-timeout")}
+		User: c.String("etcd-user"), Password: pw, DialTimeout: c.Duration("etcd-dial-timeout")}
+	if conn.Password != "" && conn.User == "" {
+		return usagef("an etcd password was given (--etcd-password-file or $%s) without --etcd-user", etcdconn.PasswordEnv)
+	}
 	if _, err := conn.TLSConfig(); err != nil {
 		return usagef("%v", err)
 	}

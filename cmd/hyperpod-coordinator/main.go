@@ -38,7 +38,11 @@ func run(args []string, stderr io.Writer) int {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Value: "127.0.0.1:2379"},
 			&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix},
-			&cli.StringFlag{Name: "etcd-cacert"}, &cli.StringFlag{Name: "etcd-cert"}, &cli.StringFlag{Name: "etcd-key"},
+			&cli.StringFlag{Name: "etcd-cacert", Usage: "CA bundle that signed etcd's server certificate"},
+			&cli.StringFlag{Name: "etcd-cert", Usage: "client certificate for etcd (with --etcd-key)"},
+			&cli.StringFlag{Name: "etcd-key", Usage: "client key for etcd (with --etcd-cert)"},
+			&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"HYPERPOD_ETCD_USER"}, Usage: "etcd user (etcd auth on: hyperpod-coordinator, see docs/security.md)"},
+			&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password (mode 0600); else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
 			&cli.DurationFlag{Name: "resync", Value: 2 * time.Second, Usage: "run a scheduling cycle at least this often"},
@@ -86,7 +90,12 @@ func serve(c *cli.Context) error {
 		endpoints = srv.Endpoints
 		log.Info("embedded etcd", "endpoints", strings.Join(endpoints, ","))
 	}
-	opts := etcdconn.Options{Endpoints: endpoints, CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key")}
+	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
+	if err != nil {
+		return usageError{err}
+	}
+	opts := etcdconn.Options{Endpoints: endpoints, CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key"),
+		User: c.String("etcd-user"), Password: pw}
 	if err := opts.Validate(); err != nil {
 		return usageError{err}
 	}

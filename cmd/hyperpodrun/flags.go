@@ -90,7 +90,7 @@ func flags() []cli.Flag {
 		str("rdzv-backend", "static", "rendezvous backend: static, etcd (etcd v3; etcd-v2 is an alias), c10d (the node owning --rdzv-endpoint's address hosts an embedded etcd there) or hyperpod"),
 		str("rdzv-endpoint", "", "rendezvous endpoint(s): host:port[,host:port...]"),
 		str("rdzv-id", "none", "user-defined job id"),
-		str("rdzv-conf", "", "rendezvous settings key=value,... (lease_ttl, last_call_timeout, join_timeout, prefix, cacert, cert, key, user, password)"),
+		str("rdzv-conf", "", "rendezvous settings key=value,... (lease_ttl, last_call_timeout, join_timeout, prefix, cacert, cert, key, user, password_file (0600; password= shows in /proc/<pid>/cmdline))"),
 		boolean("standalone", "single-node job with a local rendezvous (no etcd needed)"),
 		integer("max-restarts", 0, "maximum number of worker-group restarts before failing"),
 		float("monitor-interval", 0.1, "seconds between worker checks (accepted; hyperpodrun is event-driven)"),

@@ -238,3 +238,36 @@ func probe(ctx context.Context, cli *clientv3.Client, eps []string) error {
 	}
 	return errs[0]
 }
+
+// PasswordEnv is the environment variable the daemons (hyperpod-agent,
+// hyperpod-coordinator) read an etcd password from when no password file
+// is given. A password is never a command-line argument: /proc/*/cmdline
+// is world-readable.
+const PasswordEnv = "HYPERPOD_ETCD_PASSWORD"
+
+// ReadPassword returns the password in file (its first line, without the
+// line end) or else in the environment variable env ("" when neither is
+// set). flag names the file's flag in errors. A file others may read is
+// refused: the password would not be secret.
+func ReadPassword(file, env, flag string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	fi, err := os.Stat(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, unwrapPath(err))
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("%s: %s is readable by others (mode %04o): chmod 600 %s", flag, file, fi.Mode().Perm(), file)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", flag, unwrapPath(err))
+	}
+	pw, _, _ := strings.Cut(string(b), "\n")
+	pw = strings.TrimRight(pw, "\r")
+	if pw == "" {
+		return "", fmt.Errorf("%s: %s is empty: want the etcd user's password on its first line", flag, file)
+	}
+	return pw, nil
+}
