@@ -360,6 +360,27 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	return append(append(args, spec.Run.Script), spec.Run.Args...)
 }
 
+// credsConf adds a job's etcd credentials to the --rdzv-conf the agent
+// gives every job: the user, and the password in a file of mode 0600 in
+// the run's own directory (never on the command line, never the agent's).
+func credsConf(conf string, creds *fleet.JobCreds, dir string) (string, error) {
+	if creds == nil {
+		return conf, nil
+	}
+	if strings.ContainsAny(creds.User, ",= ") {
+		return "", fmt.Errorf("job %s's credentials record names user %q, which cannot pass in --rdzv-conf", creds.Job, creds.User)
+	}
+	pw := filepath.Join(dir, "etcd.password")
+	if err := os.WriteFile(pw, []byte(creds.Password+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write the job's etcd password file: %w", err)
+	}
+	add := "user=" + creds.User + ",password_file=" + pw
+	if conf == "" {
+		return add, nil
+	}
+	return conf + "," + add, nil
+}
+
 // start starts a run of a job's hyperpodrun, unless the job has finished
 // or runs already. Each run has its own TMPDIR and containment; when
 // hyperpodrun exits, every process of the run is killed and both are
@@ -381,6 +402,12 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
+	// The job's own etcd user (etcd auth on: the coordinator minted it);
+	// never the agent's.
+	creds, err := r.st.Creds(rctx, job)
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, running := r.jobs[job]; running {
@@ -396,7 +423,13 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	}
 	r.seq++
 	b := r.box.open(fmt.Sprintf("%d.%s.%s", r.seq, r.node.Name, job))
-	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), r.cfg.RdzvConf, logDir)
+	rdzvConf, err := credsConf(r.cfg.RdzvConf, creds, tmp)
+	if err != nil {
+		b.abandon()
+		os.RemoveAll(tmp)
+		return err
+	}
+	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), rdzvConf, logDir)
 	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
 	// The job's own TMPDIR, if it sets one, wins (and is not removed).
 	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+b.marker)

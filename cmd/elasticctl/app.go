@@ -330,6 +330,14 @@ func withStore(check func(c *cli.Context) error, f action) cli.ActionFunc {
 			return err
 		}
 		defer cli.Close()
-		return f(c, fleet.New(cli, prefix))
+		err = f(c, fleet.New(cli, prefix))
+		if fleet.IsPermissionDenied(err) {
+			who := "this client"
+			if opts.User != "" {
+				who = fmt.Sprintf("etcd user %q", opts.User)
+			}
+			return fmt.Errorf("%w: %s may not do this; a team's user may change only its own team's jobs, and only admins teams and quotas (docs/security.md)", err, who)
+		}
+		return err
 	}
 }

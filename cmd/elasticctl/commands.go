@@ -102,6 +102,7 @@ func commands() []*cli.Command {
 			},
 			Action: withStore(checkEvents, cmdEvents),
 		},
+		authCommand(),
 		simulateCommand(),
 		{
 			Name: "completion", Usage: "print a shell completion script", ArgsUsage: "bash|zsh|fish",

@@ -50,6 +50,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
+			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
 		},
 		ErrWriter:      stderr,
 		OnUsageError:   func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
@@ -125,6 +126,7 @@ func serve(c *cli.Context) error {
 	}
 	co := coordinator.New(cli, coordinator.Config{
 		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Logger: log,
+		JobCredentials:  opts.User != "" && c.Bool("job-credentials"),
 		Engine:          policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
 		OnDecision: func(d policy.Decision) {

@@ -245,3 +245,14 @@ func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
 		})
 	}
 }
+
+// docs/security.md shows the roles the code grants.
+func TestSecurityDocListsTheRoles(t *testing.T) {
+	b, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := Table(fleet.NewKeys("")); !strings.Contains(string(b), want) {
+		t.Errorf("docs/security.md's role table is out of date; want:\n%s", want)
+	}
+}

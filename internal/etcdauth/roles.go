@@ -158,3 +158,39 @@ func JobRoleFor(k fleet.Keys, job string) (Role, error) {
 		},
 	}, nil
 }
+
+// Table renders the roles as docs/security.md's permission table (a test
+// keeps the two in step): one row per role, with what it may write and
+// read, for a team named <team> and a job named <job>.
+func Table(k fleet.Keys) string {
+	team, _ := TeamRoleFor(k, "team")
+	job, _ := JobRoleFor(k, "job")
+	team.Name, job.Name = TeamRole("<team>"), JobRole("<job>")
+	fix := func(s string) string {
+		s = strings.ReplaceAll(s, k.TeamSpecs("team"), k.TeamSpecs("<team>"))
+		return strings.ReplaceAll(strings.ReplaceAll(s, k.Job("job"), k.Job("<job>")), k.Desired("job"), k.Desired("<job>"))
+	}
+	var b strings.Builder
+	b.WriteString("| role (user) | writes | reads | etcd root |\n| --- | --- | --- | --- |\n")
+	for _, r := range append(FleetRoles(k), team, job) {
+		var w, rd []string
+		for _, p := range r.Perms {
+			key := "`" + fix(p.Prefix+p.Key) + "`"
+			if p.Prefix != "" {
+				key = "`" + fix(p.Prefix) + "*`"
+			}
+			if p.Access != Read {
+				w = append(w, key)
+			}
+			if p.Access != Write {
+				rd = append(rd, key)
+			}
+		}
+		root := "no"
+		if r.Root {
+			root = "yes"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", r.Name, strings.Join(w, " "), strings.Join(rd, " "), root)
+	}
+	return b.String()
+}

@@ -50,6 +50,11 @@ type Config struct {
 	Logger *slog.Logger
 	// OnDecision, when set, sees every decision (tests, the demo's timeline).
 	OnDecision func(policy.Decision)
+	// JobCredentials mints every admitted job an etcd user limited to its
+	// own keys (etcdauth.JobRoleFor) before its desired record is written,
+	// and revokes it when the job holds no nodes any more. It needs etcd
+	// auth on and this client's user to hold etcd's root role.
+	JobCredentials bool
 }
 
 // Coordinator is one coordinator instance.
@@ -58,6 +63,9 @@ type Coordinator struct {
 	cli   *clientv3.Client
 	store *fleet.Store
 	log   *slog.Logger
+	// minted are the jobs holding etcd credentials (JobCredentials); nil
+	// until read.
+	minted map[string]bool
 }
 
 // New returns a coordinator; Run starts it.
@@ -122,6 +130,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	c.log.Info("elected leader")
+	c.minted = nil // another leader may have minted and revoked meanwhile
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		el.Resign(rctx)
@@ -332,6 +341,9 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	if err != nil {
 		return false, err
 	}
+	if err := c.mintFor(ctx, d.Allocations); err != nil {
+		return false, err
+	}
 	if c.cfg.OnDecision != nil {
 		c.cfg.OnDecision(d)
 	}
@@ -350,6 +362,11 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		ops = ops[n:]
 	}
 	c.forgetDeleted(ctx, desired, specs)
+	running := make(map[string]bool, len(d.Allocations))
+	for _, a := range d.Allocations {
+		running[a.Job] = true
+	}
+	c.revokeEnded(ctx, running)
 	return again, nil
 }
 
