@@ -59,7 +59,7 @@ soak-short:
 ## demo: the main demo on an embedded etcd (no setup): coordinator, 4 node
 ## agents, two teams, an elastic job shrunk and grown back by fair share.
 demo: build
-	@./$(BIN)/demo
+	@./$(BIN)/demo $(if $(filter 0,$(AUTH)),-auth=false)
 
 ## demo-standalone: hyperpodrun --standalone --nproc-per-node 4 on real DDP.
 demo-standalone: build

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -28,7 +29,7 @@ func TestDemoScenario(t *testing.T) {
 	os.Chdir(filepath.Join(wd, "..", ".."))
 	defer os.Chdir(wd)
 	var out bytes.Buffer
-	res, err := scenario(options{hyperpodrun: filepath.Join(bin, "hyperpodrun"), worker: filepath.Join(bin, "worker"), out: &out})
+	res, err := scenario(options{hyperpodrun: filepath.Join(bin, "hyperpodrun"), worker: filepath.Join(bin, "worker"), auth: true, out: &out})
 	defer func() {
 		if t.Failed() {
 			t.Log(out.String())
@@ -36,6 +37,11 @@ func TestDemoScenario(t *testing.T) {
 	}()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// With etcd auth on, team prod's attempt to resize research's job was
+	// refused by etcd, and the job went on.
+	if len(res.refused) != 1 || !fleet.IsPermissionDenied(res.refused[0]) {
+		t.Errorf("team prod resizing research's job: %v; want etcd's permission denied", res.refused)
 	}
 	if len(res.sizes) < 3 || res.sizes[0] != 4 || res.sizes[len(res.sizes)-1] != 4 {
 		t.Errorf("world sizes over time %v: want 4 first and last", res.sizes)

@@ -31,6 +31,8 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
@@ -47,8 +49,9 @@ func main() {
 	hpr := flag.String("hyperpodrun", "bin/hyperpodrun", "hyperpodrun binary")
 	workerBin := flag.String("worker", "bin/worker", "bundled worker (used without PyTorch)")
 	python := flag.String("python", "", "Python with torch (default: $PYTHON_EXEC, else /usr/bin/python3)")
+	auth := flag.Bool("auth", true, "turn etcd auth on: every party connects as its own user (docs/security.md); -auth=false runs without")
 	flag.Parse()
-	res, err := scenario(options{hyperpodrun: *hpr, worker: *workerBin, python: *python, out: os.Stdout})
+	res, err := scenario(options{hyperpodrun: *hpr, worker: *workerBin, python: *python, auth: *auth, out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
@@ -60,7 +63,11 @@ func main() {
 
 type options struct {
 	hyperpodrun, worker, python string
-	out                         io.Writer
+	// auth turns etcd auth on (elasticctl auth bootstrap): the
+	// coordinator, the agents and each team connect as their own users,
+	// and every job gets its own.
+	auth bool
+	out  io.Writer
 }
 
 // result is what the scenario observed.
@@ -72,6 +79,8 @@ type result struct {
 	utilization    float64
 	prodFinished   bool
 	history        []fleet.Event
+	// refused holds etcd's answers to the attacks tried with auth on.
+	refused []error
 }
 
 // timeline prints events with the time since the demo started.
@@ -202,6 +211,55 @@ func scenario(o options) (*result, error) {
 	}
 	tl.say("teams: research and prod, 16 x %s of nominal quota each (fleet: %d nodes x %d GPUs)", flavor, nodes, gpusPerNode)
 
+	// With auth on, every party below connects as its own etcd user.
+	agentCli, coordCli, teamStore := cli, cli, map[string]*fleet.Store{"research": st, "prod": st}
+	if o.auth {
+		pwDir := filepath.Join(work, "passwords")
+		if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"research", "prod"}, pwDir); err != nil {
+			return nil, err
+		}
+		as := func(user string) (*clientv3.Client, error) {
+			pw, err := etcdconn.ReadPassword(filepath.Join(pwDir, user+".password"), "", "demo")
+			if err != nil {
+				return nil, err
+			}
+			return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: user, Password: pw})
+		}
+		var clis []*clientv3.Client
+		defer func() {
+			for _, c := range clis {
+				c.Close()
+			}
+		}()
+		for _, u := range []struct {
+			user string
+			cli  **clientv3.Client
+		}{{etcdauth.AgentUser, &agentCli}, {etcdauth.CoordinatorUser, &coordCli}} {
+			c, err := as(u.user)
+			if err != nil {
+				return nil, err
+			}
+			clis = append(clis, c)
+			*u.cli = c
+		}
+		for team := range teamStore {
+			c, err := as(etcdauth.TeamRole(team))
+			if err != nil {
+				return nil, err
+			}
+			clis = append(clis, c)
+			teamStore[team] = fleet.New(c, "")
+		}
+		// The demo itself watches as an admin.
+		admin, err := as(etcdauth.AdminUser)
+		if err != nil {
+			return nil, err
+		}
+		clis = append(clis, admin)
+		cli, st = admin, fleet.New(admin, "")
+		tl.say("etcd auth on: the coordinator, the agents and each team connect as their own users; each job gets its own (docs/security.md)")
+	}
+
 	prog := &progress{tl: tl, sizes: map[string][]int{}, world: map[string]int{}, steps: map[string][]int{}, last: map[string]string{}}
 	var wg sync.WaitGroup
 	actx, stopAgents := context.WithCancel(ctx)
@@ -211,7 +269,7 @@ func scenario(o options) (*result, error) {
 		name := fmt.Sprintf("node-%d", i)
 		runner := jobrunner.New(jobrunner.Config{Hyperpodrun: *hpr, Endpoints: srv.Endpoints, LogDir: filepath.Join(work, "logs"),
 			RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet})
-		a, err := nodeagent.New(cli, nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
+		a, err := nodeagent.New(agentCli, nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
 		if err != nil {
 			return nil, err
 		}
@@ -223,7 +281,7 @@ func scenario(o options) (*result, error) {
 
 	// Coordinator: the demo's stable period is short so it fits in a minute.
 	util := &utilization{total: nodes * gpusPerNode}
-	co := coordinator.New(cli, coordinator.Config{Resync: 500 * time.Millisecond, Logger: quiet,
+	co := coordinator.New(coordCli, coordinator.Config{Resync: 500 * time.Millisecond, Logger: quiet, JobCredentials: o.auth,
 		Engine:     policy.Config{MinStablePeriod: 5 * time.Second},
 		OnDecision: func(d policy.Decision) { util.record(d) }})
 	wg.Add(1)
@@ -232,7 +290,7 @@ func scenario(o options) (*result, error) {
 
 	submit := func(j fleet.JobSpec) error {
 		j.SubmitTime = time.Now().UTC()
-		return st.SubmitJob(ctx, j)
+		return teamStore[j.Team].SubmitJob(ctx, j)
 	}
 	low, high := "low", "high"
 	tl.say("submit: research-sweep (team research, priority low, elastic 1..4 nodes x 8 GPUs)")
@@ -251,15 +309,21 @@ func scenario(o options) (*result, error) {
 	if err := waitUntil(ctx, func() bool { f, _, _ := st.Finished(ctx); _, ok := f["prod"]; return ok }); err != nil {
 		return nil, fmt.Errorf("prod never finished: %w", err)
 	}
+	res := &result{prodFinished: true}
+	if o.auth {
+		// What a team may not do: resize another team's job.
+		_, err := teamStore["prod"].UpdateJob(ctx, "sweep", func(j *fleet.JobSpec) error { j.MaxNodes = 1; return nil })
+		tl.say("team prod tries to shrink research's sweep to 1 node: %v", err)
+		res.refused = append(res.refused, err)
+	}
 	tl.say("prod finished: its nodes are idle again")
 	if err := waitUntil(ctx, func() bool { w, _ := prog.at("sweep"); return w == 4 }); err != nil {
 		return nil, fmt.Errorf("sweep never grew back: %w", err)
 	}
 	_, s0 := prog.at("sweep")
 	waitUntil(ctx, func() bool { _, s := prog.at("sweep"); return s >= s0+20 })
-	res := &result{prodFinished: true}
 	res.history, _, _ = st.Events(ctx, "sweep")
-	st.DeleteJob(ctx, "sweep")
+	teamStore["research"].DeleteJob(ctx, "sweep")
 	for _, a := range agents {
 		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
 		a.Drain(dctx)
