@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -27,7 +28,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -43,6 +47,7 @@ func benchMain() int {
 	memprofile := flag.String("memprofile", "", "write an allocation profile here at exit")
 	flag.StringVar(&goroutineDump, "goroutines", "", "dump every goroutine here once all participants joined")
 	gogc := flag.Int("gogc", 400, "GC percent of this process (0: Go's default, or $GOGC); the simulation keeps every participant's heap and etcd's in one process, which no deployment does")
+	authAt := flag.Int("auth-at", 1000, "also run this size with etcd auth on (the job's own user, as the coordinator mints it) and print it beside the same run's figure without; 0: skip")
 	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
 	flag.Parse()
 
@@ -78,14 +83,29 @@ func benchMain() int {
 		*ttl, *clients, runtime.GOMAXPROCS(0), gcPercent)
 	failed := false
 	baseline := runtime.NumGoroutine()
+	plain := map[int]float64{}
 	for _, n := range ns {
-		secs, err := run(n, *clients, *ttl, *nproc, logger)
+		secs, err := run(n, *clients, *ttl, *nproc, false, logger)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes: %v\n", n, err)
 			failed = true
 			continue
 		}
+		plain[n] = secs
 		fmt.Printf("BENCH rdzv_close_%d_nodes %.2f s anchor=torch-etcd-256-nodes:97s target=%s\n", n, secs, strconv.FormatFloat(float64(n)/1000, 'f', -1, 64))
+	}
+	if n := *authAt; n > 0 {
+		secs, err := run(n, *clients, *ttl, *nproc, true, logger)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes with auth: %v\n", n, err)
+			failed = true
+		} else {
+			anchor := "auth-off:not-run"
+			if p, ok := plain[n]; ok {
+				anchor = fmt.Sprintf("auth-off:%.2fs", p)
+			}
+			fmt.Printf("BENCH rdzv_close_%d_nodes_auth %.2f s anchor=%s target=%s\n", n, secs, anchor, strconv.FormatFloat(float64(n)/1000, 'f', -1, 64))
+		}
 	}
 	// Everything run started must be gone: nodes, clients, the server.
 	deadline := time.Now().Add(10 * time.Second)
@@ -120,7 +140,10 @@ func fatalf(format string, args ...any) {
 }
 
 // run measures one size and frees everything it started.
-func run(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (secs float64, err error) {
+// With auth, etcd auth is on and every participant connects as the job's
+// own user (etcdauth.Mint), as hyperpodrun does under a coordinator that
+// mints credentials: etcd checks that user's permission on every request.
+func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.Logger) (secs float64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	srv, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
@@ -128,9 +151,17 @@ func run(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (se
 		return 0, err
 	}
 	defer srv.Close()
+	job := fmt.Sprintf("bench-%d", n)
+	connect := srv.Client
+	if auth {
+		connect, err = authedClients(ctx, srv, job)
+		if err != nil {
+			return 0, err
+		}
+	}
 	clis := make([]*clientv3.Client, min(nclients, n))
 	for i := range clis {
-		if clis[i], err = srv.Client(); err != nil {
+		if clis[i], err = connect(); err != nil {
 			return 0, err
 		}
 	}
@@ -139,7 +170,6 @@ func run(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (se
 			c.Close()
 		}
 	}()
-	job := fmt.Sprintf("bench-%d", n)
 	nodes := make([]*rendezvous.Node, n)
 	for i := range nodes {
 		nodes[i], err = rendezvous.New(clis[i%len(clis)], rendezvous.Config{
@@ -228,4 +258,39 @@ func closeAll(nodes []*rendezvous.Node) {
 		}()
 	}
 	wg.Wait()
+}
+
+// authedClients bootstraps etcd auth on srv, mints job's credentials and
+// returns a constructor of clients logged in as the job's user.
+func authedClients(ctx context.Context, srv *etcdembed.Server, job string) (func() (*clientv3.Client, error), error) {
+	open, err := srv.Client()
+	if err != nil {
+		return nil, err
+	}
+	defer open.Close()
+	dir, err := os.MkdirTemp("", "rdzvscale-auth-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	k := fleet.NewKeys("")
+	if _, err := etcdauth.Bootstrap(ctx, open, k, nil, dir); err != nil {
+		return nil, err
+	}
+	rootPW, err := etcdconn.ReadPassword(filepath.Join(dir, etcdauth.RootUser+".password"), "", "root")
+	if err != nil {
+		return nil, err
+	}
+	root, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: etcdauth.RootUser, Password: rootPW})
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	creds, err := etcdauth.Mint(ctx, root, k, job)
+	if err != nil {
+		return nil, err
+	}
+	return func() (*clientv3.Client, error) {
+		return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: creds.User, Password: creds.Password})
+	}, nil
 }
