@@ -41,6 +41,8 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -60,6 +62,7 @@ type config struct {
 	gapMin, gapMax, etcdDown   time.Duration
 	corruptHold, warmupTimeout time.Duration
 	verbose                    bool
+	auth                       bool
 }
 
 func parseConfig(args []string) (config, error) {
@@ -77,6 +80,7 @@ func parseConfig(args []string) (config, error) {
 	fs.IntVar(&c.ddpSteps, "ddp-steps", 0, "steps of each DDP job (default 400, -short 100)")
 	fs.IntVar(&c.workerSteps, "worker-steps", 0, "steps of each bundled-worker job (default 1500, -short 400)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logs")
+	fs.BoolVar(&c.auth, "auth", os.Getenv("SOAK_AUTH") != "0", "etcd auth on: elasticctl auth bootstrap, every daemon and team as its own user, every job as its minted one ($SOAK_AUTH=0 turns it off)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -307,7 +311,18 @@ func (s *soak) run(ctx context.Context) error {
 	if err := s.startEtcd(ctx); err != nil {
 		return err
 	}
-	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 2 * time.Second, Logger: nopZap()}); err != nil {
+	var user, pw string
+	if s.cfg.auth {
+		if _, err := s.elasticctl(ctx, "auth", "bootstrap", "--team", teamName, "--password-dir", s.passwordDir()); err != nil {
+			return err
+		}
+		user = etcdauth.RootUser
+		if pw, err = etcdconn.ReadPassword(s.passwordFile(user), "", "root"); err != nil {
+			return err
+		}
+		s.log.Info("etcd auth on: every daemon, the team and every job connect as their own users")
+	}
+	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 2 * time.Second, Logger: nopZap(), Username: user, Password: pw}); err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	defer s.etcdCli.Close()
@@ -485,15 +500,15 @@ func (s *soak) startEtcd(ctx context.Context) error {
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		_, err := cli.Get(rctx, "health")
+		_, err := cli.Status(rctx, s.endpoint) // needs no user once auth is on
 		return err == nil
 	})
 }
 
 func (s *soak) startCoordinator(i int) error {
 	name := fmt.Sprintf("coordinator-%d", i)
-	c, err := s.sup.start(name, filepath.Join(s.bin, "hyperpod-coordinator"), "--etcd-endpoints", s.endpoint,
-		"--id", name, "--listen=", "--resync", "1s", "--min-stable-period", "10s")
+	c, err := s.sup.start(name, filepath.Join(s.bin, "hyperpod-coordinator"), append(s.authFlags(etcdauth.CoordinatorUser), "--etcd-endpoints", s.endpoint,
+		"--id", name, "--listen=", "--resync", "1s", "--min-stable-period", "10s")...)
 	if err != nil {
 		return err
 	}
@@ -504,16 +519,31 @@ func (s *soak) startCoordinator(i int) error {
 func (s *soak) startAgent(i int) error {
 	node := fmt.Sprintf("node-%d", i)
 	fixture := filepath.Join(s.cfg.repo, "devices", "testdata", "neuron", "inf2")
-	c, err := s.sup.start("agent-"+node, filepath.Join(s.bin, "hyperpod-agent"), "run",
+	c, err := s.sup.start("agent-"+node, filepath.Join(s.bin, "hyperpod-agent"), append(append([]string{"run"}, s.authFlags(etcdauth.AgentUser)...),
 		"--etcd-endpoints", s.endpoint, "--node-name", node, "--listen=", "--lease-ttl", "5s",
 		"--disable-nvml", "--neuron-sysfs-root", filepath.Join(fixture, "sys", "devices", "virtual", "neuron_device"),
 		"--dev-root", filepath.Join(fixture, "dev"),
-		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))
+		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))...)
 	if err != nil {
 		return err
 	}
 	s.agents[i] = c
 	return nil
+}
+
+func (s *soak) passwordDir() string { return filepath.Join(s.work, "etcd-passwords") }
+
+func (s *soak) passwordFile(user string) string {
+	return filepath.Join(s.passwordDir(), user+".password")
+}
+
+// authFlags are the --etcd-user and --etcd-password-file flags of user
+// (none with auth off).
+func (s *soak) authFlags(user string) []string {
+	if !s.cfg.auth {
+		return nil
+	}
+	return []string{"--etcd-user", user, "--etcd-password-file", s.passwordFile(user)}
 }
 
 func (s *soak) waitNodes(ctx context.Context) error {
@@ -533,7 +563,16 @@ func (s *soak) waitNodes(ctx context.Context) error {
 func (s *soak) elasticctl(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "elasticctl"), append([]string{"--etcd-endpoints", s.endpoint}, args...)...)
+	global := []string{"--etcd-endpoints", s.endpoint}
+	if s.cfg.auth && args[0] != "auth" {
+		// Teams and quotas are the admin's; jobs the team's.
+		user := etcdauth.TeamRole(teamName)
+		if args[0] == "apply" {
+			user = etcdauth.AdminUser
+		}
+		global = append(global, s.authFlags(user)...)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(s.bin, "elasticctl"), append(global, args...)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := s.sup.output(cmd)
