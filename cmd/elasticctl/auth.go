@@ -14,6 +14,9 @@ func authCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "auth",
 		Usage: "etcd users and roles of the fleet (docs/security.md)",
+		Description: "etcd's own auth decides who may do what: a team's user changes only its team's jobs,\n" +
+			"a job's user (minted by the coordinator) only its own rendezvous and checkpoint keys.\n\n" +
+			examples("elasticctl auth bootstrap --password-dir /etc/hyperpod/etcd-passwords"),
 		Subcommands: []*cli.Command{{
 			Name:  "bootstrap",
 			Usage: "create the fleet's roles and users on etcd, write their passwords, and turn etcd auth on",
