@@ -285,6 +285,16 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			e.log.Info("round superseded before it started", "round", round.Number, "reason", change.Reason, "detail", change.Detail)
 			continue
 		}
+		if err := e.markRunning(ctx, round); err != nil {
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				if err := e.newNode(); err != nil {
+					return err
+				}
+				continue
+			}
+			e.leave(ctx)
+			return &ExitError{1, err}
+		}
 		g, err := e.start(ctx, round, restarts, attempt, event)
 		event = nil
 		if err != nil {
@@ -296,6 +306,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		// The workers are HEALTHY until watch says how they ended.
 		end := e.watch(ctx, g, round)
 		e.ch.SetRound(0) // the round's workers are gone: believe no one
+		e.markStopped(ctx)
 		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
 		if end.state.final() {
 			return end.err
@@ -439,7 +450,102 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 			return nil, ctx.Err()
 		}
 	}
-	return nil, nil
+	// Nodes that are not in this round (leaving: drained, or spares) may
+	// still be checkpointing with their workers of an older round: no rank
+	// of this round exists before theirs are gone. A dead node's marker
+	// expires with its lease.
+	for {
+		older, rev, err := e.olderWorkers(bctx, r.Number)
+		if err != nil {
+			return nil, err
+		}
+		if len(older) == 0 {
+			return nil, nil
+		}
+		e.log.Info("waiting for older workers on other nodes to stop", "round", r.Number, "nodes", strings.Join(older, ","))
+		keys := fleet.NewKeys(e.cfg.Prefix)
+		wctx, wcancel := context.WithCancel(bctx)
+		rch := e.cli.Watch(wctx, keys.RunningPrefix(e.cfg.JobID), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		select {
+		case w, ok := <-rch:
+			wcancel()
+			if !ok || w.Err() != nil {
+				return nil, fmt.Errorf("round %d barrier: watch running workers ended: %v", r.Number, w.Err())
+			}
+		case c := <-changed:
+			wcancel()
+			return &c, nil
+		case err := <-failed:
+			wcancel()
+			return nil, err
+		case <-e.node.LeaseLost():
+			wcancel()
+			return nil, rendezvous.ErrLeaseLost
+		case s := <-e.o.Signals:
+			wcancel()
+			sig, _ := s.(syscall.Signal)
+			return nil, signalError{sig}
+		case <-ctx.Done():
+			wcancel()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// markRunning records, under this node's lease, that its workers of round
+// r may be alive from now on (fleet.Keys.Running).
+func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
+	lease := e.node.Lease()
+	if lease == 0 {
+		return fmt.Errorf("round %d: %w", r.Number, rendezvous.ErrLeaseLost)
+	}
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	wctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+	defer cancel()
+	_, err := e.cli.Put(wctx, keys.Running(e.cfg.JobID, e.node.ID()), fleet.Hex16(r.Number), clientv3.WithLease(lease))
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("round %d: mark workers running: %w", r.Number, rendezvous.ErrLeaseLost)
+	}
+	if err != nil {
+		return fmt.Errorf("round %d: mark workers running: %w", r.Number, err)
+	}
+	return nil
+}
+
+// markStopped clears this node's running marker once its workers are gone
+// (best effort: the lease takes it with it otherwise, and this node's own
+// marker never holds up its own barrier).
+func (e *elastic) markStopped(ctx context.Context) {
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opTimeout())
+	defer cancel()
+	if _, err := e.cli.Delete(wctx, keys.Running(e.cfg.JobID, e.node.ID())); err != nil {
+		e.log.Warn("cannot clear this node's running-workers marker; it goes with the lease", "err", err)
+	}
+}
+
+// olderWorkers lists the nodes other than this one whose workers of a
+// round before round may still be alive, at the revision read.
+func (e *elastic) olderWorkers(ctx context.Context, round int64) ([]string, int64, error) {
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	p := keys.RunningPrefix(e.cfg.JobID)
+	rctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+	defer cancel()
+	resp, err := e.cli.Get(rctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("round %d barrier: read running workers: %w", round, err)
+	}
+	var older []string
+	for _, kv := range resp.Kvs {
+		node := strings.TrimPrefix(string(kv.Key), p)
+		if node == e.node.ID() {
+			continue // ours are gone: we are past watch
+		}
+		if r, err := strconv.ParseInt(string(kv.Value), 16, 64); err != nil || r < round {
+			older = append(older, node)
+		}
+	}
+	return older, resp.Header.Revision, nil
 }
 
 // signalError carries a signal received while no workers run.

@@ -215,6 +215,14 @@ func (n *Node) ID() string { return n.cfg.NodeID }
 // rejoin; the same NodeID is accepted again once the old lease expired.
 func (n *Node) LeaseLost() <-chan struct{} { return n.lost }
 
+// Lease is the node's current etcd lease (0 before it registered): keys
+// the agent keeps only while this node lives go under it.
+func (n *Node) Lease() clientv3.LeaseID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.lease
+}
+
 // opTimeout bounds single etcd requests made on the node's behalf.
 func (n *Node) opTimeout() time.Duration { return max(5*time.Second, 2*n.cfg.LeaseTTL) }
 

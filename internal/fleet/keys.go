@@ -163,6 +163,16 @@ func (k Keys) Ready(job string, round int64, node string) string {
 	return k.ReadyRound(job, round) + node
 }
 
+// RunningPrefix is the prefix of a job's running-workers markers.
+func (k Keys) RunningPrefix(job string) string { return k.Job(job) + "running/" }
+
+// Running marks that node's workers of a round are (or may be) alive: the
+// round number (Hex16), under the node's rendezvous lease, written before
+// they start and deleted once they are gone. A round's workers start only
+// when no node holds a marker of an older round (a node leaving the job
+// may still be checkpointing).
+func (k Keys) Running(job, node string) string { return k.RunningPrefix(job) + node }
+
 // Rdzv is the key layout of a job's rendezvous.
 func (k Keys) Rdzv(job string) RdzvKeys {
 	r := k.Job(job) + "rdzv/"
@@ -249,6 +259,7 @@ func (k Keys) Documented() []string {
 		k.RestartsCounted("<job>"),
 		k.Checkpoint("<job>"),
 		k.ReadyPrefix("<job>") + "<round>/<node>",
+		k.Running("<job>", "<node>"),
 		k.Desired("<job>"),
 		k.Finish("<job>"),
 		k.Node("<node>"),
