@@ -1,0 +1,91 @@
+package coordinator
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// With etcd auth on, an admitted job holds credentials before its desired
+// record exists, and loses them once it is deleted and none of its nodes
+// is left in its rendezvous; its user then no longer authenticates.
+func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	dir := filepath.Join(t.TempDir(), "pw")
+	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
+		t.Fatal(err)
+	}
+	eps := cli.Endpoints()
+	as := func(user string) *clientv3.Client {
+		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: user, Password: pw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	coordCli, team := as(etcdauth.CoordinatorUser), fleet.New(as(etcdauth.TeamRole("a")), "")
+
+	// Watch the order in which a job's credentials and desired record appear.
+	w := coordCli.Watch(ctx, st.Keys.Root(), clientv3.WithPrefix()) // root: the admin may not read creds/
+	c := New(coordCli, Config{Identity: "c", Resync: 100 * time.Millisecond, JobCredentials: true, Engine: policy.Config{MinStablePeriod: -1}})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	if err := team.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	for first == "" {
+		select {
+		case r := <-w:
+			for _, ev := range r.Events {
+				k := string(ev.Kv.Key)
+				if k == st.Keys.Creds("j") || k == st.Keys.Desired("j") {
+					first = k
+				}
+			}
+		case <-ctx.Done():
+			t.Fatal("the job was never admitted")
+		}
+	}
+	if first != st.Keys.Creds("j") {
+		t.Fatalf("%s was written before the job's credentials: a node agent could start the job without its own etcd user", first)
+	}
+	agent := fleet.New(as(etcdauth.AgentUser), "")
+	creds, err := agent.Creds(ctx, "j")
+	if err != nil || creds == nil || creds.User != etcdauth.JobRole("j") {
+		t.Fatalf("credentials of the admitted job: %+v, %v", creds, err)
+	}
+	if err := team.DeleteJob(ctx, "j"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := agent.Creds(ctx, "j")
+		if err == nil && c == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted job's credentials are still there: %+v, %v", c, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: creds.User, Password: creds.Password}); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Errorf("the revoked job's user still connects: %v", err)
+	}
+}
