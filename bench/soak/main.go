@@ -17,8 +17,11 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -479,11 +482,21 @@ func (s *soak) until(ctx context.Context, d time.Duration, cond func() bool) err
 // --- the fleet ---
 
 func (s *soak) startEtcd(ctx context.Context) error {
-	c, err := s.sup.start("etcd", s.cfg.etcdBin,
-		"--name", "soak", "--data-dir", filepath.Join(s.work, "etcd"),
+	args := []string{"--name", "soak", "--data-dir", filepath.Join(s.work, "etcd"),
 		"--listen-client-urls", s.endpoint, "--advertise-client-urls", s.endpoint,
 		"--listen-peer-urls", s.peer, "--initial-advertise-peer-urls", s.peer,
-		"--initial-cluster", "soak="+s.peer, "--log-level", "warn")
+		"--initial-cluster", "soak=" + s.peer, "--log-level", "warn"}
+	if s.cfg.auth {
+		// JWT tokens, as docs/security.md asks of production etcds: a
+		// simple token dies with an etcd restart, and etcd's Go client
+		// keeps retrying its watches with the dead one (etcd-io/etcd#11954).
+		flag, err := jwtKeys(filepath.Join(s.work, "etcd-jwt"))
+		if err != nil {
+			return err
+		}
+		args = append(args, "--auth-token", flag)
+	}
+	c, err := s.sup.start("etcd", s.cfg.etcdBin, args...)
 	if err != nil {
 		return err
 	}
@@ -929,4 +942,32 @@ func freePorts(n int) ([]int, error) {
 		out = append(out, l.Addr().(*net.TCPAddr).Port)
 	}
 	return out, nil
+}
+
+// jwtKeys writes an RSA key pair for etcd's JWT auth tokens into dir (once)
+// and returns the --auth-token value.
+func jwtKeys(dir string) (string, error) {
+	priv, pub := filepath.Join(dir, "priv.pem"), filepath.Join(dir, "pub.pem")
+	flag := fmt.Sprintf("jwt,pub-key=%s,priv-key=%s,sign-method=RS256,ttl=24h", pub, priv)
+	if _, err := os.Stat(priv); err == nil {
+		return flag, nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return "", err
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(priv, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(pub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644); err != nil {
+		return "", err
+	}
+	return flag, nil
 }
