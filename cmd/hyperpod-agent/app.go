@@ -251,6 +251,9 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		if etcdCli, err = etcdconn.Connect(ctx, conn); err != nil {
 			return err
 		}
+		if simple, err := etcdconn.SimpleTokens(ctx, etcdCli); err == nil && simple {
+			log.Warn(etcdconn.SimpleTokenWarning)
+		}
 	}
 	defer etcdCli.Close()
 

@@ -105,6 +105,9 @@ func serve(c *cli.Context) error {
 		return err
 	}
 	defer cli.Close()
+	if simple, err := etcdconn.SimpleTokens(ctx, cli); err == nil && simple {
+		log.Warn(etcdconn.SimpleTokenWarning)
+	}
 
 	reg := prometheus.NewRegistry()
 	cycles := prometheus.NewCounter(prometheus.CounterOpts{Name: "hyperpod_coordinator_cycles_total", Help: "Scheduling cycles run."})
