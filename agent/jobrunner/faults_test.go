@@ -36,6 +36,7 @@ func hyperpodrun(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		os.Chmod(dir, 0o755) // the job user of TestJobRunsAsItsUser runs it
 		builtHPR = filepath.Join(dir, "hyperpodrun")
 		if out, err := exec.Command("go", "build", "-o", builtHPR, "../../cmd/hyperpodrun").CombinedOutput(); err != nil {
 			buildErr = err
@@ -94,7 +95,7 @@ func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent strin
 		Run: fleet.RunSpec{Script: w, NoPython: true, MaxRestarts: maxRestarts, Env: map[string]string{"OUT": f.dir}, GracefulTimeoutSeconds: 5}}); err != nil {
 		t.Fatal(err)
 	}
-	f.r = New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2", Output: f.out,
+	f.r = New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2", Output: f.out, AllowRootJobs: true,
 		Logger: slog.New(slog.NewTextHandler(f.logs, nil)), TempDir: tmp, CgroupParent: cgroupParent,
 		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
 	rctx, stop := context.WithCancel(ctx)
@@ -337,7 +338,7 @@ if [ "$HYPERPODRUN_NODE_ID" = node-b ]; then while [ ! -f "$OUT/finish" ]; do sl
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(tmp) })
-		r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2,last_call_timeout=0.2", Output: &syncBuf{},
+		r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2,last_call_timeout=0.2", Output: &syncBuf{}, AllowRootJobs: true,
 			Logger: slog.New(slog.NewTextHandler(logs, nil)), TempDir: tmp, BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})

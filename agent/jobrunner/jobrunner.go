@@ -64,6 +64,14 @@ type Config struct {
 	// HealthyAfter is how long a run must last for the next failure to
 	// count as the first again (default 1m).
 	HealthyAfter time.Duration
+	// JobUser is who jobs run as (hyperpod-agent --job-user). Unset, they
+	// run as the agent, which an agent running as root refuses unless
+	// AllowRootJobs.
+	JobUser       JobUser
+	AllowRootJobs bool
+	// AllowEnv lists run.env names allowed although refusedEnv refuses
+	// them (--allow-job-env).
+	AllowEnv []string
 }
 
 // Runner implements nodeagent.Workloads.
@@ -152,7 +160,13 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	r.st = fleet.New(node.Client, node.Prefix)
 	r.log = r.log.With("node", node.Name)
 	r.box = newContainment(r.cfg.CgroupParent, r.log)
-	if err := os.MkdirAll(r.cfg.TempDir, 0o700); err != nil {
+	// 0711: a job user may reach its own run's directory (chowned to it)
+	// but not list the others'.
+	err := os.MkdirAll(r.cfg.TempDir, 0o711)
+	if err == nil {
+		err = os.Chmod(r.cfg.TempDir, 0o711)
+	}
+	if err != nil {
 		return fmt.Errorf("jobrunner: make the runs' temporary directory: %w", err)
 	}
 	r.tmp = r.cfg.TempDir
@@ -402,6 +416,20 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
+	if why := refuseRoot(os.Geteuid(), r.cfg.JobUser, r.cfg.AllowRootJobs); why != "" {
+		return errors.New(why)
+	}
+	// The job's environment: its spec and the torchrun contract, nothing
+	// of the agent's. A refused variable fails the job with the reason
+	// (elasticctl describe job); the node is not at fault.
+	baseEnv, err := jobEnv(*spec, EnvOptions{Allow: r.cfg.AllowEnv, Home: r.cfg.JobUser.Home}, nil)
+	if err != nil {
+		r.log.Warn("job refused", "job", job, "err", err)
+		if ferr := r.st.MarkFinished(rctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: err.Error(), Time: time.Now().UTC()}); ferr != nil {
+			return fmt.Errorf("%w (and recording it: %v)", err, ferr)
+		}
+		return nil
+	}
 	// The job's own etcd user (etcd auth on: the coordinator minted it);
 	// never the agent's.
 	creds, err := r.st.Creds(rctx, job)
@@ -432,16 +460,41 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), rdzvConf, logDir)
 	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
 	// The job's own TMPDIR, if it sets one, wins (and is not removed).
-	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+b.marker)
+	cmd.Env = append(baseEnv, "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+b.marker)
 	if spec.Run.Python != "" {
 		cmd.Env = append(cmd.Env, "PYTHON_EXEC="+spec.Run.Python)
 	}
-	for k, v := range spec.Run.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+	for _, k := range []string{"TMPDIR"} {
+		if v, ok := spec.Run.Env[k]; ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
 	}
 	cmd.Dir = spec.Run.WorkDir
 	// Its own session: the fallback finds the run's processes by it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if u := r.cfg.JobUser; u.Set {
+		// The run's own directories become the job user's; nothing of
+		// the agent's is.
+		for _, d := range []string{tmp, logDir} {
+			if d == "" {
+				continue
+			}
+			if err := os.MkdirAll(d, 0o755); err == nil {
+				err = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
+					if err != nil {
+						return err
+					}
+					return os.Lchown(p, int(u.UID), int(u.GID))
+				})
+			}
+			if err != nil {
+				b.abandon()
+				os.RemoveAll(tmp)
+				return fmt.Errorf("give %s to the job user %d: %w", d, u.UID, err)
+			}
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
+	}
 	b.apply(cmd.SysProcAttr)
 	// A pipe of our own, not an io.Writer: Wait then returns when
 	// hyperpodrun exits even while a descendant still holds the pipe.

@@ -35,7 +35,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
 		Run: fleet.RunSpec{Script: worker, NoPython: true, Env: map[string]string{"OUT": dir}, GracefulTimeoutSeconds: 10}})
 	var out syncBuf
-	r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, Output: &out})
+	r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, Output: &out, AllowRootJobs: true})
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()

@@ -536,7 +536,7 @@ func (s *soak) startAgent(i int) error {
 		"--etcd-endpoints", s.endpoint, "--node-name", node, "--listen=", "--lease-ttl", "5s",
 		"--disable-nvml", "--neuron-sysfs-root", filepath.Join(fixture, "sys", "devices", "virtual", "neuron_device"),
 		"--dev-root", filepath.Join(fixture, "dev"),
-		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))...)
+		"--run-jobs", "--allow-root-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))...)
 	if err != nil {
 		return err
 	}

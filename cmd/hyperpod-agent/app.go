@@ -98,6 +98,11 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.BoolFlag{Name: "run-jobs", Value: true, Usage: "start and stop the hyperpodrun of every job the coordinator places on this node"},
 					&cli.StringFlag{Name: "hyperpodrun", Value: "hyperpodrun", Usage: "hyperpodrun binary the jobs run with"},
 					&cli.StringFlag{Name: "job-log-dir", Usage: "base --log-dir of the jobs (default: hyperpodrun's temporary dirs)"},
+					&cli.StringFlag{Name: "job-user", EnvVars: []string{"HYPERPOD_JOB_USER"}, Usage: "run jobs as this unprivileged user (name, uid or uid:gid); an agent running as root needs it or --allow-root-jobs"},
+					&cli.BoolFlag{Name: "allow-root-jobs", Usage: "let an agent running as root run jobs as root (laptops, CI); a fleet gives --job-user"},
+					&cli.StringSliceFlag{Name: "allow-job-env", Usage: "run.env names to allow although refused (LD_*, PATH, HYPERPODRUN_*, ...), e.g. --allow-job-env LD_LIBRARY_PATH"},
+					&cli.StringFlag{Name: "job-etcd-cert", Usage: "client certificate the jobs' hyperpodrun present to etcd (with --job-etcd-key); the agent's own --etcd-cert never reaches a job"},
+					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 				}, discoveryFlags...),
@@ -204,6 +209,13 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			return usagef("--listen %s: %v", l, err)
 		}
 	}
+	jobUser, err := jobrunner.ParseJobUser(c.String("job-user"))
+	if err != nil {
+		return usagef("%v", err)
+	}
+	if (c.String("job-etcd-cert") == "") != (c.String("job-etcd-key") == "") {
+		return usagef("--job-etcd-cert and --job-etcd-key go together")
+	}
 	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
 	if err != nil {
 		return usagef("%v", err)
@@ -226,6 +238,10 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	}
 	if len(endpoints) == 0 && !c.Bool("embedded-etcd") {
 		return usagef("--etcd-endpoints is required (or --embedded-etcd for a local try-out)")
+	}
+
+	if c.Bool("run-jobs") && os.Geteuid() == 0 && !jobUser.Set && !c.Bool("allow-root-jobs") {
+		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody), or --allow-root-jobs to run them as root on purpose")
 	}
 
 	ctx, cancel := context.WithCancel(c.Context)
@@ -288,14 +304,17 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		cfg.HealthEvents = health.Changed()
 	}
 	if c.Bool("run-jobs") {
+		// Jobs get the CA to trust, and a client certificate only if one is
+		// given for them: never the agent's own credentials.
 		var conf []string
-		for _, f := range []struct{ flag, key string }{{"etcd-cacert", "cacert"}, {"etcd-cert", "cert"}, {"etcd-key", "key"}} {
+		for _, f := range []struct{ flag, key string }{{"etcd-cacert", "cacert"}, {"job-etcd-cert", "cert"}, {"job-etcd-key", "key"}} {
 			if v := c.String(f.flag); v != "" {
 				conf = append(conf, f.key+"="+v)
 			}
 		}
 		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
-			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), Logger: log})
+			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), Logger: log,
+			JobUser: jobUser, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env")})
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)
 	if err != nil {

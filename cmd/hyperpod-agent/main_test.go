@@ -94,6 +94,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--listen", "nonsense:99999"}, "listen"},
 		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--log-level", "loud"}, "--log-level"},
 		{[]string{"run", "--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-user", "root"}, "is root: jobs run as an unprivileged user"},
+		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-user", "no-such-user-zz"}, "--job-user \"no-such-user-zz\""},
+		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-etcd-cert", "/c.pem"}, "--job-etcd-cert and --job-etcd-key go together"},
 		{[]string{"devices", "-o", "yaml"}, `--output "yaml"`},
 		{[]string{"devices", "extra"}, "unexpected arguments"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
@@ -128,7 +131,7 @@ func TestRunEmbeddedAndSIGTERM(t *testing.T) {
 	var out, errb syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run([]string{"hyperpod-agent", "run", "--log-format", "json", "--embedded-etcd", "--listen", addr,
+		done <- run([]string{"hyperpod-agent", "run", "--log-format", "json", "--embedded-etcd", "--listen", addr, "--job-user", "nobody",
 			"--node-name", "try-1", "--lease-ttl", "2s", "--disable-nvml",
 			"--neuron-sysfs-root", trn2Sysfs, "--dev-root", trn2Dev}, &out, &errb, sig)
 	}()
@@ -209,4 +212,16 @@ func writeCert(t *testing.T) (cacert, cert, key string) {
 		t.Fatal(err)
 	}
 	return cert, cert, key
+}
+
+// An agent running as root refuses to run jobs as root unless told so.
+func TestRootAgentNeedsAJobUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("only an agent running as root refuses")
+	}
+	var stderr strings.Builder
+	code := run([]string{"hyperpod-agent", "run", "--embedded-etcd"}, &strings.Builder{}, &stderr, nil)
+	if code != 2 || !strings.Contains(stderr.String(), "give --job-user <unprivileged user>") {
+		t.Errorf("exit %d, %q; want 2 and the way out", code, stderr.String())
+	}
 }

@@ -268,7 +268,10 @@ func scenario(o options) (*result, error) {
 	for i := 0; i < nodes; i++ {
 		name := fmt.Sprintf("node-%d", i)
 		runner := jobrunner.New(jobrunner.Config{Hyperpodrun: *hpr, Endpoints: srv.Endpoints, LogDir: filepath.Join(work, "logs"),
-			RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet})
+			RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet,
+			// The demo's jobs run as the user who runs the demo, root included
+			// (hyperpod-agent --allow-root-jobs); a fleet gives --job-user.
+			AllowRootJobs: true})
 		a, err := nodeagent.New(agentCli, nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
 		if err != nil {
 			return nil, err

@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -35,6 +36,8 @@ func newObject(apiVersion, kind string) object {
 		return &corev1.ConfigMap{}
 	case "apps/v1 DaemonSet":
 		return &appsv1.DaemonSet{}
+	case "networking.k8s.io/v1 NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}
 	case "rbac.authorization.k8s.io/v1 ClusterRole":
 		return &rbacv1.ClusterRole{}
 	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
@@ -151,9 +154,12 @@ func TestManifests(t *testing.T) {
 			kinds["ClusterRole"]++
 		case *corev1.Namespace:
 			kinds["Namespace"]++
+		case *networkingv1.NetworkPolicy:
+			kinds["NetworkPolicy"]++
+			checkMetricsPolicy(t, v)
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "NetworkPolicy"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s manifest", k)
 		}
@@ -199,7 +205,7 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, serviceAccounts map[stri
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"run ", "--node-name=$(NODE_NAME)", "--etcd-endpoints=https://", "--etcd-cacert=/etc/hyperpod/etcd-tls/",
 		"--etcd-cert=/etc/hyperpod/etcd-tls/", "--etcd-key=/etc/hyperpod/etcd-tls/", "--dev-root=/host/dev",
-		"--neuron-sysfs-root=/host/sys/devices/virtual/neuron_device", "--listen=0.0.0.0:9400"} {
+		"--neuron-sysfs-root=/host/sys/devices/virtual/neuron_device", "--listen=$(POD_IP):9400", "--run-jobs=false"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args lack %q: %s", want, args)
 		}
@@ -214,6 +220,17 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, serviceAccounts map[stri
 	}
 	if !nodeName {
 		t.Error("NODE_NAME is not spec.nodeName")
+	}
+	// /metrics and /inventory are not published on every interface without
+	// authentication: the agent listens on the pod's IP only.
+	podIP := false
+	for _, e := range c.Env {
+		if e.Name == "POD_IP" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP" {
+			podIP = true
+		}
+	}
+	if !podIP || strings.Contains(args, "0.0.0.0") || spec.HostNetwork {
+		t.Errorf("the agent must listen on its pod IP (POD_IP from status.podIP), not 0.0.0.0 or the host network: %s", args)
 	}
 	nvidia := spec.RuntimeClassName != nil
 	if nvidia {
@@ -269,5 +286,22 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, serviceAccounts map[stri
 	if sc == nil || sc.Privileged != nil && *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
 		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil || len(sc.Capabilities.Drop) == 0 {
 		t.Errorf("security context too loose: %+v", sc)
+	}
+}
+
+// checkMetricsPolicy: only the monitoring namespace's Prometheus reaches the
+// agents' port 9400.
+func checkMetricsPolicy(t *testing.T, np *networkingv1.NetworkPolicy) {
+	if np.Spec.PodSelector.MatchLabels["app.kubernetes.io/name"] != "hyperpod-agent" {
+		t.Errorf("NetworkPolicy %s does not select the agent pods", np.Name)
+	}
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) == 0 || len(np.Spec.Ingress[0].Ports) != 1 ||
+		np.Spec.Ingress[0].Ports[0].Port == nil || np.Spec.Ingress[0].Ports[0].Port.IntValue() != 9400 {
+		t.Errorf("NetworkPolicy %s must admit only named peers to port 9400: %+v", np.Name, np.Spec.Ingress)
+	}
+	for _, f := range np.Spec.Ingress[0].From {
+		if f.PodSelector == nil || len(f.PodSelector.MatchLabels) == 0 {
+			t.Errorf("NetworkPolicy %s admits every pod of a namespace: %+v", np.Name, f)
+		}
 	}
 }
