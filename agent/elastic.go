@@ -572,6 +572,10 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	}
 	sctx, span := e.tracer.Start(parent, "restart")
 	defer span.End()
+	// The channel believes only this round's workers (with this round's
+	// fresh control token, in their environment below); the watchdog kills
+	// them if this agent cannot prove its lease alive in time.
+	e.ch.SetRound(r.Number)
 	env := map[string]string{
 		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
 		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
@@ -620,10 +624,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	e.log.Info("starting workers", "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
 		"world_size", r.WorldSize, "base_rank", r.Self.BaseRank, "restart_count", restarts,
 		"master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "resume_step", resumeStep(rec))
-	// The channel believes only this round's workers; the watchdog kills
-	// them if this agent cannot prove its lease alive in time.
-	e.ch.SetRound(r.Number)
-	opts := []launcher.StartOption{launcher.OnSpawn(func(pid int) { e.ch.Admit(r.Number, pid) })}
+	opts := []launcher.StartOption{launcher.OnSpawn(func(pid, localRank int) { e.ch.Admit(r.Number, pid, r.Self.BaseRank+localRank) })}
 	if wd := e.guard.watchdog(); wd != nil {
 		opts = append(opts, launcher.GuardedBy(wd))
 	}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +30,9 @@ const (
 	EnvControlSocket = "HYPERPODRUN_CONTROL_SOCKET"
 	// EnvEventFile is the file holding the announced event, if any.
 	EnvEventFile = "HYPERPODRUN_EVENT_FILE"
+	// EnvControlToken is the secret a worker's reports carry: a fresh
+	// random value for every round's workers, in their environment only.
+	EnvControlToken = "HYPERPODRUN_CONTROL_TOKEN"
 	// EnvElasticSignal names the elastic signal ("SIGUSR1", "USR1" or a
 	// number); workers install their handler for it. Unset means SIGUSR1.
 	EnvElasticSignal = "HYPERPODRUN_ELASTIC_SIGNAL"
@@ -163,6 +168,11 @@ type Report struct {
 	// another round than the current one, and sets it on the reports it
 	// accepts.
 	Round int64 `json:"round,omitempty"`
+	// Token is the sender's HYPERPODRUN_CONTROL_TOKEN; a Channel with
+	// rounds refuses a report without the current round's.
+	Token string `json:"token,omitempty"`
+	// rankSet: the message named a rank.
+	rankSet bool
 	// Received is when the agent read the message.
 	Received time.Time `json:"-"`
 	// PeerPID is the process that sent the report, as the kernel says
@@ -171,6 +181,14 @@ type Report struct {
 	// Raw is the message as sent, for fields this package does not know.
 	Raw json.RawMessage `json:"-"`
 }
+
+// MaxStep is the largest step a report may name (2^53: exact in every
+// JSON reader, and beyond any real training run).
+const MaxStep = 1 << 53
+
+// ErrForged is wrapped by the refusal of a report that does not carry the
+// current round's control token, or names another rank than its sender's.
+var ErrForged = errors.New("not from this job's workers")
 
 // parseReport decodes and validates one message line.
 func parseReport(line []byte) (Report, error) {
@@ -183,6 +201,15 @@ func parseReport(line []byte) (Report, error) {
 	}
 	if r.Step < 0 {
 		return Report{}, fmt.Errorf("malformed %s message: negative step %d", r.Type, r.Step)
+	}
+	if r.Step > MaxStep {
+		return Report{}, fmt.Errorf("implausible %s message: step %d is beyond %d", r.Type, r.Step, int64(MaxStep))
+	}
+	var named struct {
+		Rank *int `json:"rank"`
+	}
+	if json.Unmarshal(line, &named) == nil && named.Rank != nil {
+		r.rankSet = true
 	}
 	if r.Rank < 0 || r.WorldSize < 0 || r.Round < 0 {
 		return Report{}, fmt.Errorf("malformed %s message: negative rank, world_size or round", r.Type)
@@ -242,7 +269,8 @@ type Channel struct {
 	// replaced when either changes.
 	rounds   bool
 	round    int64
-	workers  map[int]bool
+	workers  map[int]int // admitted process groups -> their global rank
+	token    string      // the current round's control token
 	admitted chan struct{}
 
 	closeOnce sync.Once
@@ -265,7 +293,8 @@ func NewChannel(dir string, opts ...Option) (*Channel, error) {
 		reports:   make(chan Report, 256),
 		done:      make(chan struct{}),
 		conns:     make(map[net.Conn]struct{}),
-		workers:   make(map[int]bool),
+		workers:   make(map[int]int),
+		token:     newToken(),
 		admitted:  make(chan struct{}),
 	}
 	for _, o := range opts {
@@ -318,7 +347,11 @@ func (c *Channel) EventPath() string { return c.eventPath }
 
 // Env returns the variables that tell a worker where the channel is.
 func (c *Channel) Env() map[string]string {
+	c.mu.Lock()
+	token := c.token
+	c.mu.Unlock()
 	return map[string]string{
+		EnvControlToken:  token,
 		EnvControlDir:    c.dir,
 		EnvControlSocket: c.sock,
 		EnvEventFile:     c.eventPath,
@@ -340,21 +373,24 @@ func (c *Channel) SetRound(round int64) {
 	defer c.mu.Unlock()
 	c.rounds = true
 	c.round = round
+	if round != 0 {
+		c.token = newToken()
+	}
 	clear(c.workers)
 	close(c.admitted)
 	c.admitted = make(chan struct{})
 }
 
 // Admit believes the processes of process group pgid (a worker and the
-// children it did not move to another group) as workers of round, if round
-// is the current round; otherwise it does nothing.
-func (c *Channel) Admit(round int64, pgid int) {
+// children it did not move to another group) as the worker of global rank
+// rank of round, if round is the current round; otherwise it does nothing.
+func (c *Channel) Admit(round int64, pgid, rank int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.rounds || round == 0 || round != c.round || pgid <= 1 {
 		return
 	}
-	c.workers[pgid] = true
+	c.workers[pgid] = rank
 	close(c.admitted)
 	c.admitted = make(chan struct{})
 }
@@ -370,11 +406,14 @@ func (c *Channel) believe(r *Report) error {
 		if r.PeerPID > 0 {
 			pgid, err = syscall.Getpgid(r.PeerPID)
 		}
-		ok := err == nil && pgid > 1 && c.workers[pgid]
+		rank, ok := c.workers[pgid]
+		ok = ok && err == nil && pgid > 1
+		token := c.token
 		c.mu.Unlock()
 		if !rounds {
 			return nil
 		}
+
 		if round == 0 {
 			return fmt.Errorf("%w: no round is current on this node (it is between rounds or was fenced)", ErrStaleRound)
 		}
@@ -382,6 +421,12 @@ func (c *Channel) believe(r *Report) error {
 			return fmt.Errorf("%w: the report is of round %d, the current round is %d", ErrStaleRound, r.Round, round)
 		}
 		if ok {
+			if subtle.ConstantTimeCompare([]byte(r.Token), []byte(token)) != 1 {
+				return fmt.Errorf("%w: the report carries no or a wrong control token (%s of the current round's workers)", ErrForged, EnvControlToken)
+			}
+			if r.rankSet && r.Rank != rank {
+				return fmt.Errorf("%w: process %d is the worker of rank %d, and its report names rank %d", ErrForged, r.PeerPID, rank, r.Rank)
+			}
 			r.Round = round
 			return nil
 		}
@@ -647,6 +692,9 @@ func SendReport(ctx context.Context, socketPath string, r Report) error {
 	if r.PID == 0 {
 		r.PID = os.Getpid()
 	}
+	if r.Token == "" {
+		r.Token = os.Getenv(EnvControlToken)
+	}
 	data, err := json.Marshal(r)
 	if err != nil {
 		return fmt.Errorf("checkpoint: encode report: %w", err)
@@ -735,4 +783,14 @@ func syncDir(dir string) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// newToken returns a random control token (crypto/rand.Text: 128 bits).
+func newToken() string { return rand.Text() }
+
+// Token is the control token the current round's workers carry (Env).
+func (c *Channel) Token() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.token
 }

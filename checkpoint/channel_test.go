@@ -417,7 +417,7 @@ func TestNewChannelRefusesBadPaths(t *testing.T) {
 func reportFromWorker(t *testing.T, ch *Channel, step int, started func(pid int)) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), fmt.Sprintf("STEP=%d", step))
+	cmd.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), EnvControlToken+"="+ch.Token(), fmt.Sprintf("STEP=%d", step))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -446,7 +446,7 @@ func TestChannelBelievesOnlyWorkersOfTheCurrentRound(t *testing.T) {
 	ch.SetRound(3)
 	// A worker of round 3, admitted when it started: believed, and its
 	// report carries its round.
-	if out := reportFromWorker(t, ch, 30, func(pid int) { ch.Admit(3, pid) }); out != "" {
+	if out := reportFromWorker(t, ch, 30, func(pid int) { ch.Admit(3, pid, 0) }); out != "" {
 		t.Fatalf("report of a worker of the current round refused: %s", out)
 	}
 	select {
@@ -460,17 +460,17 @@ func TestChannelBelievesOnlyWorkersOfTheCurrentRound(t *testing.T) {
 
 	// Round 3's worker, still alive when round 4 began, reports again.
 	old := exec.Command(os.Args[0], "-test.run=^$")
-	old.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), "STEP=50")
+	old.Env = append(os.Environ(), helperEnv+"=reporter", EnvControlSocket+"="+ch.SocketPath(), EnvControlToken+"="+ch.Token(), "STEP=50")
 	old.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var oldErr strings.Builder
 	old.Stderr = &oldErr
 	ch.SetRound(4)
-	ch.Admit(3, 12345) // an admission for a round that is over is ignored
+	ch.Admit(3, 12345, 0) // an admission for a round that is over is ignored
 	start := time.Now()
 	if err := old.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ch.Admit(3, old.Process.Pid)
+	ch.Admit(3, old.Process.Pid, 0)
 	if err := old.Wait(); err == nil {
 		t.Fatal("a worker of round 3 had its report accepted in round 4")
 	}
@@ -489,7 +489,7 @@ func TestChannelBelievesOnlyWorkersOfTheCurrentRound(t *testing.T) {
 	// A worker of round 4 admitted a little after it connected (the agent
 	// admits it once it is spawned) is believed.
 	if out := reportFromWorker(t, ch, 40, func(pid int) {
-		go func() { time.Sleep(200 * time.Millisecond); ch.Admit(4, pid) }()
+		go func() { time.Sleep(200 * time.Millisecond); ch.Admit(4, pid, 0) }()
 	}); out != "" {
 		t.Fatalf("report of a worker admitted late refused: %s", out)
 	}
@@ -499,21 +499,78 @@ func TestChannelBelievesOnlyWorkersOfTheCurrentRound(t *testing.T) {
 
 	// A report naming another round than the current one is refused, even
 	// from an admitted process group.
-	ch.Admit(4, syscall.Getpgrp())
+	ch.Admit(4, syscall.Getpgrp(), 0)
 	ctx := testCtx(t, 10*time.Second)
-	err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 60, Path: "/c/60", Round: 3})
+	err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 60, Path: "/c/60", Round: 3, Token: ch.Token()})
 	if err == nil || !strings.Contains(err.Error(), "the report is of round 3, the current round is 4") {
 		t.Fatalf("report naming round 3 in round 4 = %v, want a refusal", err)
 	}
-	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 61, Path: "/c/61", Round: 4}); err != nil {
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 61, Path: "/c/61", Round: 4, Token: ch.Token()}); err != nil {
 		t.Fatalf("report naming the current round: %v", err)
 	}
 	<-ch.Reports()
 
 	// No round current (fenced, or between rounds): nobody is believed.
 	ch.SetRound(0)
-	ch.Admit(0, syscall.Getpgrp())
+	ch.Admit(0, syscall.Getpgrp(), 0)
 	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 70, Path: "/c/70"}); err == nil || !strings.Contains(err.Error(), "no round is current") {
 		t.Fatalf("report with no round current = %v, want a refusal", err)
+	}
+}
+
+// Issue 11's attacks on the control channel: a process of the same user
+// outside the job sends {"type":"checkpoint","step":9223372036854775807,
+// "path":"/tmp/evil"}; an admitted worker sends a report without the
+// round's token, or naming another rank. Each is refused with a clear
+// error, and the real worker's report is accepted afterwards.
+func TestChannelRefusesForgedReports(t *testing.T) {
+	ch := newTestChannel(t)
+	ch.SetRound(7)
+	ctx := testCtx(t, 20*time.Second)
+	// The exact forged message, from this (unadmitted) test process.
+	conn, err := net.Dial("unix", ch.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write([]byte(`{"type":"checkpoint","step":9223372036854775807,"path":"/tmp/evil"}` + "\n"))
+	reply, _ := bufio.NewReader(conn).ReadString('\n')
+	conn.Close()
+	if !strings.Contains(reply, "implausible checkpoint message: step 9223372036854775807") {
+		t.Errorf("the forged step is not refused as implausible: %s", reply)
+	}
+	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 100, Path: "/tmp/evil", Token: ch.Token()})
+	if !errors.Is(err, ErrStaleRound) && (err == nil || !strings.Contains(err.Error(), "is not a worker of round 7")) {
+		t.Errorf("a report from a process outside the job = %v, want refused as not a worker of round 7", err)
+	}
+	// An admitted process without the token, and with it but another rank.
+	ch.Admit(7, syscall.Getpgrp(), 3)
+	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 100, Path: "/tmp/evil", Rank: 3, Token: "guess"})
+	if err == nil || !strings.Contains(err.Error(), "no or a wrong control token") {
+		t.Errorf("a report with a wrong token = %v, want refused", err)
+	}
+	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 100, Path: "/tmp/evil", Rank: 0, Token: ch.Token()})
+	if err == nil || !strings.Contains(err.Error(), "is the worker of rank 3, and its report names rank 0") {
+		t.Errorf("a report naming another rank = %v, want refused", err)
+	}
+	select {
+	case r := <-ch.Reports():
+		t.Fatalf("a forged report was delivered: %+v", r)
+	default:
+	}
+	// The job goes on: its worker's real report is accepted.
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 100, Path: "/ckpt/100", Rank: 3, Token: ch.Token()}); err != nil {
+		t.Fatalf("the real report after the attacks: %v", err)
+	}
+	if r := <-ch.Reports(); r.Step != 100 || r.Path != "/ckpt/100" || r.Round != 7 {
+		t.Fatalf("accepted %+v", r)
+	}
+	// A new round, a new token: the old one is worthless.
+	old := ch.Token()
+	ch.SetRound(8)
+	if ch.Token() == old {
+		t.Error("the control token did not change with the round")
+	}
+	if env := ch.Env(); env[EnvControlToken] != ch.Token() {
+		t.Errorf("Env gives token %q, want the round's %q", env[EnvControlToken], ch.Token())
 	}
 }

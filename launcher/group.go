@@ -35,7 +35,7 @@ type Group struct {
 	numaCPUs                 [][]int     // per local rank, with --numa-binding
 	numactl                  string      // numactl's path, "" for sched_setaffinity
 	wd                       *Watchdog   // guards the workers' process groups; may be nil
-	onSpawn                  func(pid int)
+	onSpawn                  func(pid, localRank int)
 
 	mu       sync.Mutex
 	stopping bool // failures after Stop began are not the workers' own
@@ -64,9 +64,10 @@ type StartOption func(*Group)
 // (see Watchdog). The caller keeps wd and closes it.
 func GuardedBy(wd *Watchdog) StartOption { return func(g *Group) { g.wd = wd } }
 
-// OnSpawn calls f with each worker's pid (its process group id) right
+// OnSpawn calls f with each worker's pid (its process group id) and local
+// rank right
 // after it is spawned, before the next one is.
-func OnSpawn(f func(pid int)) StartOption { return func(g *Group) { g.onSpawn = f } }
+func OnSpawn(f func(pid, localRank int)) StartOption { return func(g *Group) { g.onSpawn = f } }
 
 // Start spawns spec.NProcPerNode workers for one attempt.
 func Start(spec Spec, a Assignment, opts ...StartOption) (*Group, error) {
@@ -279,7 +280,7 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 		_ = g.wd.Guard(pid)
 	}
 	if g.onSpawn != nil {
-		g.onSpawn(pid)
+		g.onSpawn(pid, lr)
 	}
 	exitCh := reap.wait(pid)
 	go func() {

@@ -150,7 +150,13 @@ def main(argv=None):
     step = 0
     ckpt = he.latest_checkpoint()
     if ckpt is not None:
-        state = torch.load(ckpt.path, map_location=device)
+        # Tensors and plain containers only: never unpickle code from a file.
+        # torch 2.x loads this state with weights_only; 1.13's weights-only
+        # unpickler refuses the optimizer's floats (pickle BINFLOAT), so there
+        # the path's provenance is what protects the load (the agent commits
+        # only its own ranks' reports: see hyperpodrun_elastic.latest_checkpoint).
+        load_kw = {"weights_only": True} if int(torch.__version__.split(".")[0]) >= 2 else {}
+        state = torch.load(ckpt.path, map_location=device, **load_kw)
         if state["step"] != ckpt.step:
             raise SystemExit("checkpoint %s holds step %d, hyperpodrun says %d" % (ckpt.path, state["step"], ckpt.step))
         if state.get("global_batch") != args.global_batch:

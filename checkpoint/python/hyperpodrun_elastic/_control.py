@@ -10,6 +10,8 @@ from typing import Optional
 log = logging.getLogger("hyperpodrun_elastic")
 
 ENV_CONTROL_SOCKET = "HYPERPODRUN_CONTROL_SOCKET"
+# The secret of this round's workers: the agent refuses reports without it.
+ENV_CONTROL_TOKEN = "HYPERPODRUN_CONTROL_TOKEN"
 ENV_REPORT_TIMEOUT = "HYPERPODRUN_REPORT_TIMEOUT"
 DEFAULT_REPORT_TIMEOUT = 60.0
 _MAX_REPLY = 1 << 16
@@ -58,6 +60,9 @@ def send_message(msg: dict, timeout: Optional[float] = None) -> bool:
             log.warning("hyperpodrun_elastic: %s is not set (not running under hyperpodrun); "
                         "%s report not sent", ENV_CONTROL_SOCKET, msg.get("type"))
         return False
+    token = os.environ.get(ENV_CONTROL_TOKEN)
+    if token and "token" not in msg:
+        msg = dict(msg, token=token)
     data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -44,6 +44,14 @@ def latest_checkpoint() -> Optional[Checkpoint]:
     Read from ``HYPERPODRUN_CHECKPOINT`` and ``HYPERPODRUN_RESUME_STEP``, which
     hyperpodrun sets from the job's last committed checkpoint. Malformed values
     raise ValueError rather than silently starting from scratch.
+
+    The path comes only from this job's own ranks: the agent commits a
+    checkpoint report only from a process of the current round's workers
+    that carries the round's control token (``HYPERPODRUN_CONTROL_TOKEN``)
+    and names its own rank, and only the job's own etcd user may write its
+    checkpoint record. Load it as data all the same (``torch.load(...,
+    weights_only=True)`` where torch has it): a checkpoint file is only as
+    trustworthy as the storage it lives on.
     """
     path = os.environ.get(ENV_CHECKPOINT, "").strip()
     step_text = os.environ.get(ENV_RESUME_STEP, "").strip()

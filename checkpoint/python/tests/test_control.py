@@ -31,6 +31,11 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(msg, {"type": "checkpoint", "step": 120, "path": os.path.abspath("rel/step-120"),
                                "rank": 0, "world_size": 3, "pid": os.getpid()})
 
+    def test_reports_carry_the_rounds_control_token(self):
+        with clean_env(RANK="1", HYPERPODRUN_CONTROL_TOKEN="t0k3n", **self.agent.env()):
+            self.assertTrue(he.report_checkpoint(9, "/ckpt/9"))
+        self.assertEqual(self.agent.messages[-1]["token"], "t0k3n")
+
     def test_url_paths_and_explicit_rank(self):
         with clean_env(**self.agent.env()):
             self.assertTrue(he.report_checkpoint(7, "s3://bucket/ckpt/7", rank=2, world_size=4))
