@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/hyperpodrun/hyperpodrun/c10dstore"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -117,6 +118,9 @@ type elastic struct {
 	round             *rendezvous.Round
 	// guard renews the workers' watchdog from the lease keepalive.
 	guard *leaseGuard
+	// agentStore is the TCPStore this node serves for the round's workers
+	// when it holds group rank 0 (Options.NoAgentStore unset).
+	agentStore *c10dstore.Server
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -205,6 +209,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	defer os.RemoveAll(ctlDir)
 	e.guard = newLeaseGuard(e.log)
 	defer e.guard.close()
+	defer e.closeStore()
 	commit := e.store.ReportHandler(func() int64 { return e.roundNo.Load() })
 	e.ch, err = checkpoint.NewChannel(ctlDir,
 		checkpoint.WithHandler(func(ctx context.Context, r checkpoint.Report) error {
@@ -307,6 +312,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		end := e.watch(ctx, g, round)
 		e.ch.SetRound(0) // the round's workers are gone: believe no one
 		e.markStopped(ctx)
+		e.closeStore()
 		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
 		if end.state.final() {
 			return end.err
@@ -406,6 +412,12 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 	defer span.End()
 	keys := fleet.NewKeys(e.cfg.Prefix)
 	dir := keys.ReadyRound(e.cfg.JobID, r.Number)
+	// The round's store is up before this node says it is ready, so no
+	// worker of any node starts before it: none waits on torch's
+	// connect-retry grid.
+	if err := e.serveStore(ctx, r); err != nil {
+		return nil, err
+	}
 	wctx, wcancel := context.WithTimeout(ctx, e.opTimeout())
 	defer wcancel()
 	if _, err := e.cli.Put(wctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
@@ -489,6 +501,31 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 			wcancel()
 			return nil, ctx.Err()
 		}
+	}
+}
+
+// serveStore starts the round's TCPStore on MASTER_PORT when this node
+// holds group rank 0 (and the agent store is on); a store of an earlier
+// round is closed first.
+func (e *elastic) serveStore(ctx context.Context, r *rendezvous.Round) error {
+	e.closeStore()
+	if e.o.NoAgentStore || r.Rank != 0 {
+		return nil
+	}
+	s, err := c10dstore.Listen(ctx, net.JoinHostPort("", strconv.Itoa(r.MasterPort)), c10dstore.Options{Logger: e.log})
+	if err != nil {
+		return fmt.Errorf("round %d: serve the workers' TCPStore on port %d (or run with --no-agent-store): %w", r.Number, r.MasterPort, err)
+	}
+	e.agentStore = s
+	e.log.Info("serving the round's TCPStore for its workers", "round", r.Number, "port", r.MasterPort)
+	return nil
+}
+
+// closeStore stops the round's TCPStore, if this node serves one.
+func (e *elastic) closeStore() {
+	if e.agentStore != nil {
+		_ = e.agentStore.Close()
+		e.agentStore = nil
 	}
 }
 
@@ -584,6 +621,11 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 		env[k] = v
 	}
 	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
+	if !e.o.NoAgentStore {
+		// torch's env:// init then connects every rank as a client of
+		// the store rank 0's node serves (as under torchrun's agent store).
+		env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+	}
 	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
 	// Claim the checkpoint for this round before reading it: a commit of
 	// an earlier round still in flight (this node's, from before it was

@@ -54,6 +54,12 @@ type Options struct {
 	GracefulTimeout time.Duration  // planned changes: wait for workers to checkpoint and exit
 	ElasticSignal   syscall.Signal // announces a planned change (SIGUSR1)
 
+	// NoAgentStore: workers create their own TCPStore on rank 0, as
+	// torchrun without an agent store; otherwise the node holding group
+	// rank 0 serves the round's TCPStore (c10dstore) before any worker
+	// starts, and workers get TORCHELASTIC_USE_AGENT_STORE=True.
+	NoAgentStore bool
+
 	PreTrain  []string // script and args, run once before the first start
 	PostTrain []string // run after the workers succeed
 

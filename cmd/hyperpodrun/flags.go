@@ -107,6 +107,7 @@ func flags() []cli.Flag {
 		str("master-addr", "127.0.0.1", "address of the master node (static rendezvous)"),
 		integer("master-port", 29500, "port of the master node (static rendezvous)"),
 		str("local-addr", "", "address of this node, used as MASTER_ADDR when it is rank 0"),
+		boolean("no-agent-store", "workers host their own TCPStore on rank 0 (torchrun's way) instead of the rank-0 node's hyperpodrun serving it before they start"),
 		boolean("pin-devices", "give each local rank its own device: CUDA_VISIBLE_DEVICES (GPUs) or NEURON_RT_VISIBLE_CORES (Neuron), with --nproc-per-node gpu or auto"),
 		// torch 2.x.
 		str("logs-specs", "", "torchrun.logs_specs entry point: only torch's default (DefaultLogsSpecs) is available"),
@@ -335,6 +336,7 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	}
 	o.RdzvConf = c.String("rdzv-conf")
 	o.Standalone = c.Bool("standalone")
+	o.NoAgentStore = c.Bool("no-agent-store")
 	o.MaxRestarts = c.Int("max-restarts")
 	o.NodeRank = c.Int("node-rank")
 	o.MasterAddr = c.String("master-addr")
