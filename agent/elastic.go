@@ -621,11 +621,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 		env[k] = v
 	}
 	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
-	if !e.o.NoAgentStore {
-		// torch's env:// init then connects every rank as a client of
-		// the store rank 0's node serves (as under torchrun's agent store).
-		env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-	}
+
 	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
 	// Claim the checkpoint for this round before reading it: a commit of
 	// an earlier round still in flight (this node's, from before it was
@@ -670,7 +666,11 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	if wd := e.guard.watchdog(); wd != nil {
 		opts = append(opts, launcher.GuardedBy(wd))
 	}
-	g, err := launcher.Start(e.o.Spec, a, opts...)
+	spec := e.o.Spec
+	// torch's env:// and tcp:// init then connect every rank as a client of
+	// the store rank 0's node serves (torchrun's agent-store mode).
+	spec.UseAgentStore = !e.o.NoAgentStore
+	g, err := launcher.Start(spec, a, opts...)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err

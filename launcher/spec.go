@@ -70,8 +70,9 @@ type Spec struct {
 	NUMABinding string
 	// Host is reported in failure summaries (default: the hostname).
 	Host string
-	// UseAgentStore is TORCHELASTIC_USE_AGENT_STORE. hyperpodrun hosts no
-	// store, so workers create it on global rank 0 (false).
+	// UseAgentStore is TORCHELASTIC_USE_AGENT_STORE: the elastic agent
+	// serves the round's store on rank 0's node (true), unless
+	// --no-agent-store; otherwise workers create it on global rank 0.
 	UseAgentStore bool
 	// ShutdownTimeout is how long Stop waits after the first signal before
 	// SIGKILL (default 30s, torchrun's).
