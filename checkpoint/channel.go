@@ -267,11 +267,14 @@ type Channel struct {
 	// rounds: SetRound was called; round is the current round (0: none)
 	// and admitted its workers' process groups; admitted is closed and
 	// replaced when either changes.
-	rounds   bool
-	round    int64
-	workers  map[int]int // admitted process groups -> their global rank
-	token    string      // the current round's control token
-	admitted chan struct{}
+	rounds  bool
+	round   int64
+	workers map[int]int // admitted process groups -> their global rank
+	token   string      // the current round's control token
+	// announced is the step after which the round's workers said they
+	// stop (0: none said so yet).
+	announced int64
+	admitted  chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -376,6 +379,7 @@ func (c *Channel) SetRound(round int64) {
 	if round != 0 {
 		c.token = newToken()
 	}
+	c.announced = 0
 	clear(c.workers)
 	close(c.admitted)
 	c.admitted = make(chan struct{})
@@ -426,6 +430,9 @@ func (c *Channel) believe(r *Report) error {
 			}
 			if r.rankSet && r.Rank != rank {
 				return fmt.Errorf("%w: process %d is the worker of rank %d, and its report names rank %d", ErrForged, r.PeerPID, rank, r.Rank)
+			}
+			if err := c.plausible(round, r); err != nil {
+				return err
 			}
 			r.Round = round
 			return nil
@@ -781,6 +788,28 @@ func syncDir(dir string) error {
 	defer d.Close()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// plausible refuses a checkpoint beyond the step after which a worker of
+// round said it stops (a stopping report with its step), and records that
+// step from stopping reports.
+func (c *Channel) plausible(round int64, r *Report) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.round != round {
+		return nil // superseded meanwhile: the caller's next check refuses it
+	}
+	switch r.Type {
+	case ReportStopping:
+		if r.Step > 0 && (c.announced == 0 || r.Step < c.announced) {
+			c.announced = r.Step
+		}
+	case ReportCheckpoint, ReportCheckpointUpdate:
+		if c.announced > 0 && r.Step > c.announced {
+			return fmt.Errorf("implausible %s report: step %d is beyond step %d, after which this round's workers said they stop", r.Type, r.Step, c.announced)
+		}
 	}
 	return nil
 }

@@ -564,6 +564,19 @@ func TestChannelRefusesForgedReports(t *testing.T) {
 	if r := <-ch.Reports(); r.Step != 100 || r.Path != "/ckpt/100" || r.Round != 7 {
 		t.Fatalf("accepted %+v", r)
 	}
+	// Not beyond the step the workers announced they stop after.
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportStopping, Step: 120, Rank: 3, Token: ch.Token()}); err != nil {
+		t.Fatal(err)
+	}
+	<-ch.Reports()
+	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 500, Path: "/tmp/evil", Rank: 3, Token: ch.Token()})
+	if err == nil || !strings.Contains(err.Error(), "step 500 is beyond step 120, after which this round's workers said they stop") {
+		t.Errorf("a checkpoint beyond the announced stop = %v, want refused", err)
+	}
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 120, Path: "/ckpt/120", Rank: 3, Token: ch.Token()}); err != nil {
+		t.Fatalf("the checkpoint at the announced step: %v", err)
+	}
+	<-ch.Reports()
 	// A new round, a new token: the old one is worthless.
 	old := ch.Token()
 	ch.SetRound(8)
