@@ -2,90 +2,30 @@ package rendezvous
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 )
-
-// debianEtcd is Debian's etcd-server binary (3.4 in bookworm); CI installs
-// it. HYPERPODRUN_ETCD_BINARY overrides the path.
-func debianEtcd() string {
-	if p := os.Getenv("HYPERPODRUN_ETCD_BINARY"); p != "" {
-		return p
-	}
-	return "/usr/bin/etcd"
-}
-
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startEtcdBinary runs an etcd binary on free loopback ports in a temp dir
-// and returns a client URL; the process is stopped at cleanup.
-func startEtcdBinary(t *testing.T, bin string) string {
-	t.Helper()
-	dir := t.TempDir()
-	client := fmt.Sprintf("http://127.0.0.1:%d", freeLoopbackPort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freeLoopbackPort(t))
-	cmd := exec.Command(bin,
-		"--name", "rdzvtest", "--data-dir", filepath.Join(dir, "data"),
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "rdzvtest="+peer, "--initial-cluster-state", "new",
-		"--logger", "zap", "--log-level", "error",
-	)
-	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", bin, err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
-	})
-	return client
-}
 
 // The rendezvous works against Debian's etcd 3.4 (a real external server
 // and an older API level than the embedded 3.7).
 func TestDebianEtcd34(t *testing.T) {
 	t.Parallel()
-	bin := debianEtcd()
-	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("etcd binary %s not installed (Debian package etcd-server; CI installs it): %v", bin, err)
+	bin, ok := etcdtest.DebianEtcd()
+	if !ok {
+		t.Skipf("etcd binary %s not installed (Debian package etcd-server; CI installs it)", bin)
 	}
 	out, err := exec.Command(bin, "--version").Output()
 	if err != nil {
 		t.Skipf("%s --version: %v", bin, err)
 	}
 	t.Logf("%s", strings.SplitN(string(out), "\n", 2)[0])
-	url := startEtcdBinary(t, bin)
+	url := etcdtest.StartBinary(t, bin)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var cli *clientv3.Client
