@@ -56,6 +56,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cfg.UnsafeNoFsync = opts.UnsafeNoFsync
+	// bcrypt's cost only slows the guessing of weak passwords; the users
+	// hyperpodrun creates (elasticctl auth bootstrap, per-job users) have
+	// random 192-bit ones, and etcd's client authenticates again for every
+	// watch stream it opens, so the lowest cost keeps auth cheap.
+	cfg.BcryptCost = 4
 	// Port 0: the kernel picks free ports; we read them back from the listeners.
 	clientAddr := opts.ClientAddr
 	if clientAddr == "" {
