@@ -621,7 +621,11 @@ func (s *soak) submit(ctx context.Context, kind string) error {
 	ckpt := filepath.Join(s.work, "ckpt", name)
 	spec := fleet.JobSpec{Job: api.Job{Name: name, Team: teamName, Flavor: flavor, PerNode: api.Resources{Accelerators: perNodeAccel},
 		MinNodes: 1, MaxNodes: nodes, Elastic: true},
-		Run: fleet.RunSpec{NProcPerNode: "1", MaxRestarts: 100, GracefulTimeoutSeconds: 20}}
+		Run: fleet.RunSpec{NProcPerNode: "1", MaxRestarts: 100, GracefulTimeoutSeconds: 20,
+			// Jobs do not inherit the agent's environment: the mark that
+			// tells the soak's processes from the machine's travels in the
+			// spec.
+			Env: map[string]string{markVar: s.mark}}}
 	steps := s.cfg.ddpSteps
 	if kind == kindDDP {
 		spec.Run.Script = filepath.Join(s.cfg.repo, "examples", "pytorch", "train_elastic.py")

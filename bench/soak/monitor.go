@@ -11,9 +11,9 @@ import (
 )
 
 // markVar is set in the environment of every process the soak starts; all
-// their descendants inherit it, so /proc tells the soak's tree from the rest
+// their descendants inherit it (jobs get it through their spec), so /proc tells the soak's tree from the rest
 // of the machine (other jobs share it).
-const markVar = "HYPERPODRUN_SOAK_MARK"
+const markVar = "SOAK_MARK"
 
 // proc is one live process of the soak's tree, as /proc shows it.
 type proc struct {
