@@ -1,5 +1,11 @@
 # hyperpodrun: build, test, benchmark and demo.
 GO      ?= go
+# containerd's client imports Go's plugin package, and a binary that can load
+# plugins binds every symbol at start (-z now); go-nvml relies on lazy binding
+# and then dies with "undefined symbol: nvml..." (NVIDIA/go-nvml#18). This tag
+# leaves out containerd's dynamic plugin loading, which nothing here uses.
+# `go test`/`go build` by hand need it too: GOFLAGS=-tags=no_dynamic_plugins.
+export GOFLAGS := $(strip $(shell $(GO) env GOFLAGS) -tags=no_dynamic_plugins)
 BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator elasticctl

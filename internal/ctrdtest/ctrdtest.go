@@ -1,0 +1,413 @@
+// Package ctrdtest starts the real parts the containerd runtime's tests
+// need: a private containerd (Debian's containerd and runc, with its own
+// root, state and socket), a loopback image registry (Debian's
+// docker-registry), and images built from a small rootfs and pushed to it
+// with go-containerregistry (no public registry is reachable).
+package ctrdtest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// Containerd is a private containerd started for a test.
+type Containerd struct {
+	// Address is its gRPC socket.
+	Address string
+	// Root and State are its directories.
+	Root, State string
+	cmd         *exec.Cmd
+	log         string
+}
+
+// Binaries reports why containerd cannot run here ("" when it can): the
+// binaries are missing or the test does not run as root.
+func Binaries() string {
+	for _, b := range []string{"containerd", "runc", "containerd-shim-runc-v2"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Sprintf("%s is not installed (apt-get install containerd runc)", b)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return "containerd needs root"
+	}
+	return ""
+}
+
+// StartContainerd starts a private containerd under a temp dir, waits for
+// its socket, and stops it (killing every shim and container it left) when
+// the test ends. It skips the test with the reason when containerd cannot
+// run here.
+func StartContainerd(t testing.TB) *Containerd {
+	t.Helper()
+	if why := Binaries(); why != "" {
+		t.Skipf("containerd cannot start here: %s", why)
+	}
+	// A short path: the socket's must fit in 107 bytes.
+	dir, err := os.MkdirTemp("", "ctrd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{
+		Address: filepath.Join(dir, "c.sock"),
+		Root:    filepath.Join(dir, "root"),
+		State:   filepath.Join(dir, "state"),
+		log:     filepath.Join(dir, "containerd.log"),
+	}
+	conf := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[debug]
+  address = %q
+`, c.Root, c.State, c.Address, c.Address+".ttrpc", c.Address+".debug")
+	confPath := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(c.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cmd = exec.Command("containerd", "--config", confPath)
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatalf("start containerd: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { c.cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			c.cmd.Process.Kill()
+			<-exited
+		}
+		killShims(c.State)
+		logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(c.log); err == nil {
+				t.Logf("containerd log (last 4 KB):\n%s", tail(b, 4096))
+			}
+		}
+		// Unmount what a killed shim left mounted before removing.
+		unmountUnder(dir)
+		os.RemoveAll(dir)
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.Dial("unix", c.Address)
+		if err == nil {
+			conn.Close()
+			return c
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(c.log)
+			t.Fatalf("containerd exited at start:\n%s", tail(b, 4096))
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd's socket %s did not answer in 30s", c.Address)
+		}
+	}
+}
+
+// Kill SIGKILLs containerd (a fault test); its shims and containers go on.
+func (c *Containerd) Kill() { c.cmd.Process.Kill() }
+
+// killShims SIGKILLs the shims (and so the containers) of a containerd
+// whose state dir is state: every process whose command line names it.
+func killShims(state string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), filepath.Dir(state)) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// unmountUnder lazily unmounts every mount below dir, deepest first.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
+	for _, m := range mounts {
+		syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
+
+// Registry is a loopback image registry (Debian's docker-registry).
+type Registry struct {
+	// Host is its host:port on 127.0.0.1 (plain HTTP).
+	Host string
+}
+
+// StartRegistry starts docker-registry on a free loopback port with its
+// storage in a temp dir, waits until it answers, and stops it when the test
+// ends. It skips the test when docker-registry is not installed.
+func StartRegistry(t testing.TB) *Registry {
+	t.Helper()
+	bin, err := exec.LookPath("docker-registry")
+	if err != nil {
+		t.Skip("docker-registry is not installed (apt-get install docker-registry)")
+	}
+	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := l.Addr().String()
+	l.Close()
+	conf := fmt.Sprintf(`version: 0.1
+log:
+  level: error
+storage:
+  filesystem:
+    rootdirectory: %s
+  delete:
+    enabled: true
+http:
+  addr: %s
+`, filepath.Join(dir, "data"), host)
+	confPath := filepath.Join(dir, "config.yml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "registry.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "serve", confPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start docker-registry: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); logf.Close() })
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + host + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return &Registry{Host: host}
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "registry.log"))
+			t.Fatalf("docker-registry on %s did not answer in 20s: %v\n%s", host, err, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// File is one file of an image layer.
+type File struct {
+	// Path inside the image, relative ("bin/busybox").
+	Path string
+	// Source is a host file to copy; else Data is the content.
+	Source string
+	Data   []byte
+	Mode   int64
+	// Link makes Path a symbolic link to Link.
+	Link string
+}
+
+// Image describes an image to build: one layer of files, plus config.
+type Image struct {
+	Files      []File
+	Env        []string
+	Entrypoint []string
+	Cmd        []string
+	// Pad adds a layer of this many incompressible bytes (pull timing).
+	Pad int64
+}
+
+// BusyboxFiles is a rootfs of Debian's busybox-static: /bin/busybox and
+// the applets the tests use as links to it, plus /tmp.
+func BusyboxFiles() ([]File, error) {
+	src := "/bin/busybox"
+	if _, err := os.Stat(src); err != nil {
+		return nil, fmt.Errorf("busybox-static is not installed (apt-get install busybox-static): %w", err)
+	}
+	files := []File{{Path: "bin/busybox", Source: src, Mode: 0o755}, {Path: "tmp/", Mode: 0o1777}}
+	for _, a := range []string{"sh", "ls", "cat", "sleep", "echo", "env", "ps", "kill", "mkdir", "true", "id", "readlink", "stat"} {
+		files = append(files, File{Path: "bin/" + a, Link: "busybox"})
+	}
+	return files, nil
+}
+
+// Push builds img and pushes it to the registry as repo:tag, returning the
+// reference to pull ("127.0.0.1:port/repo:tag").
+func (r *Registry) Push(ctx context.Context, repo, tag string, img Image) (string, error) {
+	layer, err := layerOf(img.Files)
+	if err != nil {
+		return "", err
+	}
+	base, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		return "", err
+	}
+	if img.Pad > 0 {
+		pad, err := padLayer(img.Pad)
+		if err != nil {
+			return "", err
+		}
+		if base, err = mutate.AppendLayers(base, pad); err != nil {
+			return "", err
+		}
+	}
+	cf, err := base.ConfigFile()
+	if err != nil {
+		return "", err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin"}, img.Env...)
+	cf.Config.Entrypoint, cf.Config.Cmd = img.Entrypoint, img.Cmd
+	final, err := mutate.ConfigFile(base, cf)
+	if err != nil {
+		return "", err
+	}
+	ref := r.Host + "/" + repo + ":" + tag
+	tagged, err := name.NewTag(ref, name.Insecure)
+	if err != nil {
+		return "", err
+	}
+	if err := remote.Write(tagged, final, remote.WithContext(ctx)); err != nil {
+		return "", fmt.Errorf("push %s: %w", ref, err)
+	}
+	return ref, nil
+}
+
+// layerOf tars files into one uncompressed layer.
+func layerOf(files []File) (v1.Layer, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	mkdirs := func(p string) error {
+		d := filepath.Dir(strings.TrimSuffix(p, "/"))
+		var parts []string
+		for d != "." && d != "/" && !dirs[d] {
+			parts = append([]string{d}, parts...)
+			d = filepath.Dir(d)
+		}
+		for _, d := range parts {
+			dirs[d] = true
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, f := range files {
+		if err := mkdirs(f.Path); err != nil {
+			return nil, err
+		}
+		h := &tar.Header{Name: f.Path, Mode: f.Mode, ModTime: time.Unix(0, 0)}
+		switch {
+		case strings.HasSuffix(f.Path, "/"):
+			h.Typeflag = tar.TypeDir
+			dirs[strings.TrimSuffix(f.Path, "/")] = true
+			if err := tw.WriteHeader(h); err != nil {
+				return nil, err
+			}
+		case f.Link != "":
+			h.Typeflag, h.Linkname, h.Mode = tar.TypeSymlink, f.Link, 0o777
+			if err := tw.WriteHeader(h); err != nil {
+				return nil, err
+			}
+		default:
+			data := f.Data
+			if f.Source != "" {
+				b, err := os.ReadFile(f.Source)
+				if err != nil {
+					return nil, err
+				}
+				data = b
+			}
+			h.Typeflag, h.Size = tar.TypeReg, int64(len(data))
+			if h.Mode == 0 {
+				h.Mode = 0o644
+			}
+			if err := tw.WriteHeader(h); err != nil {
+				return nil, err
+			}
+			if _, err := tw.Write(data); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	b := buf.Bytes()
+	return tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+}
+
+// padLayer is a layer holding one file of n random bytes.
+func padLayer(n int64) (v1.Layer, error) {
+	data := make([]byte, n)
+	// Incompressible but cheap: a xorshift stream.
+	x := uint64(88172645463325252)
+	for i := 0; i+8 <= len(data); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		for j := 0; j < 8; j++ {
+			data[i+j] = byte(x >> (8 * j))
+		}
+	}
+	return layerOf([]File{{Path: "pad/blob", Data: data}})
+}
