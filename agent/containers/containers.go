@@ -31,6 +31,7 @@ import (
 	"github.com/containerd/containerd/cio"
 	ctrcontainers "github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/images"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/oci"
 	"github.com/containerd/containerd/remotes"
@@ -307,6 +308,8 @@ type Spec struct {
 	// RunDir is the run's host directory (files the container reads);
 	// chowned to the container's user before it starts.
 	RunDir string
+	// CDI are the node's CDI specs, which inject Devices.CDI.
+	CDI *CDISpecs
 }
 
 // Task is one container of a job and its running (or ended) task.
@@ -419,7 +422,7 @@ func (rt *Runtime) DevRoot() string { return rt.cfg.DevRoot }
 
 // Start pulls s.Image if need be, creates the container and starts its
 // task. On error nothing of it is left.
-func (rt *Runtime) Start(ctx context.Context, s Spec, reg *CDISpecs) (*Task, error) {
+func (rt *Runtime) Start(ctx context.Context, s Spec) (*Task, error) {
 	img, err := rt.Pull(ctx, s.Image)
 	if err != nil {
 		return nil, err
@@ -432,8 +435,10 @@ func (rt *Runtime) Start(ctx context.Context, s Spec, reg *CDISpecs) (*Task, err
 		LabelLog:        s.LogPath, LabelRunDir: s.RunDir,
 	}
 	var cache *cdi.Cache
-	if reg != nil {
-		cache = reg.cache
+	if s.CDI != nil {
+		cache = s.CDI.cache
+	} else if len(s.Devices.CDI) > 0 {
+		return nil, fmt.Errorf("%w: CDI devices %s without the node's CDI specs", ErrDevice, strings.Join(s.Devices.CDI, ","))
 	}
 	copts := []containerd.NewContainerOpts{
 		containerd.WithImage(img),
@@ -530,6 +535,17 @@ func (rt *Runtime) Adopt(ctx context.Context, node string) ([]*Task, error) {
 		out = append(out, t)
 	}
 	return out, nil
+}
+
+// RemoveImage deletes an image and lets containerd collect its content
+// and snapshots (a later Pull fetches it again).
+func (rt *Runtime) RemoveImage(ctx context.Context, ref string) error {
+	ctx = containerdCtx(ctx, rt.cfg.Namespace)
+	err := rt.client.ImageService().Delete(ctx, ref, images.SynchronousDelete())
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove image %s: %w", ref, err)
+	}
+	return nil
 }
 
 // Pid is the container's init process on the host (0 without a task).
@@ -632,7 +648,11 @@ func (rt *Runtime) List(ctx context.Context, node string) ([]string, error) {
 
 // Follow copies the lines appended to path from offset on to w, each
 // prefixed, until stop is closed; then it copies what is left and returns.
-func Follow(path string, offset int64, w io.Writer, prefix string, stop <-chan struct{}) {
+// The shim writes the file from a pipe, so the last lines may land just
+// after the task's exit is reported: after stop, Follow reads on until the
+// file has not grown for 300 ms (at most 3 s). abort ends it at once (the
+// agent stops; the container goes on).
+func Follow(path string, offset int64, w io.Writer, prefix string, stop, abort <-chan struct{}) {
 	var f *os.File
 	defer func() {
 		if f != nil {
@@ -641,7 +661,7 @@ func Follow(path string, offset int64, w io.Writer, prefix string, stop <-chan s
 	}()
 	var rd *bufio.Reader
 	var partial string
-	last := false
+	var stopped, quiet time.Time
 	for {
 		if f == nil {
 			if g, err := os.Open(path); err == nil {
@@ -652,9 +672,13 @@ func Follow(path string, offset int64, w io.Writer, prefix string, stop <-chan s
 				}
 			}
 		}
+		grew := false
 		if rd != nil {
 			for {
 				line, err := rd.ReadString('\n')
+				if line != "" {
+					grew = true
+				}
 				if err != nil {
 					partial += line
 					break
@@ -663,15 +687,30 @@ func Follow(path string, offset int64, w io.Writer, prefix string, stop <-chan s
 				partial = ""
 			}
 		}
-		if last {
-			if partial != "" {
-				fmt.Fprintln(w, prefix+partial)
+		now := time.Now()
+		if !stopped.IsZero() {
+			if grew {
+				quiet = now
 			}
-			return
+			select {
+			case <-abort:
+				return
+			default:
+			}
+			if now.Sub(quiet) >= 300*time.Millisecond || now.Sub(stopped) >= 3*time.Second {
+				if partial != "" {
+					fmt.Fprintln(w, prefix+partial)
+				}
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
 		select {
+		case <-abort:
+			return
 		case <-stop:
-			last = true
+			stopped, quiet = now, now
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -65,7 +65,8 @@ func (f *fixture) runWith(t *testing.T, s Spec, script string, during func(*Task
 	if err != nil {
 		t.Fatal(err)
 	}
-	task, err := f.rt.Start(ctx, s, reg)
+	s.CDI = reg
+	task, err := f.rt.Start(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,13 +182,13 @@ func TestAdoptFindsARunningContainerByLabel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s := Spec{Image: f.image, Job: "job-a", Team: "t", Node: "node-1", Generation: 4, Args: []string{"/bin/sh", "-c", "trap 'echo bye; exit 5' USR2; while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")}
-	task, err := f.rt.Start(ctx, s, nil)
+	task, err := f.rt.Start(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := s
 	other.Node, other.LogPath = "node-2", filepath.Join(t.TempDir(), "o2.log")
-	t2, err := f.rt.Start(ctx, other, nil)
+	t2, err := f.rt.Start(ctx, other)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/agent/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
@@ -72,6 +73,15 @@ type Config struct {
 	// AllowEnv lists run.env names allowed although refusedEnv refuses
 	// them (--allow-job-env).
 	AllowEnv []string
+	// Containers runs the jobs that name run.image (the containerd
+	// runtime); nil: such jobs fail on this node with the reason.
+	Containers *containers.Runtime
+	// ContainerHyperpodrun is a static hyperpodrun binary mounted into
+	// containers whose job names no run.command.
+	ContainerHyperpodrun string
+	// ContainerStartTimeout bounds a container's pull and start (default
+	// 15m).
+	ContainerStartTimeout time.Duration
 }
 
 // Runner implements nodeagent.Workloads.
@@ -94,16 +104,53 @@ type Runner struct {
 	tmp  string // the directory of the runs' TMPDIRs
 	// leaving: the node is drained; no job starts or restarts.
 	leaving bool
+	// gens is the desired record's generation of each job (containers
+	// are labelled with it).
+	gens map[string]int64
+	// adopted: the containers of an earlier agent were taken over (Run
+	// loop only).
+	adopted bool
+	// quit ends the watches of containers when the runner stops without
+	// a drain: the containers go on, for the next agent to adopt.
+	quit chan struct{}
 }
 
-// proc is one run of a job's hyperpodrun.
+// proc is one run of a job's hyperpodrun: a host process or a container.
 type proc struct {
-	cmd         *exec.Cmd
+	cmd         *exec.Cmd // the host process (nil for a container)
 	done        chan struct{}
 	draining    bool
 	started     time.Time
 	maxRestarts int
 	box         *box
+	// signal signals hyperpodrun; kill SIGKILLs the whole run. Both are
+	// nil while a container is still being pulled or started (starting).
+	signal   func(syscall.Signal) error
+	kill     func()
+	starting bool
+	// grace bounds a drain; then the run is killed (deadline).
+	grace    time.Duration
+	deadline *time.Timer
+}
+
+// drain asks the run's hyperpodrun to checkpoint and leave (SIGUSR2) and
+// SIGKILLs the run if it has not ended after its grace period; the
+// caller holds r.mu.
+func (p *proc) drain(log *slog.Logger, job string) {
+	p.draining = true
+	if p.signal == nil {
+		return // a container still starting: killed once up
+	}
+	if err := p.signal(syscall.SIGUSR2); err != nil {
+		log.Warn("cannot signal the job's hyperpodrun to drain", "job", job, "err", err)
+	}
+	if p.deadline == nil && p.grace > 0 {
+		kill := p.kill
+		p.deadline = time.AfterFunc(p.grace, func() {
+			log.Warn("the job's drained hyperpodrun did not exit within its grace period: killing it", "job", job, "grace", p.grace)
+			kill()
+		})
+	}
 }
 
 // retry is the restart state of a job whose hyperpodrun failed.
@@ -136,7 +183,10 @@ func New(cfg Config) *Runner {
 	if cfg.HealthyAfter <= 0 {
 		cfg.HealthyAfter = time.Minute
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1)}
+	if cfg.ContainerStartTimeout <= 0 {
+		cfg.ContainerStartTimeout = 15 * time.Minute
+	}
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{})}
 }
 
 var _ nodeagent.Workloads = (*Runner)(nil)
@@ -171,6 +221,14 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	}
 	r.tmp = r.cfg.TempDir
 	defer r.killAll()
+	if r.cfg.Containers != nil {
+		// Containers started by an earlier agent of this node go on as
+		// this agent's runs: no duplicate, no orphan. Until containerd
+		// answers, no container job starts here (start retries it).
+		if err := r.adoptContainers(ctx); err != nil {
+			r.log.Warn("cannot list this node's containers to adopt them; container jobs wait for containerd", "err", err)
+		}
+	}
 	prefix := r.st.Keys.DesiredPrefix()
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
@@ -227,7 +285,9 @@ func (r *Runner) markers() []string {
 	defer r.mu.Unlock()
 	var m []string
 	for _, p := range r.jobs {
-		m = append(m, p.box.marker)
+		if p.box != nil {
+			m = append(m, p.box.marker)
+		}
 	}
 	return m
 }
@@ -244,6 +304,7 @@ func (r *Runner) apply(placed map[string]bool, key, value []byte) {
 		return
 	}
 	placed[d.Job] = d.Running() && slices.Contains(d.Nodes, r.node.Name)
+	r.gens[d.Job] = d.Generation
 }
 
 // reconcile starts jobs placed here (a failed one once its backoff is
@@ -256,8 +317,7 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 	for job, p := range r.jobs {
 		if !placed[job] && !p.draining {
 			r.log.Info("job moved off this node: draining its hyperpodrun", "job", job)
-			p.draining = true
-			p.cmd.Process.Signal(syscall.SIGUSR2)
+			p.drain(r.log, job)
 		}
 	}
 	for job, rt := range r.retry {
@@ -416,7 +476,9 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
-	if why := refuseRoot(os.Geteuid(), r.cfg.JobUser, r.cfg.AllowRootJobs); why != "" {
+	// A container is the job's boundary: it runs as the image's user
+	// (or --job-user); a host process may not run as root unasked.
+	if why := refuseRoot(os.Geteuid(), r.cfg.JobUser, r.cfg.AllowRootJobs); why != "" && spec.Run.Image == "" {
 		return errors.New(why)
 	}
 	// The job's environment: its spec and the torchrun contract, nothing
@@ -435,6 +497,9 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	creds, err := r.st.Creds(rctx, job)
 	if err != nil {
 		return err
+	}
+	if spec.Run.Image != "" {
+		return r.startContainer(ctx, spec, baseEnv, creds)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -523,7 +588,10 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	}
 	b.started(cmd.Process.Pid, cloned)
 	r.log.Info("started job", "job", job, "pid", cmd.Process.Pid, "cgroup", b.cg, "tmpdir", tmp)
-	p := &proc{cmd: cmd, done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, box: b}
+	pid := cmd.Process.Pid
+	p := &proc{cmd: cmd, done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, box: b, grace: graceOf(spec),
+		signal: func(sig syscall.Signal) error { return syscall.Kill(pid, sig) },
+		kill:   func() { syscall.Kill(-pid, syscall.SIGKILL) }}
 	r.jobs[job] = p
 	prefix := r.node.Name + "/" + job + " "
 	output := make(chan struct{})
@@ -557,6 +625,9 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		r.mu.Lock()
 		draining := p.draining
 		delete(r.jobs, job)
+		if p.deadline != nil {
+			p.deadline.Stop()
+		}
 		if !draining && err != nil && !r.leaving {
 			// No restart until exited has judged the failure.
 			r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
@@ -649,6 +720,10 @@ func (r *Runner) finishedHere(ctx context.Context, job, why string) {
 
 // describeExit says how a hyperpodrun ended.
 func describeExit(err error) string {
+	var ce *containerExit
+	if errors.As(err, &ce) {
+		return "(in its container) " + ce.Error()
+	}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -668,9 +743,8 @@ func (r *Runner) Drain(ctx context.Context) error {
 		delete(r.retry, job)
 	}
 	var waits []chan struct{}
-	for _, p := range r.jobs {
-		p.draining = true
-		p.cmd.Process.Signal(syscall.SIGUSR2)
+	for job, p := range r.jobs {
+		p.drain(r.log, job)
 		waits = append(waits, p.done)
 	}
 	r.mu.Unlock()
@@ -690,8 +764,16 @@ func (r *Runner) Drain(ctx context.Context) error {
 func (r *Runner) killAll() {
 	r.mu.Lock()
 	for _, p := range r.jobs {
+		if p.cmd == nil {
+			continue // a container: it outlives the agent, the next one adopts it
+		}
 		p.draining = true
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	select {
+	case <-r.quit:
+	default:
+		close(r.quit)
 	}
 	for job, rt := range r.retry {
 		rt.timer.Stop()

@@ -98,6 +98,10 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name s
 		return err
 	}
 	warnAll(c.App.ErrWriter, bad)
+	if v.Problems, bad, err = st.Problems(ctx, name); err != nil {
+		return err
+	}
+	warnAll(c.App.ErrWriter, bad)
 	var queue *queueInfo
 	if v.Finished == nil && v.Allocation == nil && !v.Spec.Suspended && v.Status != nil && v.Status.Kind == api.KindPending {
 		if queue, err = queuePlace(ctx, st, v, c.App.ErrWriter); err != nil {
@@ -250,8 +254,14 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 	if v.Allocation != nil {
 		fmt.Fprintf(w, "Nodes:      %s (since %s)\n", strings.Join(v.Allocation.Nodes, ", "), v.Allocation.Since.Format(time.RFC3339))
 	}
+	if s.Run.Image != "" {
+		fmt.Fprintf(w, "Image:      %s\n", s.Run.Image)
+	}
 	if v.Finished != nil {
 		fmt.Fprintf(w, "Finished:   %s on %s at %s %s\n", v.Finished.Outcome, v.Finished.Node, v.Finished.Time.Format(time.RFC3339), v.Finished.Message)
+	}
+	for _, p := range v.Problems {
+		fmt.Fprintf(w, "Problem:    on %s since %s: %s\n", p.Node, p.Time.Format(time.RFC3339), p.Message)
 	}
 	if st := v.Status; st != nil {
 		fmt.Fprintf(w, "Reason:     %s\n", orDash(string(st.Code)))

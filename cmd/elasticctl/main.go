@@ -26,6 +26,8 @@ type jobView struct {
 	Allocation *policy.Allocation `json:"allocation,omitempty"`
 	Status     *fleet.Status      `json:"status,omitempty"`
 	Finished   *fleet.Finish      `json:"finished,omitempty"`
+	// Problems are why nodes cannot run the job right now (describe only).
+	Problems []fleet.Problem `json:"problems,omitempty"`
 }
 
 func (v jobView) state() string {

@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/agent/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
@@ -101,6 +102,14 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "job-user", EnvVars: []string{"HYPERPOD_JOB_USER"}, Usage: "run jobs as this unprivileged user (name, uid or uid:gid); an agent running as root needs it or --allow-root-jobs"},
 					&cli.BoolFlag{Name: "allow-root-jobs", Usage: "let an agent running as root run jobs as root (laptops, CI); a fleet gives --job-user"},
 					&cli.StringSliceFlag{Name: "allow-job-env", Usage: "run.env names to allow although refused (LD_*, PATH, HYPERPODRUN_*, ...), e.g. --allow-job-env LD_LIBRARY_PATH"},
+					&cli.StringFlag{Name: "runtime", Value: runtimeAuto, EnvVars: []string{"HYPERPOD_RUNTIME"}, Usage: "where jobs naming run.image run: containerd, process (they fail) or auto (containerd when its socket answers); jobs without an image always run as host processes"},
+					&cli.StringFlag{Name: "containerd-address", Value: containers.DefaultAddress, Usage: "containerd's socket"},
+					&cli.StringFlag{Name: "containerd-namespace", Value: containers.DefaultNamespace, Usage: "containerd namespace of the jobs' containers"},
+					&cli.StringFlag{Name: "containerd-snapshotter", Usage: "containerd snapshotter (default: containerd's)"},
+					&cli.StringFlag{Name: "container-hyperpodrun", Usage: "static hyperpodrun mounted into containers whose job names no run.command (default: hyperpodrun-static beside this binary or on PATH)"},
+					&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs live (the NVIDIA container toolkit writes them)"},
+					&cli.StringFlag{Name: "registry-config", Usage: "docker-style config.json with registry credentials (auths)"},
+					&cli.StringSliceFlag{Name: "insecure-registry", Usage: "registries (host:port) pulled over plain HTTP; loopback always is"},
 					&cli.StringFlag{Name: "job-etcd-cert", Usage: "client certificate the jobs' hyperpodrun present to etcd (with --job-etcd-key); the agent's own --etcd-cert never reaches a job"},
 					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
@@ -240,12 +249,27 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		return usagef("--etcd-endpoints is required (or --embedded-etcd for a local try-out)")
 	}
 
-	if c.Bool("run-jobs") && os.Geteuid() == 0 && !jobUser.Set && !c.Bool("allow-root-jobs") {
-		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody), or --allow-root-jobs to run them as root on purpose")
-	}
-
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
+	var ctrd *containers.Runtime
+	ctrHyperpodrun := ""
+	if c.Bool("run-jobs") {
+		if ctrd, err = pickRuntime(ctx, c, log); err != nil {
+			return err
+		}
+		if ctrd != nil {
+			defer ctrd.Close()
+			if ctrHyperpodrun, err = staticHyperpodrun(c.String("container-hyperpodrun"), c.String("hyperpodrun")); err != nil {
+				return usagef("%v", err)
+			}
+			if ctrHyperpodrun == "" {
+				log.Warn("no static hyperpodrun to mount into containers: jobs naming run.image need run.command (their image's own hyperpodrun); give --container-hyperpodrun")
+			}
+		}
+	}
+	if c.Bool("run-jobs") && ctrd == nil && os.Geteuid() == 0 && !jobUser.Set && !c.Bool("allow-root-jobs") {
+		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody), or --allow-root-jobs to run them as root on purpose")
+	}
 
 	var etcdCli *clientv3.Client
 	if c.Bool("embedded-etcd") {
@@ -314,7 +338,8 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		}
 		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
 			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), Logger: log,
-			JobUser: jobUser, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env")})
+			JobUser: jobUser, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
+			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun})
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)
 	if err != nil {

@@ -88,9 +88,9 @@ func flags() []cli.Flag {
 		str("nnodes", "1:1", "number of nodes, or MIN:MAX for an elastic job"),
 		str("nproc-per-node", "1", "workers per node: a number, gpu, cpu or auto"),
 		str("rdzv-backend", "static", "rendezvous backend: static, etcd (etcd v3; etcd-v2 is an alias), c10d (the node owning --rdzv-endpoint's address hosts an embedded etcd there) or hyperpod"),
-		str("rdzv-endpoint", "", "rendezvous endpoint(s): host:port[,host:port...]"),
+		str("rdzv-endpoint", "", "rendezvous endpoint(s): host:port[,host:port...], or @FILE to read them from FILE"),
 		str("rdzv-id", "none", "user-defined job id"),
-		str("rdzv-conf", "", "rendezvous settings key=value,... (lease_ttl, last_call_timeout, join_timeout, prefix, cacert, cert, key, user, password_file (0600; password= shows in /proc/<pid>/cmdline))"),
+		str("rdzv-conf", "", "rendezvous settings key=value,... or @FILE to read them from FILE (lease_ttl, last_call_timeout, join_timeout, prefix, cacert, cert, key, user, password_file (0600; password= shows in /proc/<pid>/cmdline))"),
 		boolean("standalone", "single-node job with a local rendezvous (no etcd needed)"),
 		integer("max-restarts", 0, "maximum number of worker-group restarts before failing"),
 		float("monitor-interval", 0.1, "seconds between worker checks (accepted; hyperpodrun is event-driven)"),
@@ -329,12 +329,16 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	}
 
 	o.RdzvBackend = c.String("rdzv-backend")
-	o.RdzvEndpoint = c.String("rdzv-endpoint")
+	if o.RdzvEndpoint, err = valueOrFile("rdzv-endpoint", c.String("rdzv-endpoint")); err != nil {
+		return cl, err
+	}
 	o.RdzvID = c.String("rdzv-id")
 	if err := checkRdzvID(o.RdzvID, o.RdzvBackend, c.Bool("standalone")); err != nil {
 		return cl, err
 	}
-	o.RdzvConf = c.String("rdzv-conf")
+	if o.RdzvConf, err = valueOrFile("rdzv-conf", c.String("rdzv-conf")); err != nil {
+		return cl, err
+	}
 	o.Standalone = c.Bool("standalone")
 	o.NoAgentStore = c.Bool("no-agent-store")
 	o.MaxRestarts = c.Int("max-restarts")
@@ -440,4 +444,20 @@ func parseNProc(v string) (int, string, error) {
 		return devices.LocalProcs(ctx, v)
 	}
 	return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu, xpu or auto", v)
+}
+
+// valueOrFile returns a flag's value, or the first line of the file named
+// after an "@" (the node agent hands a container its rendezvous endpoint
+// and settings in files, not on the command line).
+func valueOrFile(flag, v string) (string, error) {
+	path, ok := strings.CutPrefix(v, "@")
+	if !ok {
+		return v, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", &usageError{fmt.Errorf("--%s @%s: %w", flag, path, err)}
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(line), nil
 }

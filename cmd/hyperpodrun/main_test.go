@@ -226,6 +226,8 @@ func TestBadInputExitsTwoWithClearMessage(t *testing.T) {
 		{[]string{"--server-log-level", "loud", "x.py"}, "--server-log-level"},
 		{[]string{"--nnodes", "2"}, "missing the training script"},
 		{[]string{"--shutdown-signal", "SIGNOPE", "x.py"}, "not a signal"},
+		{[]string{"--rdzv-backend", "etcd", "--rdzv-endpoint", "@/nonexistent/endpoint", "x.py"}, "--rdzv-endpoint @/nonexistent/endpoint: open /nonexistent/endpoint: no such file"},
+		{[]string{"--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", "@/nonexistent/conf", "x.py"}, "--rdzv-conf @/nonexistent/conf"},
 	} {
 		r := hpr(t, nil, tc.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {

@@ -72,7 +72,7 @@ func IsJobRole(name string) (string, bool) {
 func public(k fleet.Keys) []Perm {
 	var ps []Perm
 	for _, p := range []string{k.TeamsPrefix(), k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.EventsPrefix(),
-		k.NodesPrefix(), k.FinishedPrefix(), k.CoordinatorPrefix(), k.JobsPrefix()} {
+		k.NodesPrefix(), k.FinishedPrefix(), k.ProblemsPrefix(), k.CoordinatorPrefix(), k.JobsPrefix()} {
 		ps = append(ps, Perm{Prefix: p, Access: Read})
 	}
 	return ps
@@ -119,10 +119,11 @@ func FleetRoles(k fleet.Keys) []Role {
 		},
 		{
 			Name: AgentRole,
-			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish records, the per-job credentials it hands to the jobs it runs; reads the rest",
+			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish and problem records, the per-job credentials it hands to the jobs it runs; reads the rest",
 			Perms: merge(append([]Perm{
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
 				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
+				{Prefix: k.ProblemsPrefix(), Access: ReadWrite},
 				{Prefix: k.CredsPrefix(), Access: Read},
 			}, public(k)...)),
 		},

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/distribution/reference"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -50,6 +51,74 @@ type RunSpec struct {
 	GracefulTimeoutSeconds float64 `json:"gracefulTimeoutSeconds,omitempty" yaml:"gracefulTimeoutSeconds,omitempty"`
 	// WorkDir is the workers' working directory.
 	WorkDir string `json:"workDir,omitempty" yaml:"workDir,omitempty"`
+	// Image runs the job's hyperpodrun in a container of this image on
+	// each node (hyperpod-agent --runtime containerd); "" runs it as a host
+	// process.
+	Image string `json:"image,omitempty" yaml:"image,omitempty"`
+	// Command is the launcher inside the image, e.g.
+	// ["/usr/local/bin/hyperpodrun"]; hyperpodrun's flags, the script and
+	// Args follow it. Default: the agent's static hyperpodrun, mounted
+	// read-only into the container. With Image only.
+	Command []string `json:"command,omitempty" yaml:"command,omitempty"`
+	// Mounts are host paths bind-mounted into the container (e.g. a
+	// checkpoint directory). With Image only.
+	Mounts []Mount `json:"mounts,omitempty" yaml:"mounts,omitempty"`
+	// ShmSize is the container's /dev/shm (default 64Mi; DataLoader
+	// workers and NCCL want more). With Image only.
+	ShmSize api.ByteSize `json:"shmSize,omitempty" yaml:"shmSize,omitempty"`
+}
+
+// Mount is a host path bind-mounted into a job's container.
+type Mount struct {
+	// Source is the host path (absolute).
+	Source string `json:"source" yaml:"source"`
+	// Target is the path inside the container (absolute).
+	Target string `json:"target" yaml:"target"`
+	// ReadOnly mounts it read-only.
+	ReadOnly bool `json:"readOnly,omitempty" yaml:"readOnly,omitempty"`
+}
+
+// reservedTargets are the container paths the agent mounts itself.
+var reservedTargets = []string{"/.hyperpodrun", "/run/hyperpodrun", "/var/log/hyperpodrun", "/proc", "/sys", "/dev"}
+
+// validateContainer checks the container fields of a run spec.
+func (r RunSpec) validateContainer() error {
+	if r.Image == "" {
+		switch {
+		case len(r.Command) > 0:
+			return errors.New("run.command: needs run.image (it names the launcher inside the image)")
+		case len(r.Mounts) > 0:
+			return errors.New("run.mounts: needs run.image (host processes see the host's paths already)")
+		case r.ShmSize != 0:
+			return errors.New("run.shmSize: needs run.image")
+		}
+		return nil
+	}
+	if _, err := reference.ParseDockerRef(r.Image); err != nil {
+		return fmt.Errorf("run.image: %q is not an image reference (%v): want e.g. registry.example.com/team/train:v3", r.Image, err)
+	}
+	if r.ShmSize < 0 {
+		return fmt.Errorf("run.shmSize: must be positive (got %d)", r.ShmSize)
+	}
+	if len(r.Command) > 0 && r.Command[0] == "" {
+		return errors.New("run.command: its first element is the launcher's path inside the image; it is empty")
+	}
+	for i, m := range r.Mounts {
+		for _, p := range []struct{ name, v string }{{"source", m.Source}, {"target", m.Target}} {
+			if !path.IsAbs(p.v) || path.Clean(p.v) != p.v || strings.ContainsRune(p.v, 0) {
+				return fmt.Errorf("run.mounts[%d].%s: %q must be a clean absolute path", i, p.name, p.v)
+			}
+		}
+		if m.Target == "/" {
+			return fmt.Errorf("run.mounts[%d].target: cannot mount over the container's root", i)
+		}
+		for _, r := range reservedTargets {
+			if m.Target == r || strings.HasPrefix(m.Target, r+"/") || strings.HasPrefix(r, m.Target+"/") {
+				return fmt.Errorf("run.mounts[%d].target: %s is the agent's (%s); pick another path", i, m.Target, r)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxGracefulTimeout bounds RunSpec.GracefulTimeoutSeconds.
@@ -71,7 +140,7 @@ func (r RunSpec) Validate() error {
 			return fmt.Errorf("run.env: %q is not a variable name", k)
 		}
 	}
-	return nil
+	return r.validateContainer()
 }
 
 // JobSpec is a submitted job: the engine's view of it plus what it runs.
@@ -483,6 +552,7 @@ func (s *Store) forgetOps(job string) []clientv3.Op {
 		clientv3.OpDelete(s.Keys.Job(job), clientv3.WithPrefix()),
 		clientv3.OpDelete(s.Keys.Desired(job)),
 		clientv3.OpDelete(s.Keys.Status(job)),
+		clientv3.OpDelete(s.Keys.Problems(job), clientv3.WithPrefix()),
 	}
 }
 
@@ -868,6 +938,50 @@ func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
 		return fmt.Errorf("write %s: %w", key, err)
 	}
 	return nil
+}
+
+// Problem is why a node cannot run a job right now (its runtime is down,
+// say), written by that node's agent and removed once the job runs there;
+// elasticctl describe job shows it. Failures that are the job's own (an
+// image that does not exist) end the job instead (Finish).
+type Problem struct {
+	Job     string    `json:"job" yaml:"job"`
+	Node    string    `json:"node" yaml:"node"`
+	Message string    `json:"message" yaml:"message"`
+	Time    time.Time `json:"time" yaml:"time"`
+}
+
+// PutProblem records a node's problem with a job.
+func (s *Store) PutProblem(ctx context.Context, p Problem) error {
+	return s.put(ctx, s.Keys.Problem(p.Job, p.Node), p)
+}
+
+// DeleteProblem removes a node's problem record of a job.
+func (s *Store) DeleteProblem(ctx context.Context, job, node string) error {
+	if _, err := s.Cli.Delete(ctx, s.Keys.Problem(job, node)); err != nil {
+		return fmt.Errorf("delete %s: %w", s.Keys.Problem(job, node), err)
+	}
+	return nil
+}
+
+// Problems returns the nodes' problem records of a job; malformed ones
+// come back as problems of their own.
+func (s *Store) Problems(ctx context.Context, job string) ([]Problem, []error, error) {
+	r, err := s.Cli.Get(ctx, s.Keys.Problems(job), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list job %s's problems: %w", job, err)
+	}
+	var out []Problem
+	var bad []error
+	for _, kv := range r.Kvs {
+		var p Problem
+		if err := json.Unmarshal(kv.Value, &p); err != nil {
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, bad, nil
 }
 
 // Finished returns the finish record of every finished job; malformed

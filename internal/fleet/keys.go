@@ -121,6 +121,15 @@ func (k Keys) FinishedPrefix() string { return k.under("finished") }
 // Finish is a job's finish record: Finish.
 func (k Keys) Finish(job string) string { return k.FinishedPrefix() + job }
 
+// ProblemsPrefix holds what node agents found wrong when starting jobs.
+func (k Keys) ProblemsPrefix() string { return k.under("problems") }
+
+// Problems is the prefix of a job's problem records, one per node.
+func (k Keys) Problems(job string) string { return k.ProblemsPrefix() + job + "/" }
+
+// Problem is a node's problem record of a job.
+func (k Keys) Problem(job, node string) string { return k.Problems(job) + node }
+
 // CoordinatorPrefix is the prefix of the coordinators' own records (usage,
 // leader election).
 func (k Keys) CoordinatorPrefix() string { return k.under("coordinator") }
@@ -262,6 +271,7 @@ func (k Keys) Documented() []string {
 		k.Running("<job>", "<node>"),
 		k.Desired("<job>"),
 		k.Finish("<job>"),
+		k.Problem("<job>", "<node>"),
 		k.Node("<node>"),
 		k.Team("<team>"),
 		k.Spec("<team>", "<job>"),

@@ -493,7 +493,7 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 	// coordinator to have forgotten them instead.
 	wipe := true
 	for i := 0; i < len(jobs); {
-		per := MaxTxnOps / 4 // put + forgetOps' three deletes; or 6 compares
+		per := MaxTxnOps / (1 + len(s.forgetOps(""))) // put + forgetOps' deletes; or 6 compares
 		if !wipe {
 			per = MaxTxnOps / 6
 		}
