@@ -301,7 +301,7 @@ func (r *Runner) watchContainer(job string, p *proc, task *containers.Task, logO
 		r.log.Warn("cannot remove the run's container", "job", job, "container", task.ID, "err", err)
 	}
 	rcancel()
-	if task.RunDir != "" && strings.HasPrefix(filepath.Base(filepath.Dir(task.RunDir)), "hyperpod-agent") {
+	if d := filepath.Dir(task.RunDir); task.RunDir != "" && (d == r.tmp || strings.HasPrefix(filepath.Base(d), "hyperpod-agent")) {
 		os.RemoveAll(task.RunDir)
 	}
 	var err error

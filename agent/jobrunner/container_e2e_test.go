@@ -406,3 +406,45 @@ func compact(ws []int) []int {
 	}
 	return out
 }
+
+// A real PyTorch DDP run (gloo, 2 workers) in a container: the image is a
+// merged-/usr skeleton (bin, lib, lib64 and sbin link into /usr) and the
+// job mounts the host's /usr read-only (with /etc/alternatives, where
+// Debian's BLAS links point, and the loader cache), so the host's Python and Debian's
+// torch run inside; the training script comes in through a mount too. The
+// agent's static hyperpodrun launches the workers; the Python helper
+// reaches them on PYTHONPATH from hyperpodrun itself.
+func TestPyTorchDDPTrainsInAContainer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator, an agent and PyTorch")
+	}
+	if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
+		t.Skipf("PyTorch is not installed in /usr/bin/python3 (apt-get install python3-torch): %v %s", err, out)
+	}
+	f := newContainerFleet(t)
+	skeleton := []ctrdtest.File{{Path: "tmp/", Mode: 0o1777}, {Path: "usr/", Mode: 0o755}, {Path: "etc/passwd", Data: []byte("root:x:0:0:root:/root:/bin/sh\n")},
+		{Path: "bin", Link: "usr/bin"}, {Path: "lib", Link: "usr/lib"}, {Path: "lib64", Link: "usr/lib64"}, {Path: "sbin", Link: "usr/sbin"}}
+	image, err := f.reg.Push(f.ctx, "team/host-python", "v1", ctrdtest.Image{Files: skeleton})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.startAgent("node-1")
+	scripts, err := filepath.Abs("../../examples/pytorch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.submit("ddp", 1, 1, fleet.RunSpec{Image: image, Script: "/scripts/train_elastic.py", NProcPerNode: "2", Python: "/usr/bin/python3",
+		Args: []string{"--steps", "8", "--ckpt-dir", "/ckpt", "--backend", "gloo"},
+		Mounts: []fleet.Mount{{Source: "/usr", Target: "/usr", ReadOnly: true}, {Source: "/etc/alternatives", Target: "/etc/alternatives", ReadOnly: true},
+			{Source: "/etc/ld.so.cache", Target: "/etc/ld.so.cache", ReadOnly: true}, {Source: scripts, Target: "/scripts", ReadOnly: true}, {Source: t.TempDir(), Target: "/ckpt"}},
+		Env: map[string]string{"OMP_NUM_THREADS": "1"}, ShmSize: 256 << 20})
+	f.waitFor("the DDP job to finish", 4*time.Minute, func() bool { return f.finished("ddp") != nil })
+	if fin := f.finished("ddp"); fin.Outcome != fleet.Succeeded {
+		t.Fatalf("DDP job: %+v\n%s", fin, f.out.String())
+	}
+	out := f.out.String()
+	if !strings.Contains(out, "step=8 world_size=2 ") {
+		t.Errorf("no step 8 at world size 2 (2 DDP workers in one container):\n%s", out)
+	}
+	f.waitFor("its container gone", 30*time.Second, func() bool { return len(f.containers()) == 0 })
+}

@@ -98,6 +98,7 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.DurationFlag{Name: "refresh-interval", Value: nodeagent.DefaultRefreshInterval, Usage: "how often health is rediscovered (>= 100ms)"},
 					&cli.BoolFlag{Name: "run-jobs", Value: true, Usage: "start and stop the hyperpodrun of every job the coordinator places on this node"},
 					&cli.StringFlag{Name: "hyperpodrun", Value: "hyperpodrun", Usage: "hyperpodrun binary the jobs run with"},
+					&cli.StringFlag{Name: "job-run-dir", Usage: "where each run of a job gets its own directory (TMPDIR; for containers, the files they mount); in a pod, a hostPath mounted at the same path, since containerd resolves mounts on the host (default: a directory under $TMPDIR)"},
 					&cli.StringFlag{Name: "job-log-dir", Usage: "base --log-dir of the jobs (default: hyperpodrun's temporary dirs)"},
 					&cli.StringFlag{Name: "job-user", EnvVars: []string{"HYPERPOD_JOB_USER"}, Usage: "run jobs as this unprivileged user (name, uid or uid:gid); an agent running as root needs it or --allow-root-jobs"},
 					&cli.BoolFlag{Name: "allow-root-jobs", Usage: "let an agent running as root run jobs as root (laptops, CI); a fleet gives --job-user"},
@@ -337,7 +338,7 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			}
 		}
 		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
-			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), Logger: log,
+			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: c.String("job-run-dir"), Logger: log,
 			JobUser: jobUser, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
 			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun})
 	}
