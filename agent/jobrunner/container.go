@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hyperpodrun/hyperpodrun/agent/containers"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -34,7 +36,7 @@ func (e *containerExit) Error() string {
 	case e.err != nil:
 		return e.err.Error()
 	case e.code > 128 && e.code < 128+65:
-		return "was killed by " + syscall.Signal(e.code-128).String()
+		return "was killed by " + unix.SignalName(syscall.Signal(e.code-128))
 	}
 	return fmt.Sprintf("exited with status %d", e.code)
 }

@@ -448,3 +448,50 @@ func TestPyTorchDDPTrainsInAContainer(t *testing.T) {
 	}
 	f.waitFor("its container gone", 30*time.Second, func() bool { return len(f.containers()) == 0 })
 }
+
+// A container that dies (its hyperpodrun SIGKILLed from the host) is a
+// node failure, as a dead hyperpodrun is: the container is removed, a new
+// one starts on the node after the backoff, training resumes from the
+// committed checkpoint and the job succeeds; nothing is left.
+func TestDeadContainerIsRestartedLikeADeadHyperpodrun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	f := newContainerFleet(t)
+	f.startAgent("node-1")
+	f.submit("crash", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, MaxRestarts: 3,
+		Args:   []string{"--steps", "60", "--step-time", "40ms", "--ckpt-dir", "/ckpt", "--ckpt-every", "5"},
+		Mounts: []fleet.Mount{{Source: t.TempDir(), Target: "/ckpt"}}})
+	f.waitFor("training", 60*time.Second, func() bool { s, _ := f.steps(); return len(s) >= 12 })
+	first := f.containers()
+	if len(first) != 1 {
+		t.Fatalf("containers: %v", first)
+	}
+	rt, err := containers.Connect(f.ctx, containers.Config{Address: f.ctrd.Address})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	tasks, err := rt.Adopt(f.ctx, "node-1")
+	if err != nil || len(tasks) != 1 {
+		t.Fatalf("find the container: %v %v", tasks, err)
+	}
+	if err := syscall.Kill(int(tasks[0].Pid()), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("a new container for the job", 60*time.Second, func() bool {
+		c := f.containers()
+		return len(c) == 1 && c[0] != first[0]
+	})
+	f.waitFor("the job to finish", 90*time.Second, func() bool { return f.finished("crash") != nil })
+	if fin := f.finished("crash"); fin.Outcome != fleet.Succeeded {
+		t.Fatalf("job: %+v", fin)
+	}
+	if !strings.Contains(f.logs.String(), "node failure") || !strings.Contains(f.logs.String(), "was killed by SIGKILL") {
+		t.Errorf("the dead container was not judged a node failure killed by SIGKILL:\n%s", f.logs.String())
+	}
+	if !regexp.MustCompile(`resumed at step \d+`).MatchString(f.out.String()) {
+		t.Errorf("the new container did not resume from the checkpoint")
+	}
+	f.waitFor("no container left", 30*time.Second, func() bool { return len(f.containers()) == 0 })
+}
