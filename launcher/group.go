@@ -323,6 +323,7 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 // for lines matching its filters, filtered (prefixed).
 func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte, filtered *lockedFile) {
 	br := bufio.NewReaderSize(r, 64<<10)
+	var buf []byte
 	for {
 		line, err := br.ReadSlice('\n')
 		if len(line) > 0 {
@@ -331,12 +332,15 @@ func copyLines(r io.Reader, file io.Writer, console io.Writer, prefix []byte, fi
 			}
 			complete := line[len(line)-1] == '\n' || errors.Is(err, bufio.ErrBufferFull)
 			if console != nil {
-				consoleMu.Lock()
-				console.Write(prefix)
-				console.Write(line)
+				// One write per line: a worker writing straight to the
+				// same terminal (an untee'd stream) cannot land between
+				// the prefix and its line.
+				buf = append(append(buf[:0], prefix...), line...)
 				if !complete {
-					console.Write([]byte{'\n'})
+					buf = append(buf, '\n')
 				}
+				consoleMu.Lock()
+				console.Write(buf)
 				consoleMu.Unlock()
 			}
 			filtered.writeIfMatch(prefix, line, complete)
