@@ -210,7 +210,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		r.mu.Unlock()
 		return fmt.Errorf("make the run's directory: %w", err)
 	}
-	p := &proc{done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, grace: graceOf(spec), starting: true}
+	p := &proc{done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, grace: graceOf(spec, r.cfg.DrainMargin), starting: true}
 	r.jobs[job] = p
 	r.wg.Add(1)
 	r.mu.Unlock()
@@ -351,7 +351,7 @@ func (r *Runner) adoptContainers(ctx context.Context) error {
 		}
 		p := &proc{done: make(chan struct{}), started: time.Now(), grace: 30 * time.Second, starting: true}
 		if spec, err := r.st.Job(actx, task.Job); err == nil {
-			p.maxRestarts, p.grace = spec.Run.MaxRestarts, graceOf(spec)
+			p.maxRestarts, p.grace = spec.Run.MaxRestarts, graceOf(spec, r.cfg.DrainMargin)
 		}
 		r.jobs[task.Job] = p
 		r.wg.Add(1)
@@ -401,10 +401,11 @@ func (r *Runner) clearProblem(job string) {
 
 // graceOf is how long a drained run may take before it is SIGKILLed: the
 // job's graceful timeout (hyperpodrun's own budget for its workers'
-// checkpoint) plus 30 s for hyperpodrun itself; 2 min without one.
-func graceOf(spec *fleet.JobSpec) time.Duration {
+// checkpoint) plus margin (Config.DrainMargin, 30 s) for hyperpodrun
+// itself; 2 min without one.
+func graceOf(spec *fleet.JobSpec, margin time.Duration) time.Duration {
 	if g := spec.Run.GracefulTimeoutSeconds; g > 0 {
-		return time.Duration(g*float64(time.Second)) + 30*time.Second
+		return time.Duration(g*float64(time.Second)) + margin
 	}
 	return 2 * time.Minute
 }

@@ -153,7 +153,7 @@ func (f *containerFleet) startAgent(name string) {
 		f.t.Fatal(err)
 	}
 	r := New(Config{Endpoints: f.eps, Output: f.out, Logger: log, TempDir: tmp, LogDir: f.logDir, RdzvConf: "lease_ttl=3",
-		Containers: rt, ContainerHyperpodrun: f.hpr, BackoffBase: 200 * time.Millisecond})
+		Containers: rt, ContainerHyperpodrun: f.hpr, BackoffBase: 200 * time.Millisecond, DrainMargin: time.Second})
 	devDir := f.devDir
 	agent, err := nodeagent.New(f.cli, nodeagent.Config{NodeName: name, LeaseTTL: 10 * time.Second, Workloads: r, Logger: log,
 		Discover: func(context.Context) (*devices.Inventory, error) {
@@ -494,4 +494,29 @@ func TestDeadContainerIsRestartedLikeADeadHyperpodrun(t *testing.T) {
 		t.Errorf("the new container did not resume from the checkpoint")
 	}
 	f.waitFor("no container left", 30*time.Second, func() bool { return len(f.containers()) == 0 })
+}
+
+// A stop escalates: a container whose launcher ignores the drain signal is
+// SIGKILLed once the job's graceful timeout (+ the agent's margin, 1 s
+// here) has passed, and removed.
+func TestStopEscalatesToSIGKILLAfterTheJobsTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	f := newContainerFleet(t)
+	f.startAgent("node-1")
+	f.submit("stubborn", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, GracefulTimeoutSeconds: 1,
+		Command: []string{"/bin/sh", "-c", "trap '' USR2; echo ignoring-drains; while :; do sleep 0.1; done", "sh"}})
+	f.waitFor("the container running", 60*time.Second, func() bool { return strings.Contains(f.out.String(), "ignoring-drains") })
+	if _, err := f.st.UpdateJob(f.ctx, "stubborn", func(j *fleet.JobSpec) error { j.Suspended = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f.waitFor("the container killed and removed", 60*time.Second, func() bool { return len(f.containers()) == 0 })
+	if !strings.Contains(f.logs.String(), "did not exit within its grace period: killing it") {
+		t.Errorf("no escalation logged:\n%s", f.logs.String())
+	}
+	if took := time.Since(start); took < 2*time.Second {
+		t.Errorf("killed after %s, before the job's graceful timeout (1 s) + margin (1 s)", took)
+	}
 }

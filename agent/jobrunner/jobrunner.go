@@ -82,6 +82,9 @@ type Config struct {
 	// ContainerStartTimeout bounds a container's pull and start (default
 	// 15m).
 	ContainerStartTimeout time.Duration
+	// DrainMargin is what a drained run gets beyond the job's graceful
+	// timeout before it is SIGKILLed (default 30s).
+	DrainMargin time.Duration
 }
 
 // Runner implements nodeagent.Workloads.
@@ -182,6 +185,9 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.HealthyAfter <= 0 {
 		cfg.HealthyAfter = time.Minute
+	}
+	if cfg.DrainMargin <= 0 {
+		cfg.DrainMargin = 30 * time.Second
 	}
 	if cfg.ContainerStartTimeout <= 0 {
 		cfg.ContainerStartTimeout = 15 * time.Minute
@@ -589,7 +595,7 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	b.started(cmd.Process.Pid, cloned)
 	r.log.Info("started job", "job", job, "pid", cmd.Process.Pid, "cgroup", b.cg, "tmpdir", tmp)
 	pid := cmd.Process.Pid
-	p := &proc{cmd: cmd, done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, box: b, grace: graceOf(spec),
+	p := &proc{cmd: cmd, done: make(chan struct{}), started: time.Now(), maxRestarts: spec.Run.MaxRestarts, box: b, grace: graceOf(spec, r.cfg.DrainMargin),
 		signal: func(sig syscall.Signal) error { return syscall.Kill(pid, sig) },
 		kill:   func() { syscall.Kill(-pid, syscall.SIGKILL) }}
 	r.jobs[job] = p
