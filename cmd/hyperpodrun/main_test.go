@@ -351,9 +351,15 @@ func TestSignalReportedWithName(t *testing.T) {
 
 func TestRestartsAllWorkersWithRestartCount(t *testing.T) {
 	out := t.TempDir()
-	// Local rank 1 fails on the first two attempts.
+	// Local rank 1 fails on the first two attempts, once local rank 0 has
+	// recorded that attempt (else a loaded machine may kill rank 0 before
+	// its shell got to the echo: that is not what this test is about).
 	w := script(t, `echo "$TORCHELASTIC_RESTART_COUNT" >> "$OUT/attempts.$LOCAL_RANK"
-if [ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then exit 1; fi
+if [ "$LOCAL_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" -lt 2 ]; then
+  i=0
+  while ! grep -qx "$TORCHELASTIC_RESTART_COUNT" "$OUT/attempts.0" 2>/dev/null && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done
+  exit 1
+fi
 sleep 0.2`)
 	r := hpr(t, []string{"OUT=" + out}, "--nproc-per-node", "2", "--max-restarts", "2", "--no-python", w)
 	if r.code != 0 {
