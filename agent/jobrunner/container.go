@@ -218,30 +218,24 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 	go func() {
 		defer r.wg.Done()
 		var task *containers.Task
+		var logOffset int64
 		if err == nil {
 			sctx, cancel := context.WithTimeout(ctx, r.cfg.ContainerStartTimeout)
+			// The console follows the log from where this run's
+			// output begins: measured before the task can write.
+			logOffset = containers.Size(cs.LogPath)
 			task, err = r.cfg.Containers.Start(sctx, cs)
 			cancel()
 		}
 		if err != nil && ctx.Err() != nil {
 			// The runner stops: nothing to judge.
 			os.RemoveAll(runDir)
-			r.mu.Lock()
-			delete(r.jobs, job)
-			r.mu.Unlock()
-			close(p.done)
+			r.release(job, p, false)
 			return
 		}
 		if err != nil {
 			os.RemoveAll(runDir)
-			r.mu.Lock()
-			draining := p.draining
-			delete(r.jobs, job)
-			if !draining && !r.leaving {
-				r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
-			}
-			r.mu.Unlock()
-			close(p.done)
+			draining := r.release(job, p, true)
 			switch {
 			case draining:
 				r.log.Info("job moved off this node before its container started", "job", job, "err", err)
@@ -256,7 +250,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		}
 		r.log.Info("started job in a container", "job", job, "container", task.ID, "image", cs.Image, "pid", task.Pid(), "log", task.LogPath)
 		r.clearProblem(job)
-		r.watchContainer(job, p, task, containers.Size(task.LogPath))
+		r.watchContainer(job, p, task, logOffset)
 	}()
 	return nil
 }
@@ -310,17 +304,7 @@ func (r *Runner) watchContainer(job string, p *proc, task *containers.Task, logO
 	if ex.Code != 0 || ex.Err != nil {
 		err = &containerExit{code: ex.Code, err: ex.Err}
 	}
-	r.mu.Lock()
-	draining = p.draining
-	delete(r.jobs, job)
-	if p.deadline != nil {
-		p.deadline.Stop()
-	}
-	if !draining && err != nil && !r.leaving {
-		r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
-	}
-	r.mu.Unlock()
-	close(p.done)
+	draining = r.release(job, p, err != nil)
 	r.log.Info("job's container ended", "job", job, "container", task.ID, "exit_code", ex.Code, "drained", draining)
 	r.exited(job, err, draining, ran, p.maxRestarts)
 }

@@ -628,21 +628,28 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		if err := os.RemoveAll(tmp); err != nil {
 			r.log.Warn("cannot remove the run's TMPDIR", "job", job, "dir", tmp, "err", err)
 		}
-		r.mu.Lock()
-		draining := p.draining
-		delete(r.jobs, job)
-		if p.deadline != nil {
-			p.deadline.Stop()
-		}
-		if !draining && err != nil && !r.leaving {
-			// No restart until exited has judged the failure.
-			r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
-		}
-		r.mu.Unlock()
-		close(p.done)
+		draining := r.release(job, p, err != nil)
 		r.exited(job, err, draining, ran, p.maxRestarts)
 	}()
 	return nil
+}
+
+// release forgets a run that ended (or never started) and reports whether
+// it was being drained. A failed run that was not drained is not
+// restarted until exited has judged the failure.
+func (r *Runner) release(job string, p *proc, failed bool) (draining bool) {
+	r.mu.Lock()
+	draining = p.draining
+	delete(r.jobs, job)
+	if p.deadline != nil {
+		p.deadline.Stop()
+	}
+	if !draining && failed && !r.leaving {
+		r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
+	}
+	r.mu.Unlock()
+	close(p.done)
+	return draining
 }
 
 // rebuild makes a fresh command like cmd (an exec.Cmd starts once).
