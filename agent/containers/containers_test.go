@@ -2,6 +2,7 @@ package containers
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -168,8 +169,8 @@ func TestPullOfAMissingTagIsImageNotFound(t *testing.T) {
 	if !errors.Is(err, ErrImageNotFound) || !strings.Contains(err.Error(), "busybox:nope") {
 		t.Errorf("pull of a missing tag: %v", err)
 	}
-	// Credentials from a docker config.json reach the registry (this
-	// one needs none, so a wrong entry must not break the pull either).
+	// The config.json parser (TestPullWithCredentialsFromADockerConfig
+	// pulls with it from a registry that wants credentials).
 	cfg := filepath.Join(t.TempDir(), "config.json")
 	os.WriteFile(cfg, []byte(`{"auths":{"`+f.reg.Host+`":{"auth":"dXNlcjpwYXNz"}}}`), 0o600)
 	if u, p, err := DockerCredentials(cfg, f.reg.Host); err != nil || u != "user" || p != "pass" {
@@ -230,3 +231,38 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// A registry that wants credentials: the pull works with a docker-style
+// config.json that has them (--registry-config), and fails without.
+func TestPullWithCredentialsFromADockerConfig(t *testing.T) {
+	ctrd := ctrdtest.StartContainerd(t)
+	reg := ctrdtest.StartRegistryWithAuth(t, "trainer", "s3cret")
+	files, err := ctrdtest.BusyboxFiles()
+	if err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ref, err := reg.Push(ctx, "private/busybox", "v1", ctrdtest.Image{Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	anon, err := Connect(ctx, Config{Address: ctrd.Address})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	if _, err := anon.Pull(ctx, ref); err == nil {
+		t.Fatal("a pull without credentials from a registry that wants them succeeded")
+	}
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	os.WriteFile(cfg, []byte(`{"auths":{"`+reg.Host+`":{"auth":"`+base64.StdEncoding.EncodeToString([]byte("trainer:s3cret"))+`"}}}`), 0o600)
+	rt, err := Connect(ctx, Config{Address: ctrd.Address, DockerConfig: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if _, err := rt.Pull(ctx, ref); err != nil {
+		t.Fatalf("pull with the config's credentials: %v", err)
+	}
+}

@@ -22,12 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // Containerd is a private containerd started for a test.
@@ -191,12 +193,25 @@ func tail(b []byte, n int) []byte {
 type Registry struct {
 	// Host is its host:port on 127.0.0.1 (plain HTTP).
 	Host string
+	auth authn.Authenticator
 }
 
 // StartRegistry starts docker-registry on a free loopback port with its
 // storage in a temp dir, waits until it answers, and stops it when the test
 // ends. It skips the test when docker-registry is not installed.
 func StartRegistry(t testing.TB) *Registry {
+	t.Helper()
+	return startRegistry(t, "", "")
+}
+
+// StartRegistryWithAuth is StartRegistry with basic auth (htpasswd,
+// bcrypt): only user with password may push or pull.
+func StartRegistryWithAuth(t testing.TB, user, password string) *Registry {
+	t.Helper()
+	return startRegistry(t, user, password)
+}
+
+func startRegistry(t testing.TB, user, password string) *Registry {
 	t.Helper()
 	bin, err := exec.LookPath("docker-registry")
 	if err != nil {
@@ -220,6 +235,19 @@ storage:
 http:
   addr: %s
 `, filepath.Join(dir, "data"), host)
+	var auth authn.Authenticator = authn.Anonymous
+	if user != "" {
+		hash, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pwFile := filepath.Join(dir, "htpasswd")
+		if err := os.WriteFile(pwFile, []byte(user+":"+string(hash)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		conf += fmt.Sprintf("auth:\n  htpasswd:\n    realm: test\n    path: %s\n", pwFile)
+		auth = &authn.Basic{Username: user, Password: password}
+	}
 	confPath := filepath.Join(dir, "config.yml")
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -240,8 +268,8 @@ http:
 		resp, err := http.Get("http://" + host + "/v2/")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return &Registry{Host: host}
+			if resp.StatusCode == http.StatusOK || user != "" && resp.StatusCode == http.StatusUnauthorized {
+				return &Registry{Host: host, auth: auth}
 			}
 		}
 		if time.Now().After(deadline) {
@@ -325,7 +353,11 @@ func (r *Registry) Push(ctx context.Context, repo, tag string, img Image) (strin
 	if err != nil {
 		return "", err
 	}
-	if err := remote.Write(tagged, final, remote.WithContext(ctx)); err != nil {
+	auth := r.auth
+	if auth == nil {
+		auth = authn.Anonymous
+	}
+	if err := remote.Write(tagged, final, remote.WithContext(ctx), remote.WithAuth(auth)); err != nil {
 		return "", fmt.Errorf("push %s: %w", ref, err)
 	}
 	return ref, nil
