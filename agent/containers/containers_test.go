@@ -266,3 +266,30 @@ func TestPullWithCredentialsFromADockerConfig(t *testing.T) {
 		t.Fatalf("pull with the config's credentials: %v", err)
 	}
 }
+
+// A test that stops half-way leaves a running container behind; the
+// fixture's cleanup (ctrdtest) must kill it, not only containerd and its
+// shims, whose death a container survives.
+func TestFixtureCleanupKillsContainersATestLeft(t *testing.T) {
+	var pid uint32
+	t.Run("leaves a container running", func(t *testing.T) {
+		f := newFixture(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		task, err := f.rt.Start(ctx, Spec{Image: f.image, Job: "left", Node: "n", Args: []string{"/bin/sh", "-c", "while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid = task.Pid()
+		if pid == 0 || syscall.Kill(int(pid), 0) != nil {
+			t.Fatalf("the container's init %d is not running", pid)
+		}
+	})
+	if pid == 0 {
+		t.Fatal("no container was started")
+	}
+	waitFor(t, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(b), ") Z ")
+	})
+}

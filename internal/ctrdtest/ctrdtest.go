@@ -144,22 +144,44 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 // Kill SIGKILLs containerd (a fault test); its shims and containers go on.
 func (c *Containerd) Kill() { c.cmd.Process.Kill() }
 
-// killShims SIGKILLs the shims (and so the containers) of a containerd
-// whose state dir is state: every process whose command line names it.
+// killShims SIGKILLs the shims of a containerd whose state dir is state
+// (every process whose command line names its directory) and their
+// children, the containers' init processes: a container whose init dies
+// takes every process of its PID namespace with it, while one whose shim
+// alone dies would run on. A test that failed half-way leaves nothing.
 func killShims(state string) {
+	dir := filepath.Dir(state)
+	children := map[int][]int{}
+	var shims []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		var pid int
 		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
 			continue
 		}
+		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
+			// pid (comm) state ppid ...: comm may hold spaces.
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
+				var st string
+				var ppid int
+				if _, err := fmt.Sscanf(string(b[i+1:]), " %s %d", &st, &ppid); err == nil {
+					children[ppid] = append(children[ppid], pid)
+				}
+			}
+		}
 		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil {
 			continue
 		}
-		if strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), filepath.Dir(state)) {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), dir) {
+			shims = append(shims, pid)
 		}
+	}
+	for _, shim := range shims {
+		for _, c := range children[shim] {
+			syscall.Kill(c, syscall.SIGKILL)
+		}
+		syscall.Kill(shim, syscall.SIGKILL)
 	}
 }
 
