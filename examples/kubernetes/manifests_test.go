@@ -14,8 +14,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
 )
 
 type object interface {
@@ -46,6 +49,14 @@ func newObject(apiVersion, kind string) object {
 		return &rbacv1.Role{}
 	case "rbac.authorization.k8s.io/v1 RoleBinding":
 		return &rbacv1.RoleBinding{}
+	case "apps/v1 Deployment":
+		return &appsv1.Deployment{}
+	case "apiextensions.k8s.io/v1 CustomResourceDefinition":
+		return &apiextv1.CustomResourceDefinition{}
+	case "hyperpodrun.io/v1alpha1 ElasticJob":
+		return &v1alpha1.ElasticJob{}
+	case "hyperpodrun.io/v1alpha1 ElasticTeam":
+		return &v1alpha1.ElasticTeam{}
 	}
 	return nil
 }
@@ -81,10 +92,13 @@ func stripComments(s string) string {
 	return b.String()
 }
 
-// loadAll strictly decodes every document of every *.yaml file here.
+// loadAll strictly decodes every document of every *.yaml file here
+// (and in jobs/, the example ElasticTeams and ElasticJobs).
 func loadAll(t *testing.T) []object {
 	t.Helper()
 	files, err := filepath.Glob("*.yaml")
+	more, _ := filepath.Glob("jobs/*.yaml")
+	files = append(files, more...)
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
 	}
