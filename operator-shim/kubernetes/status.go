@@ -1,0 +1,99 @@
+package kubernetes
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
+)
+
+// Reason codes of the controller's own (the coordinator's are api.Code*).
+const (
+	// CodeNameTaken: another job (of elasticctl, or an ElasticJob of another
+	// namespace) holds the name; job names are unique in the fleet.
+	CodeNameTaken = "NameTaken"
+	// CodeSubmitted: the spec is written; the coordinator has not decided.
+	CodeSubmitted = "Submitted"
+)
+
+// StatusInput is what ComputeStatus reads.
+type StatusInput struct {
+	// Invalid is why the ElasticJob cannot become a job spec (nil: it can).
+	Invalid error
+	// InvalidCode is the reason code of Invalid (default InvalidSpec).
+	InvalidCode string
+	Desired     *fleet.Desired
+	// Decision is the coordinator's latest status record (nil: none).
+	Decision *fleet.Status
+	// Finish is the job's finish record (nil: running or waiting).
+	Finish *fleet.Finish
+	// Pods are the job's pods.
+	Pods []PodView
+	Now  time.Time
+}
+
+// ComputeStatus is an ElasticJob's status: the phase, the coordinator's
+// size, reason and message, and the pods running on allocated nodes. prev
+// is the current status (its transition time is kept while the phase
+// stays).
+func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in StatusInput) v1alpha1.ElasticJobStatus {
+	s := v1alpha1.ElasticJobStatus{ObservedGeneration: ej.Generation}
+	if in.Desired != nil {
+		s.AllocationGeneration = in.Desired.Generation
+	}
+	if in.Desired.Running() {
+		s.DesiredReplicas = int32(in.Desired.Size)
+		s.Nodes = append([]string(nil), in.Desired.Nodes...)
+	}
+	placed := map[string]bool{}
+	for _, n := range s.Nodes {
+		placed[n] = true
+	}
+	for _, p := range in.Pods {
+		if placed[p.Node] && !p.Deleting && !p.Ended() && p.Started {
+			s.CurrentReplicas++
+		}
+	}
+	if d := in.Decision; d != nil {
+		s.Decision, s.Reason, s.Message = string(d.Kind), string(d.Code), d.Message
+		if d.Kind == api.KindShrunk || d.Kind == api.KindPreempted {
+			s.ShrunkFor = append([]string(nil), d.For...)
+		} else {
+			s.ShrunkFor = prev.ShrunkFor
+		}
+	}
+	switch {
+	case in.Invalid != nil:
+		s.Phase, s.Reason, s.Message = v1alpha1.PhaseInvalid, in.InvalidCode, in.Invalid.Error()
+		if s.Reason == "" {
+			s.Reason = string(api.CodeInvalidSpec)
+		}
+		s.Decision, s.DesiredReplicas, s.Nodes = "", 0, nil
+	case in.Finish != nil:
+		s.Phase = v1alpha1.PhaseSucceeded
+		if in.Finish.Outcome != fleet.Succeeded {
+			s.Phase = v1alpha1.PhaseFailed
+		}
+		s.Reason, s.Message = in.Finish.Outcome, in.Finish.Message
+	case ej.Spec.Suspend:
+		s.Phase = v1alpha1.PhaseSuspended
+	case in.Decision != nil && in.Decision.Kind == api.KindInvalid:
+		s.Phase = v1alpha1.PhaseInvalid
+	case in.Desired.Running():
+		s.Phase = v1alpha1.PhaseRunning
+	default:
+		s.Phase = v1alpha1.PhasePending
+		if in.Decision == nil {
+			s.Reason, s.Message = CodeSubmitted, "waiting for the coordinator's first decision"
+		}
+	}
+	s.LastTransitionTime = prev.LastTransitionTime
+	if s.Phase != prev.Phase || s.LastTransitionTime == nil {
+		t := metav1.NewTime(in.Now.Truncate(time.Second))
+		s.LastTransitionTime = &t
+	}
+	return s
+}
