@@ -101,7 +101,9 @@ func TestTranslateVariants(t *testing.T) {
 				t.Errorf("%+v", s)
 			}
 		}},
-		{"not elastic", func(j *v1alpha1.ElasticJob) { j.Spec.ElasticPolicy = v1alpha1.ElasticPolicy{MinReplicas: 3, MaxReplicas: 3} },
+		{"not elastic", func(j *v1alpha1.ElasticJob) {
+			j.Spec.ElasticPolicy = v1alpha1.ElasticPolicy{MinReplicas: 3, MaxReplicas: 3}
+		},
 			func(t *testing.T, s fleet.JobSpec) {
 				if s.Elastic || s.MinNodes != 3 {
 					t.Errorf("%+v", s)
@@ -136,7 +138,11 @@ func TestTranslateErrors(t *testing.T) {
 			c0(j).Resources.Limits["aws.amazon.com/neuron"] = resource.MustParse("1")
 		}, "both nvidia.com/gpu and aws.amazon.com/neuron"},
 		{func(j *v1alpha1.ElasticJob) { c0(j).Resources.Limits["nvidia.com/gpu"] = resource.MustParse("500m") }, "whole number"},
-		{func(j *v1alpha1.ElasticJob) { j.Spec.ElasticPolicy.MaxReplicas = 0; j.Spec.ElasticPolicy.MinReplicas = 5; j.Spec.ElasticPolicy.MaxReplicas = 2 }, "spec:"},
+		{func(j *v1alpha1.ElasticJob) {
+			j.Spec.ElasticPolicy.MaxReplicas = 0
+			j.Spec.ElasticPolicy.MinReplicas = 5
+			j.Spec.ElasticPolicy.MaxReplicas = 2
+		}, "spec:"},
 		{func(j *v1alpha1.ElasticJob) { j.Spec.PriorityClassName = "urgent" }, "unknown class"},
 		{func(j *v1alpha1.ElasticJob) { j.Spec.NProcPerNode = "lots" }, "spec.nprocPerNode"},
 		{func(j *v1alpha1.ElasticJob) { c0(j).Image = "UPPER/Case:tag" }, "run.image"},

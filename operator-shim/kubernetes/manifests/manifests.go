@@ -3,9 +3,9 @@ package manifests
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 	"fmt"
 	"reflect"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
