@@ -10,6 +10,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/podsup"
 )
 
 // Labels and annotations the controller puts on its pods.
@@ -33,7 +34,7 @@ const (
 	EtcdDir = "/etc/hyperpodrun/etcd"
 	// DrainedMessage is what the pod supervisor writes to the container's
 	// termination message when it drained hyperpodrun.
-	DrainedMessage = "drained"
+	DrainedMessage = podsup.DrainedMessage
 	// TrainerName is the trainer container's name when the template leaves
 	// it empty.
 	TrainerName = "trainer"

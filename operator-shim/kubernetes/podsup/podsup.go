@@ -1,0 +1,186 @@
+// Package podsup is the pod supervisor of a job's pod on Kubernetes: the
+// container's first process ("hyperpod-kube-controller pod"), which runs
+// the job's hyperpodrun as its child and does for it what the node agent's
+// runner does on a node of its own: it watches the coordinator's desired
+// record of the job and, when the record no longer places the job on this
+// node (a planned shrink, a preemption, a suspension or a deletion),
+// drains hyperpodrun (SIGUSR2: the workers checkpoint, the node leaves the
+// rendezvous, hyperpodrun exits 0). The kubelet's signals are passed on.
+// Its exit status is hyperpodrun's, and a drained exit 0 is written to the
+// container's termination message ("drained"), so the controller can tell
+// a drained pod from a job that succeeded.
+package podsup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
+
+// DrainedMessage is written to the termination message after a drain.
+const DrainedMessage = "drained"
+
+// Config says what to supervise.
+type Config struct {
+	// Etcd is the fleet's etcd; Prefix its layout's prefix.
+	Etcd   *clientv3.Client
+	Prefix string
+	// Job and Node name the job and the node this pod runs on.
+	Job, Node string
+	// Argv is hyperpodrun's command line (the program first).
+	Argv []string
+	// TerminationLog is the container's termination message file
+	// (default /dev/termination-log; "-" for none).
+	TerminationLog string
+	Logger         *slog.Logger
+}
+
+// Placed says whether desired places the job on node; a missing record
+// (not written yet) keeps it.
+func Placed(d *fleet.Desired, node string) bool {
+	if d == nil {
+		return true
+	}
+	return d.Running() && slices.Contains(d.Nodes, node)
+}
+
+// Run runs the child until it exits and returns its exit status (128 +
+// signal for a child killed by a signal).
+func Run(ctx context.Context, cfg Config) (int, error) {
+	if len(cfg.Argv) == 0 {
+		return 2, errors.New("pod supervisor: no command to run after --")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.TerminationLog == "" {
+		cfg.TerminationLog = "/dev/termination-log"
+	}
+	log := cfg.Logger.With("job", cfg.Job, "node", cfg.Node)
+	cmd := exec.Command(cfg.Argv[0], cfg.Argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return 127, fmt.Errorf("pod supervisor: start %s: %w", cfg.Argv[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leave := make(chan string, 1)
+	go watch(wctx, cfg, log, leave)
+	drained := false
+	for {
+		select {
+		case err := <-exited:
+			code := exitCode(err)
+			if drained && code == 0 && cfg.TerminationLog != "-" {
+				if werr := os.WriteFile(cfg.TerminationLog, []byte(DrainedMessage), 0o644); werr != nil {
+					log.Warn("cannot write the termination message", "err", werr)
+				}
+			}
+			log.Info("hyperpodrun exited", "code", code, "drained", drained)
+			return code, nil
+		case why := <-leave:
+			if !drained {
+				drained = true
+				log.Info("draining hyperpodrun (SIGUSR2): "+why)
+				if err := cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+					log.Warn("cannot signal hyperpodrun", "err", err)
+				}
+			}
+		case s := <-sigs:
+			log.Info("passing a signal on to hyperpodrun", "signal", s)
+			cmd.Process.Signal(s)
+		}
+	}
+}
+
+// watch reports on leave once the desired record no longer places the
+// job on this node; it retries etcd until ctx ends.
+func watch(ctx context.Context, cfg Config, log *slog.Logger, leave chan<- string) {
+	st := fleet.New(cfg.Etcd, cfg.Prefix)
+	key := st.Keys.Desired(cfg.Job)
+	check := func(d *fleet.Desired) bool {
+		if Placed(d, cfg.Node) {
+			return false
+		}
+		why := fmt.Sprintf("the coordinator's allocation (generation %d) no longer lists node %s", d.Generation, cfg.Node)
+		if d.Stop != nil {
+			why = fmt.Sprintf("the coordinator stopped the job (%s): %s", d.Stop.Kind, d.Stop.Reason)
+		}
+		leave <- why
+		return true
+	}
+	for ctx.Err() == nil {
+		gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		r, err := cfg.Etcd.Get(gctx, key)
+		cancel()
+		if err != nil {
+			log.Warn("cannot read the job's desired record; retrying", "err", err)
+			pause(ctx, time.Second)
+			continue
+		}
+		if len(r.Kvs) > 0 {
+			if d, err := fleet.DecodeDesired(key, r.Kvs[0].Value); err != nil {
+				log.Warn("ignoring a malformed desired record", "err", err)
+			} else if check(d) {
+				return
+			}
+		}
+		for w := range cfg.Etcd.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(r.Header.Revision+1)) {
+			if w.Err() != nil {
+				log.Warn("watch of the desired record ended; starting over", "err", w.Err())
+				break
+			}
+			for _, ev := range w.Events {
+				if ev.Type != clientv3.EventTypePut {
+					continue
+				}
+				d, err := fleet.DecodeDesired(key, ev.Kv.Value)
+				if err != nil {
+					log.Warn("ignoring a malformed desired record", "err", err)
+					continue
+				}
+				if check(d) {
+					return
+				}
+			}
+		}
+		pause(ctx, 200*time.Millisecond)
+	}
+}
+
+func pause(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return 1
+}
