@@ -43,7 +43,10 @@ type Config struct {
 	// TerminationLog is the container's termination message file
 	// (default /dev/termination-log; "-" for none).
 	TerminationLog string
-	Logger         *slog.Logger
+	// Signals are the kubelet's signals to pass on to the child (nil: this
+	// process's SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2).
+	Signals <-chan os.Signal
+	Logger  *slog.Logger
 }
 
 // Placed says whether desired places the job on node; a missing record
@@ -70,9 +73,13 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	log := cfg.Logger.With("job", cfg.Job, "node", cfg.Node)
 	cmd := exec.Command(cfg.Argv[0], cfg.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
-	defer signal.Stop(sigs)
+	sigs := cfg.Signals
+	if sigs == nil {
+		own := make(chan os.Signal, 4)
+		signal.Notify(own, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+		defer signal.Stop(own)
+		sigs = own
+	}
 	if err := cmd.Start(); err != nil {
 		return 127, fmt.Errorf("pod supervisor: start %s: %w", cfg.Argv[0], err)
 	}
@@ -97,7 +104,7 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		case why := <-leave:
 			if !drained {
 				drained = true
-				log.Info("draining hyperpodrun (SIGUSR2): "+why)
+				log.Info("draining hyperpodrun (SIGUSR2): " + why)
 				if err := cmd.Process.Signal(syscall.SIGUSR2); err != nil {
 					log.Warn("cannot signal hyperpodrun", "err", err)
 				}
@@ -183,4 +190,28 @@ func exitCode(err error) int {
 		return ee.ExitCode()
 	}
 	return 1
+}
+
+// RunWithoutEtcd runs the child with signals passed on and nothing else
+// (etcd was unreachable when the pod started: the drain then comes from
+// the controller deleting the pod after the graceful timeout).
+func RunWithoutEtcd(argv []string) (int, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return 127, fmt.Errorf("pod supervisor: start %s: %w", argv[0], err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	for {
+		select {
+		case err := <-exited:
+			return exitCode(err), nil
+		case s := <-sigs:
+			cmd.Process.Signal(s)
+		}
+	}
 }
