@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	kube "github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
 	"github.com/hyperpodrun/hyperpodrun/internal/kubetest"
+	kube "github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/manifests"
 )
@@ -145,7 +145,10 @@ func TestCRDsOnARealAPIServer(t *testing.T) {
 		want string
 	}{
 		{func(j *v1alpha1.ElasticJob) { j.Spec.ElasticPolicy.MinReplicas = 5 }, "maxReplicas must be at least minReplicas"},
-		{func(j *v1alpha1.ElasticJob) { j.Spec.ElasticPolicy.ReplicaIncrementStep = 2; j.Spec.ElasticPolicy.ReplicaDiscreteValues = []int32{1, 2} }, "not both"},
+		{func(j *v1alpha1.ElasticJob) {
+			j.Spec.ElasticPolicy.ReplicaIncrementStep = 2
+			j.Spec.ElasticPolicy.ReplicaDiscreteValues = []int32{1, 2}
+		}, "not both"},
 		{func(j *v1alpha1.ElasticJob) { j.Spec.ElasticPolicy.ReplicaDiscreteValues = []int32{2, 2} }, "must not repeat"},
 		{func(j *v1alpha1.ElasticJob) { j.Spec.Team = "Research_Team" }, "spec.team"},
 		{func(j *v1alpha1.ElasticJob) { j.Spec.Priority = &p }, "spec.priority"},
