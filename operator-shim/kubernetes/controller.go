@@ -1,7 +1,9 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -93,6 +95,7 @@ type Controller struct {
 	mu          sync.Mutex
 	drainSince  map[types.UID]time.Time
 	deletedByUs map[types.UID]bool
+	reported    map[types.UID]bool // deletions by others, reported
 	secrets     map[string]string // job -> hash of the Secret written
 	leading     bool
 }
@@ -128,7 +131,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger, store: fleet.New(cfg.Etcd, cfg.Prefix), kube: kube, crd: crd,
-		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, secrets: map[string]string{}}, nil
+		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, reported: map[types.UID]bool{}, secrets: map[string]string{}}, nil
 }
 
 // Leading reports whether this controller is working (holds the Lease, or
@@ -184,7 +187,9 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // work is the controller proper.
 func (c *Controller) work(ctx context.Context) error {
-	bc := record.NewBroadcaster(record.WithContext(ctx))
+	// Decisions, pods and drains of a busy job come in bursts: allow more
+	// than client-go's default of 25 events per object before throttling.
+	bc := record.NewBroadcaster(record.WithContext(ctx), record.WithCorrelatorOptions(record.CorrelatorOptions{BurstSize: 200, QPS: 0.2}))
 	bc.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.kube.CoreV1().Events("")})
 	defer bc.Shutdown()
 	c.recorder = bc.NewRecorder(Scheme, corev1.EventSource{Component: "hyperpod-kube-controller"})
@@ -210,6 +215,12 @@ func (c *Controller) work(ctx context.Context) error {
 	enqueuePod := func(o any) {
 		if p, ok := o.(*corev1.Pod); ok {
 			c.queue.Add(p.Labels[JobLabel])
+			if p.DeletionTimestamp != nil {
+				c.deletedByOthers(p)
+			}
+			if p.DeletionTimestamp != nil || ViewOf(p, trainerName(p), time.Time{}).Ended() {
+				c.enqueueAll() // its node may be free for another job's pod now
+			}
 		}
 	}
 	c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueuePod, UpdateFunc: func(_, n any) { enqueuePod(n) }, DeleteFunc: c.podDeleted})
@@ -282,7 +293,15 @@ func (c *Controller) next(ctx context.Context) bool {
 	return true
 }
 
-// podDeleted notices pods deleted by someone else: a node failure.
+// enqueueAll asks for every job to be reconciled.
+func (c *Controller) enqueueAll() {
+	for _, k := range c.jobs.GetIndexer().ListIndexFuncValues(byJob) {
+		c.queue.Add(k)
+	}
+}
+
+// podDeleted notices pods deleted by someone else (a node failure) that
+// went without a graceful deletion first.
 func (c *Controller) podDeleted(o any) {
 	if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
 		o = t.Obj
@@ -291,18 +310,31 @@ func (c *Controller) podDeleted(o any) {
 	if !ok {
 		return
 	}
-	job := p.Labels[JobLabel]
-	defer c.queue.Add(job)
+	if !ViewOf(p, trainerName(p), time.Time{}).Ended() || p.DeletionTimestamp != nil {
+		c.deletedByOthers(p)
+	}
 	c.mu.Lock()
-	ours := c.deletedByUs[p.UID]
 	delete(c.deletedByUs, p.UID)
 	delete(c.drainSince, p.UID)
+	delete(c.reported, p.UID)
 	c.mu.Unlock()
-	v := ViewOf(p, trainerName(p), time.Time{})
-	if ours || v.Ended() {
+	c.queue.Add(p.Labels[JobLabel])
+	c.enqueueAll()
+}
+
+// deletedByOthers reports, once, a pod deletion the controller did not
+// ask for: a node failure. The job goes on without the pod (its members
+// leave the rendezvous), and a new pod joins while the node stays
+// allocated.
+func (c *Controller) deletedByOthers(p *corev1.Pod) {
+	c.mu.Lock()
+	skip := c.deletedByUs[p.UID] || c.reported[p.UID]
+	c.reported[p.UID] = true
+	c.mu.Unlock()
+	if skip {
 		return
 	}
-	if ej := c.owner(job, p.Namespace); ej != nil {
+	if ej := c.owner(p.Labels[JobLabel], p.Namespace); ej != nil {
 		c.recorder.Eventf(ej, corev1.EventTypeWarning, ReasonNodeFailure,
 			"pod %s on node %s was deleted by someone else: a node failure; the job goes on without it, and a new pod joins while the node stays allocated", p.Name, p.Spec.NodeName)
 	}
@@ -549,7 +581,7 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	c.mu.Unlock()
 	grace := time.Duration(want.Run.GracefulTimeoutSeconds*float64(time.Second)) + c.cfg.DrainMargin
 	pin := PlanInput{Desired: desired, Pods: in.Pods, Finished: in.Finish != nil, Deleting: deleting || invalid != nil && spec == nil,
-		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now}
+		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now, Busy: c.busyNodes(job)}
 	if maxR := want.Run.MaxRestarts; invalid == nil {
 		if n, _, err := c.store.Restarts(ctx, job); err == nil && n > int64(maxR) {
 			pin.RestartsSpent = true
@@ -621,7 +653,26 @@ func (c *Controller) releaseFinalizer(ctx context.Context, ej *v1alpha1.ElasticJ
 // stays as first written).
 func sameSpec(a, b fleet.JobSpec) bool {
 	a.SubmitTime, b.SubmitTime = time.Time{}, time.Time{}
-	return reflect.DeepEqual(a, b)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb) // as stored: an empty list is no list
+}
+
+// busyNodes are the nodes where a pod of another job has not ended yet
+// (it may be draining): a pod pinned there now would find its node's
+// accelerators taken (the kubelet refuses it).
+func (c *Controller) busyNodes(job string) map[string]string {
+	busy := map[string]string{}
+	for _, o := range c.pods.GetStore().List() {
+		p := o.(*corev1.Pod)
+		if p.Labels[JobLabel] == job || p.Spec.NodeName == "" {
+			continue
+		}
+		if !ViewOf(p, trainerName(p), time.Time{}).Ended() {
+			busy[p.Spec.NodeName] = p.Namespace + "/" + p.Name
+		}
+	}
+	return busy
 }
 
 // ensureSecret writes the job's Secret (etcd credentials, CA) when it is

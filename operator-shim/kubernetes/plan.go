@@ -75,6 +75,9 @@ type PlanInput struct {
 	Grace time.Duration
 	// Now is the time of the decision.
 	Now time.Time
+	// Busy are nodes where another job's pod has not ended yet (node ->
+	// pod): no pod is created there until it has.
+	Busy map[string]string
 }
 
 // ActionKind is what Plan asks of the controller.
@@ -179,7 +182,7 @@ func Plan(in PlanInput) []Action {
 			}
 			continue // the new pod follows once the ended ones are gone
 		}
-		if in.CanCreate {
+		if in.CanCreate && in.Busy[node] == "" {
 			acts = append(acts, Action{Kind: CreatePod, Node: node, Reason: ReasonPodCreated,
 				Why: fmt.Sprintf("node %s is allocated to the job (allocation generation %d)", node, in.Desired.Generation)})
 		}

@@ -86,6 +86,8 @@ func TestPlan(t *testing.T) {
 			"StartDrain b/pb"},
 		{"being deleted: no new pods, ended ones go", PlanInput{Desired: desired(1, "a", "b"), Deleting: true, CanCreate: true, Pods: []PodView{exited("pa", "a", 0, true)}},
 			"DeletePod a/pa"},
+		{"node still busy with another job's draining pod", PlanInput{Desired: desired(2, "a", "b"), CanCreate: true, Busy: map[string]string{"b": "ns/other-x"},
+			Pods: []PodView{running("pa", "a")}}, ""},
 		{"duplicate pod on a node", PlanInput{Desired: desired(1, "a"), Pods: []PodView{running("pa", "a"), newer}}, "DeletePod a/pa"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

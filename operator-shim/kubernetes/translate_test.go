@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"reflect"
 	"slices"
 	"strings"
@@ -229,5 +230,26 @@ func TestPodFor(t *testing.T) {
 	p = PodFor(ej, spec, "n", PodOptions{Endpoints: []string{"http://e:2379"}, LauncherImage: "img"})
 	if len(p.Spec.Volumes) != 1 || strings.Contains(strings.Join(p.Spec.Containers[0].Command, " "), "password") {
 		t.Errorf("no-auth pod: %+v", p.Spec.Volumes)
+	}
+}
+
+// A spec read back from etcd is the same spec: no update on every pass.
+func TestSameSpecAfterARoundTrip(t *testing.T) {
+	want, err := Translate(job(func(j *v1alpha1.ElasticJob) { j.Spec.Template.Spec.Containers[0].Args = nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(want)
+	var back fleet.JobSpec
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	back.SubmitTime = back.SubmitTime.Add(time.Hour)
+	if !sameSpec(back, want) {
+		t.Error("a stored spec differs from the one written")
+	}
+	back.MaxNodes = 9
+	if sameSpec(back, want) {
+		t.Error("a changed spec is the same")
 	}
 }

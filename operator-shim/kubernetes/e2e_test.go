@@ -1,0 +1,484 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/kubetest"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
+	kube "github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/podsup"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// kubelet plays the kubelet's part, since none can run here: for every
+// pod pinned to a node it "runs the container": the pod supervisor
+// (package podsup, the real one) with the pod's --job and --node, whose
+// child stands in for hyperpodrun: a shell that exits 0 on SIGUSR2 (as a
+// drained hyperpodrun does once its workers checkpointed) and 143 on
+// SIGTERM. It reports the container's state and exit in the pod's status
+// as a kubelet would, passes a graceful deletion on as SIGTERM, and removes
+// the pod (grace period 0) once its container is gone.
+type kubelet struct {
+	t    *testing.T
+	cs   kubernetes.Interface
+	etcd *clientv3.Client
+	dir  string
+
+	mu      sync.Mutex
+	runs    map[types.UID]*podRun
+	overlap []string // a pod started on a node while another job's pod ran there
+	// killed lists pods deleted while their container still ran.
+	killed []string
+	wg     sync.WaitGroup
+}
+
+type podRun struct {
+	name, node, job string
+	sig             chan os.Signal
+	termed          bool
+}
+
+// child stands in for hyperpodrun.
+const child = `trap 'exit 0' USR2; trap 'exit 143' TERM; while :; do sleep 0.1; done`
+
+func newKubelet(t *testing.T, cs kubernetes.Interface, etcd *clientv3.Client) *kubelet {
+	return &kubelet{t: t, cs: cs, etcd: etcd, dir: t.TempDir(), runs: map[types.UID]*podRun{}}
+}
+
+func (k *kubelet) run(ctx context.Context) {
+	f := informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.JobLabel }))
+	inf := f.Core().V1().Pods().Informer()
+	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { k.sync(ctx, o.(*corev1.Pod)) },
+		UpdateFunc: func(_, o any) { k.sync(ctx, o.(*corev1.Pod)) },
+	})
+	f.Start(ctx.Done())
+	<-ctx.Done()
+	f.Shutdown()
+}
+
+func flag(cmd []string, name string) string {
+	for _, a := range cmd {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func (k *kubelet) sync(ctx context.Context, p *corev1.Pod) {
+	if ctx.Err() != nil || p.Spec.NodeName == "" {
+		return
+	}
+	k.mu.Lock()
+	r := k.runs[p.UID]
+	if p.DeletionTimestamp != nil {
+		switch {
+		case r != nil && !r.termed:
+			r.termed = true
+			k.killed = append(k.killed, p.Name)
+			k.mu.Unlock()
+			r.sig <- syscall.SIGTERM // the container's exit removes the pod
+		case r == nil:
+			k.mu.Unlock()
+			k.remove(p)
+		default:
+			k.mu.Unlock()
+		}
+		return
+	}
+	if r != nil || p.Status.Phase != corev1.PodPending && p.Status.Phase != "" {
+		k.mu.Unlock()
+		return
+	}
+	for _, o := range k.runs {
+		if o.node == p.Spec.NodeName {
+			k.overlap = append(k.overlap, fmt.Sprintf("%s started on %s while %s ran there", p.Name, o.node, o.name))
+		}
+	}
+	cmd := p.Spec.Containers[0].Command
+	r = &podRun{name: p.Name, node: p.Spec.NodeName, job: flag(cmd, "job"), sig: make(chan os.Signal, 2)}
+	k.runs[p.UID] = r
+	k.mu.Unlock()
+	trainer := p.Spec.Containers[0].Name
+	k.setStatus(ctx, p, corev1.PodRunning, corev1.ContainerStatus{Name: trainer, Ready: true, Started: ptr(true),
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}})
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		term := filepath.Join(k.dir, string(p.UID))
+		code, err := podsup.Run(context.Background(), podsup.Config{Etcd: k.etcd, Job: r.job, Node: flag(cmd, "node"),
+			Argv: []string{"/bin/sh", "-c", child}, TerminationLog: term, Signals: r.sig, Logger: slog.New(slog.NewTextHandler(discard{}, nil))})
+		if err != nil {
+			k.t.Errorf("pod %s: %v", p.Name, err)
+		}
+		msg, _ := os.ReadFile(term)
+		phase := corev1.PodSucceeded
+		if code != 0 {
+			phase = corev1.PodFailed
+		}
+		k.setStatus(context.Background(), p, phase, corev1.ContainerStatus{Name: trainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Message: string(msg), FinishedAt: metav1.Now()}}})
+		k.mu.Lock()
+		delete(k.runs, p.UID)
+		k.mu.Unlock()
+		if cur, err := k.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{}); err == nil && cur.DeletionTimestamp != nil {
+			k.remove(cur)
+		}
+	}()
+}
+
+// setStatus writes the pod's phase and trainer status as the kubelet does.
+func (k *kubelet) setStatus(ctx context.Context, p *corev1.Pod, phase corev1.PodPhase, cs corev1.ContainerStatus) {
+	for range 20 {
+		cur, err := k.cs.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil {
+			return // gone
+		}
+		cur.Status.Phase = phase
+		cur.Status.ContainerStatuses = []corev1.ContainerStatus{cs}
+		if _, err = k.cs.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err == nil || !apierrors.IsConflict(err) {
+			return
+		}
+	}
+}
+
+func (k *kubelet) remove(p *corev1.Pod) {
+	zero := int64(0)
+	k.cs.CoreV1().Pods(p.Namespace).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &p.UID}})
+}
+
+// stop ends every container still running (as a node shutting down) and
+// waits for each to be gone.
+func (k *kubelet) stop(t *testing.T) {
+	k.mu.Lock()
+	for _, r := range k.runs {
+		if !r.termed {
+			r.termed = true
+			r.sig <- syscall.SIGTERM
+		}
+	}
+	k.mu.Unlock()
+	done := make(chan struct{})
+	go func() { k.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Error("containers still running 30s after the kubelet stopped them")
+	}
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func gpuNode(t *testing.T, cs kubernetes.Interface, name string) {
+	ctx := ctxT(t, 30*time.Second)
+	n, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{kube.InstanceTypeLabel: "p5.48xlarge"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status = corev1.NodeStatus{
+		Capacity:    corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8"), corev1.ResourceCPU: resource.MustParse("192"), corev1.ResourceMemory: resource.MustParse("2Ti")},
+		Allocatable: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8"), corev1.ResourceCPU: resource.MustParse("190"), corev1.ResourceMemory: resource.MustParse("1900Gi")},
+		Conditions:  []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+	}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func elasticJob(name, team, class string, minR, maxR int32) *v1alpha1.ElasticJob {
+	return &v1alpha1.ElasticJob{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ml"}, Spec: v1alpha1.ElasticJobSpec{
+		Team: team, PriorityClassName: class, Flavor: "nvidia-h100-80gb",
+		ElasticPolicy: v1alpha1.ElasticPolicy{MinReplicas: minR, MaxReplicas: maxR, GracefulShutdownTimeoutInSeconds: 20},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "trainer", Image: "registry.example.com/ml/train:v1", Command: []string{"python3", "train.py"},
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{"nvidia.com/gpu": resource.MustParse("8")}},
+		}}}},
+	}}
+}
+
+// livePods lists a job's pods that are not being deleted, by node.
+func livePods(t *testing.T, cs kubernetes.Interface, job string) (map[string]*corev1.Pod, int) {
+	ps, err := cs.CoreV1().Pods("ml").List(context.Background(), metav1.ListOptions{LabelSelector: kube.JobLabel + "=" + job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*corev1.Pod{}
+	for i := range ps.Items {
+		p := &ps.Items[i]
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			out[p.Spec.NodeName] = p
+		}
+	}
+	return out, len(ps.Items)
+}
+
+func eventReasons(t *testing.T, cs kubernetes.Interface, obj string) []string {
+	evs, err := cs.CoreV1().Events("ml").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + obj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []string
+	for _, e := range evs.Items {
+		rs = append(rs, e.Reason)
+	}
+	return rs
+}
+
+func eventsText(t *testing.T, cs kubernetes.Interface, obj string) string {
+	evs, _ := cs.CoreV1().Events("ml").List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + obj})
+	var b strings.Builder
+	for _, e := range evs.Items {
+		fmt.Fprintf(&b, "%s %s: %s\n", e.Type, e.Reason, e.Message)
+	}
+	return b.String()
+}
+
+// TestElasticJobEndToEnd: two teams and an ElasticJob of 1..4 nodes on 4
+// Kubernetes Nodes, with the real coordinator (in process) and the
+// controller (with its least-privilege ServiceAccount) on the same etcd as
+// the API server. A higher-priority ElasticJob of the other team takes its
+// quota back: the first shrinks (the leaving pods drain, exit 0, and only
+// then are deleted) and grows back when the other job is deleted. A pod
+// deleted by hand is a node failure: a new pod joins on its node. The test
+// plays the kubelet (type kubelet), since none runs here.
+func TestElasticJobEndToEnd(t *testing.T) {
+	s := kubetest.Start(t)
+	installCRDs(t, s)
+	ctlCfg := controllerIdentity(t, s)
+	s.Namespace(t, "ml")
+	cs := s.Clientset(t)
+	cl, err := kube.NewClient(s.Admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("coordinator and controller log:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	k := newKubelet(t, cs, s.Etcd)
+	defer func() {
+		cancel()
+		k.stop(t)
+		wg.Wait()
+	}()
+	for i := 1; i <= 4; i++ {
+		gpuNode(t, cs, fmt.Sprintf("n%d", i))
+	}
+	bg := func(f func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); f(ctx) }()
+	}
+	co := coordinator.New(s.Etcd, coordinator.Config{Resync: 300 * time.Millisecond, Engine: policy.Config{MinStablePeriod: time.Second}, Logger: log})
+	bg(func(ctx context.Context) { co.Run(ctx) })
+	ctl, err := kube.New(kube.Config{Kube: ctlCfg, Etcd: s.Etcd, PodEndpoints: s.Endpoints, LauncherImage: "launcher:test",
+		Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: time.Second, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg(func(ctx context.Context) {
+		if err := ctl.Run(ctx); err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	})
+	bg(k.run)
+	st := fleet.New(s.Etcd, "")
+
+	// The Nodes become the fleet's inventory; the ElasticTeams its teams.
+	for _, tm := range []struct {
+		name    string
+		nominal int32
+	}{{"research", 8}, {"prod", 24}} {
+		if _, err := cl.CreateTeam(ctx, &v1alpha1.ElasticTeam{ObjectMeta: metav1.ObjectMeta{Name: tm.name},
+			Spec: v1alpha1.ElasticTeamSpec{Quotas: []v1alpha1.FlavorQuota{{Flavor: "nvidia-h100-80gb", Nominal: tm.nominal}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, time.Minute, "4 nodes and 2 teams in the fleet", func() (bool, string) {
+		nodes, _, _ := st.Nodes(ctx)
+		teams, _, _ := st.Teams(ctx)
+		return len(nodes) == 4 && len(teams) == 2 && nodes[0].Flavor == "nvidia-h100-80gb", fmt.Sprintf("%d nodes, %d teams", len(nodes), len(teams))
+	})
+
+	// Track the job's status over time.
+	var hmu sync.Mutex
+	var history []string
+	seen := func() []string { hmu.Lock(); defer hmu.Unlock(); return slices.Clone(history) }
+	bg(func(ctx context.Context) {
+		last := ""
+		for ctx.Err() == nil {
+			if j, err := cl.GetJob(ctx, "ml", "sweep"); err == nil {
+				cur := fmt.Sprintf("%s %d/%d %s %s", j.Status.Phase, j.Status.CurrentReplicas, j.Status.DesiredReplicas, j.Status.Decision, j.Status.Reason)
+				if cur != last {
+					hmu.Lock()
+					history = append(history, cur)
+					hmu.Unlock()
+					last = cur
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
+
+	// 1. The elastic job of research grows into prod's idle quota: 4 pods.
+	if _, err := cl.CreateJob(ctx, elasticJob("sweep", "research", "low", 1, 4)); err != nil {
+		t.Fatal(err)
+	}
+	status := func(name string) v1alpha1.ElasticJobStatus {
+		j, err := cl.GetJob(ctx, "ml", name)
+		if err != nil {
+			return v1alpha1.ElasticJobStatus{Phase: err.Error()}
+		}
+		return j.Status
+	}
+	waitFor(t, 2*time.Minute, "sweep runs on 4 nodes", func() (bool, string) {
+		pods, _ := livePods(t, cs, "sweep")
+		s := status("sweep")
+		return len(pods) == 4 && s.Phase == v1alpha1.PhaseRunning && s.CurrentReplicas == 4 && s.DesiredReplicas == 4, fmt.Sprintf("%d pods, status %+v", len(pods), s)
+	})
+	if spec, err := st.Job(ctx, "sweep"); err != nil || spec.Team != "research" || spec.MaxNodes != 4 || !spec.Elastic {
+		t.Fatalf("the job spec in etcd: %+v %v", spec, err)
+	}
+	before, _ := livePods(t, cs, "sweep")
+
+	// 2. prod's high-priority job takes its quota back: sweep shrinks to 2;
+	// the leaving pods drain (exit 0, "drained") and only then go.
+	if _, err := cl.CreateJob(ctx, elasticJob("serve", "prod", "high", 2, 2)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "sweep shrunk to 2 for serve, serve on the 2 freed nodes", func() (bool, string) {
+		sw, _ := livePods(t, cs, "sweep")
+		se, _ := livePods(t, cs, "serve")
+		s := status("sweep")
+		return len(sw) == 2 && len(se) == 2 && s.DesiredReplicas == 2 && s.CurrentReplicas == 2 &&
+				slices.Contains(s.ShrunkFor, "serve") && status("serve").CurrentReplicas == 2,
+			fmt.Sprintf("sweep %d pods %+v; serve %d pods", len(sw), s, len(se))
+	})
+	sw, _ := livePods(t, cs, "sweep")
+	se, _ := livePods(t, cs, "serve")
+	for n := range se {
+		if sw[n] != nil {
+			t.Fatalf("node %s runs both jobs", n)
+		}
+		if before[n] == nil {
+			t.Fatalf("serve runs on %s, which sweep did not hold", n)
+		}
+	}
+	reasons := eventReasons(t, cs, "sweep")
+	for _, r := range []string{"Submitted", kube.ReasonPodCreated, "Shrunk", kube.ReasonDraining, kube.ReasonDrained} {
+		if !slices.Contains(reasons, r) {
+			t.Errorf("sweep has no %s event:\n%s", r, eventsText(t, cs, "sweep"))
+		}
+	}
+	if txt := eventsText(t, cs, "sweep"); !strings.Contains(txt, "exited 0 after the workers checkpointed") || !strings.Contains(txt, "for serve") {
+		t.Errorf("no drained-pod event:\n%s", txt)
+	}
+
+	// 3. A pod deleted by hand is a node failure: a new pod joins on its node.
+	victim := sw[slices.Sorted(func(yield func(string) bool) {
+		for n := range sw {
+			if !yield(n) {
+				return
+			}
+		}
+	})[0]]
+	if err := cs.CoreV1().Pods("ml").Delete(ctx, victim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "a new sweep pod on "+victim.Spec.NodeName, func() (bool, string) {
+		pods, _ := livePods(t, cs, "sweep")
+		p := pods[victim.Spec.NodeName]
+		return p != nil && p.UID != victim.UID && len(pods) == 2 && status("sweep").CurrentReplicas == 2, fmt.Sprintf("%d pods", len(pods))
+	})
+	if txt := eventsText(t, cs, "sweep"); !strings.Contains(txt, "deleted by someone else: a node failure") {
+		t.Errorf("no node-failure event:\n%s", txt)
+	}
+
+	// 4. serve is deleted: its pods drain and go, the ElasticJob goes with
+	// its finalizer, and sweep grows back to 4.
+	if err := cl.DeleteJob(ctx, "ml", "serve"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "sweep back on 4 nodes, serve gone", func() (bool, string) {
+		pods, _ := livePods(t, cs, "sweep")
+		_, all := livePods(t, cs, "serve")
+		_, err := cl.GetJob(ctx, "ml", "serve")
+		s := status("sweep")
+		return len(pods) == 4 && all == 0 && apierrors.IsNotFound(err) && s.CurrentReplicas == 4 && s.DesiredReplicas == 4,
+			fmt.Sprintf("sweep %d pods %+v, serve pods %d, get serve: %v", len(pods), s, all, err)
+	})
+	if _, err := st.Job(ctx, "serve"); err == nil {
+		t.Error("serve's spec is still in etcd")
+	}
+	if txt := eventsText(t, cs, "sweep"); !strings.Contains(txt, "Grown") && !strings.Contains(txt, "FairShare") {
+		t.Errorf("no growth event:\n%s", txt)
+	}
+
+	// The status went 4 -> 2 (reclaimed for serve) -> 4.
+	h := seen()
+	i4 := slices.IndexFunc(h, func(s string) bool { return strings.HasPrefix(s, "Running 4/4") })
+	i2 := slices.IndexFunc(h, func(s string) bool { return strings.HasPrefix(s, "Running ") && strings.Contains(s, "/2 Shrunk Reclaim") })
+	last := h[len(h)-1]
+	if i4 < 0 || i2 < i4 || !strings.HasPrefix(last, "Running 4/4") {
+		t.Errorf("status history: %q", h)
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.overlap) > 0 {
+		t.Errorf("pods of two jobs ran on one node at once: %q", k.overlap)
+	}
+	// Only the pod deleted by hand was deleted while it ran: every other
+	// pod that left was drained first.
+	if len(k.killed) != 1 || k.killed[0] != victim.Name {
+		t.Errorf("pods deleted while their container ran: %q (want only %s)", k.killed, victim.Name)
+	}
+}
