@@ -3,9 +3,9 @@ package kubernetes
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,7 +96,7 @@ type Controller struct {
 	drainSince  map[types.UID]time.Time
 	deletedByUs map[types.UID]bool
 	reported    map[types.UID]bool // deletions by others, reported
-	secrets     map[string]string // job -> hash of the Secret written
+	secrets     map[string]string  // job -> hash of the Secret written
 	leading     bool
 }
 

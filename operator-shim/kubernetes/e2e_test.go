@@ -466,7 +466,9 @@ func TestElasticJobEndToEnd(t *testing.T) {
 	// The status went 4 -> 2 (reclaimed for serve) -> 4.
 	h := seen()
 	i4 := slices.IndexFunc(h, func(s string) bool { return strings.HasPrefix(s, "Running 4/4") })
-	i2 := slices.IndexFunc(h, func(s string) bool { return strings.HasPrefix(s, "Running ") && strings.Contains(s, "/2 Shrunk Reclaim") })
+	i2 := slices.IndexFunc(h, func(s string) bool {
+		return strings.HasPrefix(s, "Running ") && strings.Contains(s, "/2 Shrunk Reclaim")
+	})
 	last := h[len(h)-1]
 	if i4 < 0 || i2 < i4 || !strings.HasPrefix(last, "Running 4/4") {
 		t.Errorf("status history: %q", h)
