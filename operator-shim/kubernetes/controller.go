@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -161,24 +162,30 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return d
 	}
-	var workErr error
-	lost := make(chan struct{})
+	var acquired atomic.Bool
+	workDone := make(chan error, 1)
 	elector, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock: lock, ReleaseOnCancel: true, Name: le.Name,
 		LeaseDuration: dur(le.LeaseDuration, 15*time.Second), RenewDeadline: dur(le.RenewDeadline, 10*time.Second), RetryPeriod: dur(le.RetryPeriod, 2*time.Second),
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
+				acquired.Store(true)
 				c.log.Info("leading: reconciling ElasticJobs", "lease", le.Namespace+"/"+le.Name, "identity", le.Identity)
-				workErr = c.work(lctx)
+				workDone <- c.work(lctx)
 			},
-			OnStoppedLeading: func() { close(lost) },
+			OnStoppedLeading: func() {},
 		},
 	})
 	if err != nil {
 		return fmt.Errorf("leader election: %w", err)
 	}
 	elector.Run(ctx)
-	<-lost
+	// Run returns once the Lease is lost or released; the work it started
+	// stops with it (its context is cancelled): wait for it to be done.
+	var workErr error
+	if acquired.Load() {
+		workErr = <-workDone
+	}
 	if ctx.Err() != nil {
 		return workErr
 	}

@@ -287,67 +287,9 @@ func eventsText(t *testing.T, cs kubernetes.Interface, obj string) string {
 // deleted by hand is a node failure: a new pod joins on its node. The test
 // plays the kubelet (type kubelet), since none runs here.
 func TestElasticJobEndToEnd(t *testing.T) {
-	s := kubetest.Start(t)
-	installCRDs(t, s)
-	ctlCfg := controllerIdentity(t, s)
-	s.Namespace(t, "ml")
-	cs := s.Clientset(t)
-	cl, err := kube.NewClient(s.Admin())
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuf{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("coordinator and controller log:\n%s", logs.String())
-		}
-	})
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	k := newKubelet(t, cs, s.Etcd)
-	defer func() {
-		cancel()
-		k.stop(t)
-		wg.Wait()
-	}()
-	for i := 1; i <= 4; i++ {
-		gpuNode(t, cs, fmt.Sprintf("n%d", i))
-	}
-	bg := func(f func(context.Context)) {
-		wg.Add(1)
-		go func() { defer wg.Done(); f(ctx) }()
-	}
-	co := coordinator.New(s.Etcd, coordinator.Config{Resync: 300 * time.Millisecond, Engine: policy.Config{MinStablePeriod: time.Second}, Logger: log})
-	bg(func(ctx context.Context) { co.Run(ctx) })
-	ctl, err := kube.New(kube.Config{Kube: ctlCfg, Etcd: s.Etcd, PodEndpoints: s.Endpoints, LauncherImage: "launcher:test",
-		Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: time.Second, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg(func(ctx context.Context) {
-		if err := ctl.Run(ctx); err != nil {
-			t.Errorf("controller: %v", err)
-		}
-	})
-	bg(k.run)
-	st := fleet.New(s.Etcd, "")
-
-	// The Nodes become the fleet's inventory; the ElasticTeams its teams.
-	for _, tm := range []struct {
-		name    string
-		nominal int32
-	}{{"research", 8}, {"prod", 24}} {
-		if _, err := cl.CreateTeam(ctx, &v1alpha1.ElasticTeam{ObjectMeta: metav1.ObjectMeta{Name: tm.name},
-			Spec: v1alpha1.ElasticTeamSpec{Quotas: []v1alpha1.FlavorQuota{{Flavor: "nvidia-h100-80gb", Nominal: tm.nominal}}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor(t, time.Minute, "4 nodes and 2 teams in the fleet", func() (bool, string) {
-		nodes, _, _ := st.Nodes(ctx)
-		teams, _, _ := st.Teams(ctx)
-		return len(nodes) == 4 && len(teams) == 2 && nodes[0].Flavor == "nvidia-h100-80gb", fmt.Sprintf("%d nodes, %d teams", len(nodes), len(teams))
-	})
+	e := startEnv(t, envOptions{})
+	ctx, cs, cl, st, k := e.ctx, e.cs, e.cl, e.st, e.k
+	bg := e.bg
 
 	// Track the job's status over time.
 	var hmu sync.Mutex
@@ -373,13 +315,7 @@ func TestElasticJobEndToEnd(t *testing.T) {
 	if _, err := cl.CreateJob(ctx, elasticJob("sweep", "research", "low", 1, 4)); err != nil {
 		t.Fatal(err)
 	}
-	status := func(name string) v1alpha1.ElasticJobStatus {
-		j, err := cl.GetJob(ctx, "ml", name)
-		if err != nil {
-			return v1alpha1.ElasticJobStatus{Phase: err.Error()}
-		}
-		return j.Status
-	}
+	status := e.status
 	waitFor(t, 2*time.Minute, "sweep runs on 4 nodes", func() (bool, string) {
 		pods, _ := livePods(t, cs, "sweep")
 		s := status("sweep")
@@ -483,4 +419,118 @@ func TestElasticJobEndToEnd(t *testing.T) {
 	if len(k.killed) != 1 || k.killed[0] != victim.Name {
 		t.Errorf("pods deleted while their container ran: %q (want only %s)", k.killed, victim.Name)
 	}
+}
+
+type envOptions struct {
+	// Auth: the controller runs as with etcd auth on (pods need the
+	// job's credentials record).
+	Auth bool
+	// LeaderElection: run two controllers with leader election.
+	LeaderElection bool
+}
+
+// env is a real API server with the CRDs, 4 GPU Nodes, the teams research
+// (nominal 8) and prod (nominal 24) as ElasticTeams, the coordinator and
+// the controller on its etcd, and the test's kubelet.
+type env struct {
+	t   *testing.T
+	s   *kubetest.Server
+	cs  *kubernetes.Clientset
+	cl  *kube.Client
+	st  *fleet.Store
+	k   *kubelet
+	ctx context.Context
+	// ctls are the controllers (two with leader election), with their
+	// cancel functions.
+	ctls    []*kube.Controller
+	cancels []context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+func (e *env) bg(f func(context.Context)) {
+	e.wg.Add(1)
+	go func() { defer e.wg.Done(); f(e.ctx) }()
+}
+
+func (e *env) status(name string) v1alpha1.ElasticJobStatus {
+	j, err := e.cl.GetJob(e.ctx, "ml", name)
+	if err != nil {
+		return v1alpha1.ElasticJobStatus{Phase: err.Error()}
+	}
+	return j.Status
+}
+
+func startEnv(t *testing.T, o envOptions) *env {
+	s := kubetest.Start(t)
+	installCRDs(t, s)
+	ctlCfg := controllerIdentity(t, s)
+	s.Namespace(t, "ml")
+	e := &env{t: t, s: s, cs: s.Clientset(t), st: fleet.New(s.Etcd, "")}
+	var err error
+	if e.cl, err = kube.NewClient(s.Admin()); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("coordinator and controller log:\n%s", logs.String())
+		}
+	})
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, cancel := context.WithCancel(context.Background())
+	e.ctx = ctx
+	e.k = newKubelet(t, e.cs, s.Etcd)
+	t.Cleanup(func() {
+		cancel()
+		e.k.stop(t)
+		e.wg.Wait()
+	})
+	for i := 1; i <= 4; i++ {
+		gpuNode(t, e.cs, fmt.Sprintf("n%d", i))
+	}
+	co := coordinator.New(s.Etcd, coordinator.Config{Resync: 300 * time.Millisecond, Engine: policy.Config{MinStablePeriod: time.Second}, Logger: log,
+		JobCredentials: false})
+	e.bg(func(ctx context.Context) { co.Run(ctx) })
+	n := 1
+	if o.LeaderElection {
+		n = 2
+	}
+	for i := range n {
+		cfg := kube.Config{Kube: ctlCfg, Etcd: s.Etcd, PodEndpoints: s.Endpoints, LauncherImage: "launcher:test", Auth: o.Auth,
+			Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: time.Second, Logger: log.With("controller", i)}
+		if o.LeaderElection {
+			cfg.LeaderElection = &kube.LeaderElection{Namespace: "hyperpodrun", Name: "hyperpod-kube-controller", Identity: fmt.Sprintf("ctl-%d", i),
+				LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond}
+		}
+		ctl, err := kube.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, ccancel := context.WithCancel(ctx)
+		e.ctls = append(e.ctls, ctl)
+		e.cancels = append(e.cancels, ccancel)
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			if err := ctl.Run(cctx); err != nil && ctx.Err() == nil && cctx.Err() == nil {
+				t.Errorf("controller %d: %v", i, err)
+			}
+		}()
+	}
+	e.bg(e.k.run)
+	for _, tm := range []struct {
+		name    string
+		nominal int32
+	}{{"research", 8}, {"prod", 24}} {
+		if _, err := e.cl.CreateTeam(ctx, &v1alpha1.ElasticTeam{ObjectMeta: metav1.ObjectMeta{Name: tm.name},
+			Spec: v1alpha1.ElasticTeamSpec{Quotas: []v1alpha1.FlavorQuota{{Flavor: "nvidia-h100-80gb", Nominal: tm.nominal}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, time.Minute, "4 nodes and 2 teams in the fleet", func() (bool, string) {
+		nodes, _, _ := e.st.Nodes(ctx)
+		teams, _, _ := e.st.Teams(ctx)
+		return len(nodes) == 4 && len(teams) == 2 && nodes[0].Flavor == "nvidia-h100-80gb", fmt.Sprintf("%d nodes, %d teams", len(nodes), len(teams))
+	})
+	return e
 }

@@ -194,7 +194,9 @@ func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInforme
 	}
 	ctx2, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := c.cfg.Etcd.Get(ctx2, c.store.Keys.NodesPrefix(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	// Not keys-only: etcd 3.7 answers a keys-only range from its index,
+	// without the keys' leases.
+	r, err := c.cfg.Etcd.Get(ctx2, c.store.Keys.NodesPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return
 	}
