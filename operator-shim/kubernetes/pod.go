@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"fmt"
+	"path"
 	"strconv"
 	"strings"
 
@@ -97,7 +98,7 @@ func HyperpodrunArgs(spec fleet.JobSpec, o PodOptions) []string {
 // SupervisorArgs is the pod supervisor's command line: it watches the
 // job's desired record and drains hyperpodrun when the node leaves it.
 func SupervisorArgs(spec fleet.JobSpec, node string, o PodOptions) []string {
-	args := []string{ToolsDir + "/hyperpod-kube-controller", "pod",
+	args := []string{path.Join(ToolsDir, "hyperpod-kube-controller"), "pod",
 		"--etcd-endpoints=" + strings.Join(o.Endpoints, ","), "--etcd-prefix=" + fleet.NormalizePrefix(o.Prefix),
 		"--job=" + spec.Name, "--node=" + node}
 	if o.CACert {
@@ -106,7 +107,7 @@ func SupervisorArgs(spec fleet.JobSpec, node string, o PodOptions) []string {
 	if o.Creds {
 		args = append(args, "--etcd-user=$(HYPERPODRUN_ETCD_USER)", "--etcd-password-file="+EtcdDir+"/password")
 	}
-	return append(append(args, "--", ToolsDir+"/hyperpodrun"), HyperpodrunArgs(spec, o)...)
+	return append(append(args, "--", path.Join(ToolsDir, "hyperpodrun")), HyperpodrunArgs(spec, o)...)
 }
 
 // PodFor is the pod of job ej on node: the template, pinned to the node
