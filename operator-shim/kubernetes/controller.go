@@ -97,6 +97,7 @@ type Controller struct {
 	drainSince  map[types.UID]time.Time
 	deletedByUs map[types.UID]bool
 	reported    map[types.UID]bool // deletions by others, reported
+	backoff     map[string]backoff // job NUL node -> failures there
 	secrets     map[string]string  // job -> hash of the Secret written
 	leading     bool
 }
@@ -132,7 +133,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger, store: fleet.New(cfg.Etcd, cfg.Prefix), kube: kube, crd: crd,
-		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, reported: map[types.UID]bool{}, secrets: map[string]string{}}, nil
+		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, reported: map[types.UID]bool{}, backoff: map[string]backoff{}, secrets: map[string]string{}}, nil
 }
 
 // Leading reports whether this controller is working (holds the Lease, or
@@ -587,14 +588,15 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	}
 	c.mu.Unlock()
 	grace := time.Duration(want.Run.GracefulTimeoutSeconds*float64(time.Second)) + c.cfg.DrainMargin
+	busy, wait := c.busyNodes(job, in.Now)
 	pin := PlanInput{Desired: desired, Pods: in.Pods, Finished: in.Finish != nil, Deleting: deleting || invalid != nil && spec == nil,
-		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now, Busy: c.busyNodes(job)}
+		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now, Busy: busy}
 	if maxR := want.Run.MaxRestarts; invalid == nil {
 		if n, _, err := c.store.Restarts(ctx, job); err == nil && n > int64(maxR) {
 			pin.RestartsSpent = true
 		}
 	}
-	after := time.Duration(0)
+	after := wait
 	for _, a := range Plan(pin) {
 		if err := c.act(ctx, ej, want, desired, pods, a); err != nil {
 			return 0, err
@@ -605,9 +607,9 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	}
 	for _, v := range in.Pods {
 		if !v.DrainSince.IsZero() && !v.Ended() && !v.Deleting {
-			left := grace - in.Now.Sub(v.DrainSince)
+			left := max(grace-in.Now.Sub(v.DrainSince), time.Second)
 			if after == 0 || left < after {
-				after = max(left, time.Second)
+				after = left
 			}
 		}
 	}
@@ -665,11 +667,28 @@ func sameSpec(a, b fleet.JobSpec) bool {
 	return bytes.Equal(ja, jb) // as stored: an empty list is no list
 }
 
-// busyNodes are the nodes where a pod of another job has not ended yet
-// (it may be draining): a pod pinned there now would find its node's
-// accelerators taken (the kubelet refuses it).
-func (c *Controller) busyNodes(job string) map[string]string {
-	busy := map[string]string{}
+// busyNodes are the nodes where no pod of job may start now: a pod of
+// another job there has not ended yet (it may be draining; a pod pinned
+// there now would find the node's accelerators taken and the kubelet would
+// refuse it), or the job's last pod there failed and its backoff runs.
+// wait is when the earliest backoff ends (0: none).
+func (c *Controller) busyNodes(job string, now time.Time) (busy map[string]string, wait time.Duration) {
+	busy = map[string]string{}
+	c.mu.Lock()
+	for k, b := range c.backoff {
+		j, node, _ := strings.Cut(k, "\x00")
+		if j != job || !now.Before(b.notBefore) {
+			continue
+		}
+		busy[node] = "backoff"
+		if d := b.notBefore.Sub(now); wait == 0 || d < wait {
+			wait = d
+		}
+	}
+	c.mu.Unlock()
+	if c.pods == nil {
+		return busy, wait
+	}
 	for _, o := range c.pods.GetStore().List() {
 		p := o.(*corev1.Pod)
 		if p.Labels[JobLabel] == job || p.Spec.NodeName == "" {
@@ -679,7 +698,30 @@ func (c *Controller) busyNodes(job string) map[string]string {
 			busy[p.Spec.NodeName] = p.Namespace + "/" + p.Name
 		}
 	}
-	return busy
+	return busy, wait
+}
+
+// backoff delays the next pod of a job on a node after failures there: 1s
+// doubling to 30s, as the node agent restarts a failed hyperpodrun
+// (a pod that ran a minute starts it over).
+type backoff struct {
+	failures  int
+	notBefore time.Time
+}
+
+// failed notes a failed pod of job on node that had run for ran.
+func (c *Controller) failed(job, node string, ran time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := job + "\x00" + node
+	b := c.backoff[k]
+	if ran >= time.Minute {
+		b.failures = 0
+	}
+	d := time.Second << min(b.failures, 5)
+	b.failures++
+	b.notBefore = c.cfg.Now().Add(min(d, 30*time.Second))
+	c.backoff[k] = b
 }
 
 // ensureSecret writes the job's Secret (etcd credentials, CA) when it is
@@ -761,6 +803,9 @@ func (c *Controller) act(ctx context.Context, ej *v1alpha1.ElasticJob, spec flee
 	case DeletePod:
 		if pod == nil {
 			return nil
+		}
+		if a.Reason == ReasonNodeFailure && a.Warning {
+			c.failed(ej.Name, a.Node, c.cfg.Now().Sub(pod.CreationTimestamp.Time))
 		}
 		c.mu.Lock()
 		c.deletedByUs[pod.UID] = true

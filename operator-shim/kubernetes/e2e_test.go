@@ -53,6 +53,12 @@ type kubelet struct {
 	// killed lists pods deleted while their container still ran.
 	killed []string
 	wg     sync.WaitGroup
+	// hyperpodrun, when set, is a built hyperpodrun: the kubelet runs the
+	// pod's own command line after the supervisor's "--" (the tools'
+	// directory mapped to it) instead of the shell stand-in.
+	hyperpodrun string
+	// exits are the containers' ends: pod -> "code message".
+	exits map[string]string
 }
 
 type podRun struct {
@@ -65,7 +71,7 @@ type podRun struct {
 const child = `trap 'exit 0' USR2; trap 'exit 143' TERM; while :; do sleep 0.1; done`
 
 func newKubelet(t *testing.T, cs kubernetes.Interface, etcd *clientv3.Client) *kubelet {
-	return &kubelet{t: t, cs: cs, etcd: etcd, dir: t.TempDir(), runs: map[types.UID]*podRun{}}
+	return &kubelet{t: t, cs: cs, etcd: etcd, dir: t.TempDir(), runs: map[types.UID]*podRun{}, exits: map[string]string{}}
 }
 
 func (k *kubelet) run(ctx context.Context) {
@@ -130,8 +136,15 @@ func (k *kubelet) sync(ctx context.Context, p *corev1.Pod) {
 	go func() {
 		defer k.wg.Done()
 		term := filepath.Join(k.dir, string(p.UID))
-		code, err := podsup.Run(context.Background(), podsup.Config{Etcd: k.etcd, Job: r.job, Node: flag(cmd, "node"),
-			Argv: []string{"/bin/sh", "-c", child}, TerminationLog: term, Signals: r.sig, Logger: slog.New(slog.NewTextHandler(discard{}, nil))})
+		argv, env := []string{"/bin/sh", "-c", child}, []string(nil)
+		var out *syncBuf
+		if k.hyperpodrun != "" {
+			argv, env = k.realCommand(p)
+			out = &syncBuf{}
+		}
+		cfg := podsup.Config{Etcd: k.etcd, Job: r.job, Node: flag(cmd, "node"), Argv: argv, Env: env,
+			TerminationLog: term, Signals: r.sig, Logger: slog.New(slog.NewTextHandler(discard{}, nil))}
+		code, err := k.supervise(cfg, out)
 		if err != nil {
 			k.t.Errorf("pod %s: %v", p.Name, err)
 		}
@@ -144,11 +157,68 @@ func (k *kubelet) sync(ctx context.Context, p *corev1.Pod) {
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: int32(code), Message: string(msg), FinishedAt: metav1.Now()}}})
 		k.mu.Lock()
 		delete(k.runs, p.UID)
+		k.exits[p.Name] = fmt.Sprintf("%d %s", code, msg)
+		if out != nil && code != 0 && !r.termed {
+			k.t.Logf("pod %s exited %d:\n%s", p.Name, code, out.String())
+		}
 		k.mu.Unlock()
 		if cur, err := k.cs.CoreV1().Pods(p.Namespace).Get(context.Background(), p.Name, metav1.GetOptions{}); err == nil && cur.DeletionTimestamp != nil {
 			k.remove(cur)
 		}
 	}()
+}
+
+// realCommand is the pod's hyperpodrun command line with the tools'
+// directory mapped to the built binary, and the container's environment.
+func (k *kubelet) realCommand(p *corev1.Pod) ([]string, []string) {
+	c := p.Spec.Containers[0]
+	i := slices.Index(c.Command, "--")
+	argv := slices.Clone(c.Command[i+1:])
+	argv[0] = k.hyperpodrun
+	// A short TMPDIR: hyperpodrun's control socket lives under it, and a
+	// unix socket path holds at most 107 bytes.
+	tmp, err := os.MkdirTemp("", "kp")
+	if err != nil {
+		k.t.Error(err)
+	}
+	k.t.Cleanup(func() { os.RemoveAll(tmp) })
+	env := []string{"PATH=/usr/bin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			env = append(env, e.Name+"="+e.Value)
+		}
+	}
+	return argv, env
+}
+
+// supervise runs the pod supervisor with its child's output in out (nil:
+// the test's).
+func (k *kubelet) supervise(cfg podsup.Config, out *syncBuf) (int, error) {
+	if out == nil {
+		return podsup.Run(context.Background(), cfg)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return 1, err
+	}
+	done := make(chan struct{})
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			out.Write(buf[:n])
+			if err != nil {
+				close(done)
+				return
+			}
+		}
+	}()
+	cfg.Stdout = w
+	code, err := podsup.Run(context.Background(), cfg)
+	w.Close()
+	<-done
+	r.Close()
+	return code, err
 }
 
 // setStatus writes the pod's phase and trainer status as the kubelet does.
@@ -427,6 +497,9 @@ type envOptions struct {
 	Auth bool
 	// LeaderElection: run two controllers with leader election.
 	LeaderElection bool
+	// Hyperpodrun: the kubelet runs this hyperpodrun binary as the pods'
+	// command line says, instead of the shell stand-in.
+	Hyperpodrun string
 }
 
 // env is a real API server with the CRDs, 4 GPU Nodes, the teams research
@@ -480,6 +553,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.ctx = ctx
 	e.k = newKubelet(t, e.cs, s.Etcd)
+	e.k.hyperpodrun = o.Hyperpodrun
 	t.Cleanup(func() {
 		cancel()
 		e.k.stop(t)

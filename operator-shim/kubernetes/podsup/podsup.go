@@ -40,6 +40,10 @@ type Config struct {
 	Job, Node string
 	// Argv is hyperpodrun's command line (the program first).
 	Argv []string
+	// Env is the child's environment (nil: this process's, as in a pod).
+	Env []string
+	// Stdout takes the child's output and errors (nil: this process's).
+	Stdout *os.File
 	// TerminationLog is the container's termination message file
 	// (default /dev/termination-log; "-" for none).
 	TerminationLog string
@@ -73,6 +77,10 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	log := cfg.Logger.With("job", cfg.Job, "node", cfg.Node)
 	cmd := exec.Command(cfg.Argv[0], cfg.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = cfg.Env
+	if cfg.Stdout != nil {
+		cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stdout
+	}
 	sigs := cfg.Signals
 	if sigs == nil {
 		own := make(chan os.Signal, 4)
