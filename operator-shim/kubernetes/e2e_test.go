@@ -534,6 +534,9 @@ func (e *env) status(name string) v1alpha1.ElasticJobStatus {
 }
 
 func startEnv(t *testing.T, o envOptions) *env {
+	if testing.Short() {
+		t.Skip("short: runs an API server, the coordinator, the controller and the pods")
+	}
 	s := kubetest.Start(t)
 	installCRDs(t, s)
 	ctlCfg := controllerIdentity(t, s)

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"encoding/json"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/api"
@@ -251,5 +253,35 @@ func TestSameSpecAfterARoundTrip(t *testing.T) {
 	back.MaxNodes = 9
 	if sameSpec(back, want) {
 		t.Error("a changed spec is the same")
+	}
+}
+
+// The example ElasticJob (examples/kubernetes/jobs, shown in the README)
+// is one the controller runs.
+func TestExampleElasticJobTranslates(t *testing.T) {
+	b, err := os.ReadFile("../../examples/kubernetes/jobs/elasticjob.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if !strings.Contains(doc, "kind: ElasticJob") {
+			continue
+		}
+		var ej v1alpha1.ElasticJob
+		if err := yaml.UnmarshalStrict([]byte(doc), &ej); err != nil {
+			t.Fatal(err)
+		}
+		spec, err := Translate(&ej)
+		if err != nil {
+			t.Fatalf("%s: %v", ej.Name, err)
+		}
+		if spec.PerNode.Accelerators != 8 || spec.MaxNodes != 4 || spec.Run.Script != "/workspace/train.py" {
+			t.Errorf("%+v", spec)
+		}
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("%d ElasticJobs in the example", n)
 	}
 }
