@@ -121,6 +121,11 @@ type elastic struct {
 	// agentStore is the TCPStore this node serves for the round's workers
 	// when it holds group rank 0 (Options.NoAgentStore unset).
 	agentStore *c10dstore.Server
+	// carry holds this node's workers between rounds during an in-process
+	// resize (Options.InProcessResize): they left the old round's process
+	// group and wait, parked on the control channel, for the next round's
+	// assignment. nil when the next round starts new workers.
+	carry *launcher.Group
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -245,6 +250,8 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			event.span.End()
 		}
 	}()
+	// Workers kept for an in-process resize do not outlive the agent.
+	defer e.dropCarry("hyperpodrun is leaving the job")
 	attempt := 0
 	for {
 		round, sig, err := e.join(ctx, event)
@@ -252,6 +259,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			return e.leaveOnSignal(ctx, sig, "while waiting for a round")
 		}
 		if errors.Is(err, rendezvous.ErrLeaseLost) {
+			e.killCarry()
 			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
 			if err := e.newNode(); err != nil {
 				return err
@@ -279,6 +287,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 				return e.leaveOnSignal(ctx, se.sig, "before the round's workers started")
 			}
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
 				if err := e.newNode(); err != nil {
 					return err
 				}
@@ -292,6 +301,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		}
 		if err := e.markRunning(ctx, round); err != nil {
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
 				if err := e.newNode(); err != nil {
 					return err
 				}
@@ -300,7 +310,13 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			e.leave(ctx)
 			return &ExitError{1, err}
 		}
-		g, err := e.start(ctx, round, restarts, attempt, event)
+		var g *launcher.Group
+		if e.carry != nil {
+			g, err = e.resume(ctx, round, restarts, attempt, event)
+		}
+		if g == nil && err == nil {
+			g, err = e.start(ctx, round, restarts, attempt, event)
+		}
 		event = nil
 		if err != nil {
 			e.leave(ctx)
@@ -382,21 +398,37 @@ func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.
 		r, err := e.node.Join(jctx)
 		out <- res{r, err}
 	}()
-	select {
-	case r := <-out:
-		if r.err != nil {
-			span.SetStatus(codes.Error, r.err.Error())
-			return nil, 0, r.err
+	// Workers kept for an in-process resize leave once a round closes
+	// without this node (a shrink that drops it: it waits as a spare).
+	var leftOut chan error
+	if e.carry != nil && e.round != nil {
+		ch := make(chan error, 1)
+		after := e.round.Number
+		go func() { ch <- e.node.LeftOut(jctx, after) }()
+		leftOut = ch
+	}
+	for {
+		select {
+		case err := <-leftOut:
+			leftOut = nil
+			if err == nil {
+				e.dropCarry("this node is not in the next round")
+			}
+		case r := <-out:
+			if r.err != nil {
+				span.SetStatus(codes.Error, r.err.Error())
+				return nil, 0, r.err
+			}
+			span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
+				attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
+				attribute.String("reason", string(r.r.Reason)))
+			return r.r, 0, nil
+		case s := <-e.o.Signals:
+			cancel()
+			<-out
+			sig, _ := s.(syscall.Signal)
+			return nil, sig, nil
 		}
-		span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
-			attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
-			attribute.String("reason", string(r.r.Reason)))
-		return r.r, 0, nil
-	case s := <-e.o.Signals:
-		cancel()
-		<-out
-		sig, _ := s.(syscall.Signal)
-		return nil, sig, nil
 	}
 }
 
@@ -609,50 +641,10 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	}
 	sctx, span := e.tracer.Start(parent, "restart")
 	defer span.End()
-	// The channel believes only this round's workers (with this round's
-	// fresh control token, in their environment below); the watchdog kills
-	// them if this agent cannot prove its lease alive in time.
-	e.ch.SetRound(r.Number)
-	env := map[string]string{
-		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
-		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
-	}
-	for k, v := range e.ch.Env() {
-		env[k] = v
-	}
-	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
-
-	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
-	// Claim the checkpoint for this round before reading it: a commit of
-	// an earlier round still in flight (this node's, from before it was
-	// fenced) is refused from now on instead of landing after our workers
-	// read where to resume.
-	rec, err := e.store.Resume(lctx, r.Number)
-	lcancel()
+	a, rec, err := e.prepare(ctx, sctx, r, restarts, attempt)
 	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		return nil, err
-	}
-	if rec != nil {
-		for k, v := range rec.Env() {
-			env[k] = v
-		}
-	}
-	if tp := telemetry.TraceParent(sctx); tp != "" {
-		env["TRACEPARENT"] = tp
-	}
-	if err := e.ch.ClearEvent(); err != nil {
-		return nil, err
-	}
-	a := launcher.Assignment{
-		GroupRank:      r.Rank,
-		GroupWorldSize: r.NumNodes,
-		BaseRank:       r.Self.BaseRank,
-		WorldSize:      r.WorldSize,
-		MasterAddr:     r.MasterAddr,
-		MasterPort:     r.MasterPort,
-		RestartCount:   restarts,
-		Attempt:        attempt,
-		Env:            env,
 	}
 	span.SetAttributes(attribute.Int64("round", r.Number), attribute.Int("world_size", r.WorldSize),
 		attribute.Int("restart_count", restarts))
@@ -666,11 +658,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	if wd := e.guard.watchdog(); wd != nil {
 		opts = append(opts, launcher.GuardedBy(wd))
 	}
-	spec := e.o.Spec
-	// torch's env:// and tcp:// init then connect every rank as a client of
-	// the store rank 0's node serves (torchrun's agent-store mode).
-	spec.UseAgentStore = !e.o.NoAgentStore
-	g, err := launcher.Start(spec, a, opts...)
+	g, err := launcher.Start(e.spec(), a, opts...)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
@@ -679,6 +667,70 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 		event.span.End()
 	}
 	return g, nil
+}
+
+// spec is the launcher spec of this agent's workers.
+func (e *elastic) spec() launcher.Spec {
+	spec := e.o.Spec
+	// torch's env:// and tcp:// init then connect every rank as a client of
+	// the store rank 0's node serves (torchrun's agent-store mode).
+	spec.UseAgentStore = !e.o.NoAgentStore
+	return spec
+}
+
+// prepare makes r the control channel's round (a fresh control token) and
+// builds the workers' assignment for it: the round's ranks and master, the
+// control channel, the checkpoint to resume from (claimed for this round)
+// and the trace.
+func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restarts, attempt int) (launcher.Assignment, *checkpoint.Record, error) {
+	// The channel believes only this round's workers (with this round's
+	// fresh control token, in their environment below); the watchdog kills
+	// them if this agent cannot prove its lease alive in time.
+	e.ch.SetRound(r.Number)
+	env := map[string]string{
+		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
+		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
+	}
+	for k, v := range e.ch.Env() {
+		env[k] = v
+	}
+	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
+	if e.o.InProcessResize {
+		env[envInProcess] = "1"
+	}
+
+	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
+	// Claim the checkpoint for this round before reading it: a commit of
+	// an earlier round still in flight (this node's, from before it was
+	// fenced) is refused from now on instead of landing after our workers
+	// read where to resume.
+	rec, err := e.store.Resume(lctx, r.Number)
+	lcancel()
+	if err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	if rec != nil {
+		for k, v := range rec.Env() {
+			env[k] = v
+		}
+	}
+	if tp := telemetry.TraceParent(sctx); tp != "" {
+		env["TRACEPARENT"] = tp
+	}
+	if err := e.ch.ClearEvent(); err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	return launcher.Assignment{
+		GroupRank:      r.Rank,
+		GroupWorldSize: r.NumNodes,
+		BaseRank:       r.Self.BaseRank,
+		WorldSize:      r.WorldSize,
+		MasterAddr:     r.MasterAddr,
+		MasterPort:     r.MasterPort,
+		RestartCount:   restarts,
+		Attempt:        attempt,
+		Env:            env,
+	}, rec, nil
 }
 
 func resumeStep(r *checkpoint.Record) int64 {
@@ -926,6 +978,16 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	dspan.End()
 	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
 	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
+	if o.InProcessResize {
+		ev := checkpoint.Event{Kind: checkpoint.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		if planned {
+			ev = e.plannedEvent(ctx, c, r)
+		}
+		if e.handOver(ectx, g, r, ev) {
+			e.carry = g
+		}
+		return &scaleEvent{ectx, span}
+	}
 	if !planned {
 		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
@@ -990,6 +1052,12 @@ func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *re
 	defer t.Stop()
 	signalled := time.Now()
 	escalated := false
+	if o.InProcessResize {
+		// Workers that offer to reconfigure in process (they cannot know
+		// this node leaves) are told to leave: they checkpointed already.
+		stop := e.leaveParkedUntil(g.Exited())
+		defer stop()
+	}
 	select {
 	case <-g.Exited():
 	case <-e.node.LeaseLost():
