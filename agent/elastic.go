@@ -750,63 +750,91 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 	defer cancel()
 	changes, nextErr := e.superseded(nctx, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
-
-	select {
-	case <-g.Exited():
-		if e.guard.expired() {
-			return e.fence(g, r)
-		}
-		res := g.Result()
-		if res.OK() && e.stopping.Load() == r.Number {
-			// The workers checkpointed and stopped for a planned change
-			// announced elsewhere; the new round follows.
-			e.log.Info("workers stopped for a planned change", "round", r.Number)
-			ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
-				trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
-			return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
-		}
-		if res.OK() {
-			e.log.Info("workers succeeded", "round", r.Number)
-			if err := e.node.Finish(detached(ctx), r); err != nil {
-				e.log.Warn("finish rendezvous", "err", err)
+	// In process, a worker whose collective broke (a peer died) leaves the
+	// process group and parks; unless a change is under way already, that
+	// is a failure the job must hear of at once (not a lease TTL later).
+	var parkedCh <-chan struct{}
+	var unannounced <-chan time.Time
+	if o.InProcessResize {
+		_, parkedCh = e.ch.Parked()
+	}
+	for {
+		select {
+		case <-parkedCh:
+			var p map[int]int
+			p, parkedCh = e.ch.Parked()
+			if len(p) > 0 && unannounced == nil {
+				unannounced = time.After(unannouncedGrace)
 			}
-			return finished(runHook(ctx, "post-train", o.PostTrain))
-		}
-		return e.failed(ctx, g, r)
-	case <-g.Failed():
-		if e.guard.expired() {
-			// The watchdog killed them: this agent was stopped or wedged
-			// past its lease.
+			continue
+		case <-unannounced:
+			parkedCh, unannounced = nil, nil
+			e.log.Warn("a worker left a broken process group with no change announced; reporting it so the job forms a new round", "round", r.Number)
+			if _, err := e.node.ReportFailure(ctx, r, "a worker's collective broke (in process)"); err != nil {
+				e.log.Warn("report the broken process group", "err", err)
+			}
+			continue
+		case <-g.Exited():
+			if e.guard.expired() {
+				return e.fence(g, r)
+			}
+			res := g.Result()
+			if res.OK() && e.stopping.Load() == r.Number {
+				// The workers checkpointed and stopped for a planned change
+				// announced elsewhere; the new round follows.
+				e.log.Info("workers stopped for a planned change", "round", r.Number)
+				ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+					trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
+				return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
+			}
+			if res.OK() {
+				e.log.Info("workers succeeded", "round", r.Number)
+				if err := e.node.Finish(detached(ctx), r); err != nil {
+					e.log.Warn("finish rendezvous", "err", err)
+				}
+				return finished(runHook(ctx, "post-train", o.PostTrain))
+			}
+			return e.failed(ctx, g, r)
+		case <-g.Failed():
+			if e.guard.expired() {
+				// The watchdog killed them: this agent was stopped or wedged
+				// past its lease.
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			return e.failed(ctx, g, r)
+		case c := <-changes:
+			return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
+		case err := <-nextErr:
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, err})
+		case <-e.node.LeaseLost():
 			return e.fence(g, r)
+		case s := <-o.Signals:
+			sig, _ := s.(syscall.Signal)
+			if sig == syscall.SIGUSR2 {
+				return finished(e.drain(ctx, g, r))
+			}
+			e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
+			stopAll(sig)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
+		case <-ctx.Done():
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, ctx.Err()})
 		}
-		stopAll(o.ShutdownSignal)
-		return e.failed(ctx, g, r)
-	case c := <-changes:
-		return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
-	case err := <-nextErr:
-		if errors.Is(err, rendezvous.ErrLeaseLost) {
-			return e.fence(g, r)
-		}
-		stopAll(o.ShutdownSignal)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, err})
-	case <-e.node.LeaseLost():
-		return e.fence(g, r)
-	case s := <-o.Signals:
-		sig, _ := s.(syscall.Signal)
-		if sig == syscall.SIGUSR2 {
-			return finished(e.drain(ctx, g, r))
-		}
-		e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
-		stopAll(sig)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
-	case <-ctx.Done():
-		stopAll(o.ShutdownSignal)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, ctx.Err()})
 	}
 }
+
+// unannouncedGrace is how long a worker may wait parked, in process, for a
+// change this agent has not seen yet (announced on another node, still on
+// its way here) before the agent reports the broken process group itself.
+const unannouncedGrace = 100 * time.Millisecond
 
 // superseded runs Next for round r in a goroutine: the first channel gets
 // the change that supersedes r, the second Next's error. Both are buffered,

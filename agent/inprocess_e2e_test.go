@@ -169,3 +169,94 @@ func TestInProcessResizeKeepsWorkersAndLosesNoStep(t *testing.T) {
 		}
 	}
 }
+
+// Issue 14, unplanned: a node SIGKILLed mid-step under --inprocess-resize.
+// The survivors' gloo collective breaks at once; they leave the process
+// group, their agents report it, and the next round (without the dead
+// node) re-forms the group in process. Both survivors hold the same step,
+// so training resumes from memory: every step exactly once, with the
+// uninterrupted run's loss, and no worker restarted.
+func TestInProcessSurvivesNodeSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	py := torchPython(t)
+	const total = 60
+	ref := referenceLosses(t, py, total)
+	srv, cli := startEtcd(t)
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, inprocessArgs(srv.Endpoints[0], "inkill", t.TempDir(), total)...)
+	for _, n := range []string{"a", "b", "c"} {
+		c.start(n)
+	}
+	t0 := time.Now()
+	c.waitStep(120*time.Second, "training at world size 3", t0, func(s stepLine) bool { return s.World == 3 && s.Step >= 10 })
+	before := map[string][]int{"a": workerPIDs(c.PID("a")), "b": workerPIDs(c.PID("b"))}
+	workersC := workerPIDs(c.PID("c"))
+	killed := time.Now()
+	c.kill("c")
+	s2 := c.waitStep(60*time.Second, "training at world size 2 after the kill", killed, func(s stepLine) bool { return s.World == 2 })
+	t.Logf("node SIGKILLed -> step at world size 2 after %s (in process)", s2.At.Sub(killed).Round(time.Millisecond))
+	waitGone(t, workersC, "workers of the SIGKILLed node (Pdeathsig)")
+	for _, n := range []string{"a", "b"} {
+		if code := c.wait(n, 120*time.Second); code != 0 {
+			t.Errorf("node %s exited %d after training finished, want 0", n, code)
+		}
+	}
+	steps := c.allSteps()
+	sort.SliceStable(steps, func(i, j int) bool { return steps[i].At.Before(steps[j].At) })
+	checkExactlyOnce(t, steps, total, ref)
+	logs := c.logText()
+	if n := strings.Count(logs, `msg="reassigning workers in process"`); n != 2 {
+		t.Errorf("workers reassigned in process %d times, want 2 (the survivors)", n)
+	}
+	if n := strings.Count(logs, `msg="starting workers"`); n != 3 {
+		t.Errorf("workers started %d times, want 3: a survivor's workers were restarted", n)
+	}
+	if n := getInt(t, cli, "/hyperpodrun/jobs/inkill/restarts"); n != 0 {
+		t.Errorf("the lost node counted as %d restart(s); want 0", n)
+	}
+	_ = before
+}
+
+// Issue 14's fallback: under --inprocess-resize, the worker of rank 1 does
+// not call reconfigure() on the shrink (code that does not know it: it
+// checkpoints and exits 0, as without in-process resize). Its node falls
+// back to restarting its workers; the new worker receives the state from a
+// surviving rank, and no step is lost or repeated.
+func TestInProcessResizeFallsBackForWorkerIgnoringReconfigure(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	py := torchPython(t)
+	const total = 50
+	ref := referenceLosses(t, py, total)
+	srv, cli := startEtcd(t)
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, inprocessArgs(srv.Endpoints[0], "inlegacy", t.TempDir(), total, "--no-reconfigure-rank", "1")...)
+	for _, n := range []string{"a", "b", "c"} {
+		c.start(n)
+	}
+	t0 := time.Now()
+	c.waitStep(120*time.Second, "training at world size 3", t0, func(s stepLine) bool { return s.World == 3 && s.Step >= 8 })
+	if err := fleet.New(cli, "").SetTarget(context.Background(), "inlegacy", 2); err != nil {
+		t.Fatal(err)
+	}
+	c.waitStep(90*time.Second, "training at world size 2", t0, func(s stepLine) bool { return s.World == 2 })
+	for _, n := range c.Running() {
+		if code := c.wait(n, 120*time.Second); code != 0 {
+			t.Errorf("node %s exited %d after training finished, want 0", n, code)
+		}
+	}
+	steps := c.allSteps()
+	sort.SliceStable(steps, func(i, j int) bool { return steps[i].At.Before(steps[j].At) })
+	checkExactlyOnce(t, steps, total, ref)
+	logs := c.logText()
+	if !strings.Contains(logs, "falling back to a restart") {
+		t.Error("no agent logged falling back to a restart")
+	}
+	if strings.Contains(logs, "escalating") {
+		t.Error("a node escalated: the worker that did not reconfigure had checkpointed and exited 0")
+	}
+	if !strings.Contains(logs, "received the state of step") {
+		t.Error("the restarted worker did not receive the state from a surviving rank")
+	}
+}

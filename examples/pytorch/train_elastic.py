@@ -246,15 +246,15 @@ def main(argv=None):
             if args.step_time > 0:
                 time.sleep(args.step_time)
             detected = not args.ignore_signal and he.elastic_event_detected()
+            if not detected and args.ckpt_every and step % args.ckpt_every == 0:
+                if save_and_commit(step):
+                    committed = step
         except RuntimeError as e:
             if not inprocess:
                 raise
             broken = e
 
         if not detected and broken is None:
-            if args.ckpt_every and step % args.ckpt_every == 0:
-                if save_and_commit(step):
-                    committed = step
             continue
 
         ev = he.event()
