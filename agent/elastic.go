@@ -99,14 +99,20 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 			}()
 		}
 	}
-	e := &elastic{o: o, cfg: cfg, cli: cli, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent")}
+	if len(copts.Endpoints) == 0 {
+		copts.Endpoints = cli.Endpoints()
+	}
+	e := &elastic{o: o, cfg: cfg, cli: cli, copts: copts, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent")}
 	return e.run(ctx)
 }
 
 type elastic struct {
-	o      Options
-	cfg    rendezvous.Config
-	cli    *clientv3.Client
+	o   Options
+	cfg rendezvous.Config
+	cli *clientv3.Client
+	// copts reach cli's etcd: the watchdog revokes the lease with them if
+	// this agent dies (leaseWill).
+	copts  rendezvous.ClientOptions
 	log    *slog.Logger
 	tracer trace.Tracer
 	node   *rendezvous.Node
@@ -578,6 +584,7 @@ func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
 	if err != nil {
 		return fmt.Errorf("round %d: mark workers running: %w", r.Number, err)
 	}
+	e.guard.setWill(encodeWill(e.copts, lease))
 	return nil
 }
 

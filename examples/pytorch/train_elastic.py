@@ -34,6 +34,7 @@ Everything else goes to stderr.
 import argparse
 import contextlib
 import datetime
+import gc
 import os
 import signal
 import socket
@@ -87,7 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=4, help="max samples per forward/backward on one rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--dist-timeout", type=float, default=120.0, help="collective timeout in seconds")
+    p.add_argument("--dist-timeout", type=float, default=None,
+                   help="collective timeout in seconds (default 120; 30 under --inprocess-resize, so that "
+                        "survivors leave a collective that a lost node broke without closing its sockets)")
     p.add_argument("--ignore-signal", action="store_true",
                    help="ignore the elastic signal and never check for events (simulates a job that does not "
                         "cooperate; give it to every rank)")
@@ -148,6 +151,8 @@ def main(argv=None):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if args.dist_timeout is None:
+        args.dist_timeout = 30.0 if he.inprocess_enabled() else 120.0
     pg_timeout = datetime.timedelta(seconds=args.dist_timeout)
     dist.init_process_group(backend, timeout=pg_timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -252,7 +257,11 @@ def main(argv=None):
         except RuntimeError as e:
             if not inprocess:
                 raise
-            broken = e
+            # The message only: the exception's traceback holds the frames
+            # of DDP's forward and backward, and with them the process
+            # group, whose sockets must close when it is destroyed (peers
+            # blocked on them then fail at once instead of timing out).
+            broken = str(e)
 
         if not detected and broken is None:
             continue
@@ -264,7 +273,7 @@ def main(argv=None):
                    "reconfiguring in process" if inprocess else "exiting",
                    " [%s]" % ev.reason if ev and ev.reason else ""))
         if broken is not None:
-            log("a collective failed after step %d (%s): reconfiguring in process" % (step, str(broken).splitlines()[0][:200]))
+            log("a collective failed after step %d (%s): reconfiguring in process" % (step, broken.splitlines()[0][:200]))
         elif not (ev is not None and ev.kind == "member_lost"):
             try:
                 save_and_commit(step)
@@ -272,8 +281,11 @@ def main(argv=None):
                 if not inprocess:
                     raise
                 log("checkpoint of step %d failed (%s)" % (step, e))
+                broken = str(e)
         if inprocess and rank != args.no_reconfigure_rank:
             del ddp  # DDP must go before its process group, or gloo can hang
+            if broken is not None:
+                gc.collect()  # what still refers to the broken group goes now
             a = he.reconfigure(step, backend=backend, timeout=pg_timeout)
             if a is None:
                 log("this node leaves the job after step %d" % step)
