@@ -57,18 +57,20 @@ func main() {
 
 	var rec, up, over []float64
 	var own []float64
-	var down, ipDown, ipRec, ipUp []float64
+	var down, ipDown, ipRec, ipUp, upDown, ipUpDown []float64
 	ep := srv.Endpoints[0]
 	for i := 0; i < *runs; i++ {
 		rec = append(rec, recovery(*hpr, py, script, ep, fmt.Sprintf("rec%d", i)))
-		up = append(up, scaleUp(*hpr, py, script, ep, fmt.Sprintf("up%d", i)))
+		u, d := scaleUpDowntime(*hpr, py, script, ep, fmt.Sprintf("up%d", i))
+		up, upDown = append(up, u), append(upDown, d)
 		o, w := resizeOverhead(*hpr, py, script, ep, fmt.Sprintf("rs%d", i))
 		over, own = append(over, o), append(own, w)
 		if *inprocess {
 			down = append(down, resizeDowntime(*hpr, py, script, ep, fmt.Sprintf("dt%d", i)))
 			ipDown = append(ipDown, resizeDowntime(*hpr, py, script, ep, fmt.Sprintf("ipdt%d", i), inprocessFlag))
 			ipRec = append(ipRec, recovery(*hpr, py, script, ep, fmt.Sprintf("iprec%d", i), inprocessFlag))
-			ipUp = append(ipUp, scaleUp(*hpr, py, script, ep, fmt.Sprintf("ipup%d", i), inprocessFlag))
+			u, d := scaleUpDowntime(*hpr, py, script, ep, fmt.Sprintf("ipup%d", i), inprocessFlag)
+			ipUp, ipUpDown = append(ipUp, u), append(ipUpDown, d)
 		}
 	}
 	recAnchor, upAnchor, source := 39.0, 11.3, "torchrun with its etcd backend, measured here (DESIGN.md)"
@@ -93,9 +95,13 @@ func main() {
 		fmt.Printf("#   planned resize 3->2 downtime: in process %s; restart %s\n", spread(ipDown), spread(down))
 		fmt.Printf("#   node SIGKILLed -> step at ws 2: in process %s; restart %s\n", spread(ipRec), spread(rec))
 		fmt.Printf("#   node added -> step at ws 3: in process %s; restart %s\n", spread(ipUp), spread(up))
+		fmt.Printf("#   node added: survivors' last step at ws 2 -> first at ws 3: in process %s; restart %s\n", spread(ipUpDown), spread(upDown))
 		fmt.Printf("BENCH inprocess_resize_downtime_ws3_to_ws2 %.2f s anchor=%.2f target=1\n", median(ipDown), median(down))
 		fmt.Printf("BENCH inprocess_recovery_sigkill_to_step_ws2 %.2f s anchor=%.2f target=1.5\n", median(ipRec), median(rec))
 		fmt.Printf("BENCH inprocess_scaleup_start_to_step_ws3 %.2f s anchor=%.2f target=2\n", median(ipUp), median(up))
+		// A scale-up is a planned resize too: its survivors wait for the
+		// new node's workers to start (Python, import torch).
+		fmt.Printf("BENCH inprocess_scaleup_downtime_ws2_to_ws3 %.2f s anchor=%.2f target=1\n", median(ipUpDown), median(upDown))
 	}
 }
 
@@ -207,6 +213,14 @@ func recovery(hpr, py, script, ep, job string, extra ...string) float64 {
 }
 
 func scaleUp(hpr, py, script, ep, job string, extra ...string) float64 {
+	up, _ := scaleUpDowntime(hpr, py, script, ep, job, extra...)
+	return up
+}
+
+// scaleUpDowntime starts a third node next to two and returns the seconds
+// from its start to the first step at world size 3, and the survivors'
+// downtime: their last step at world size 2 to that first step.
+func scaleUpDowntime(hpr, py, script, ep, job string, extra ...string) (float64, float64) {
 	c := cluster(hpr, py, script, ep, job, extra...)
 	defer c.KillAll()
 	startAll(c, "a", "b")
@@ -214,7 +228,13 @@ func scaleUp(hpr, py, script, ep, job string, extra ...string) float64 {
 	started := time.Now()
 	startAll(c, "c")
 	s := must(c.WaitStep(60*time.Second, started, func(s testcluster.Step) bool { return s.World == 3 }))
-	return s.At.Sub(started).Seconds()
+	var last time.Time
+	for _, x := range c.Steps() {
+		if x.World == 2 && x.At.Before(s.At) && x.At.After(last) {
+			last = x.At
+		}
+	}
+	return s.At.Sub(started).Seconds(), s.At.Sub(last).Seconds()
 }
 
 var tookRE = regexp.MustCompile(`msg="workers stopped for the change".* took_ms=(\d+)`)
