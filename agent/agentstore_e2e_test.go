@@ -43,6 +43,17 @@ func TestDDPTrainsOnTheAgentHostedStore(t *testing.T) {
 			if tc.store && served != 1 {
 				t.Errorf("the rank-0 node served the store %d times, want once (only rank 0's node serves it)", served)
 			}
+			if tc.store {
+				// Up before any worker of any node starts: no worker waits
+				// on torch's 1 s connect-retry grid.
+				up, ok := logTime(c.logText(), `msg="serving the round's TCPStore for its workers"`)
+				for name, l := range c.Logs() {
+					started, sok := logTime(l, `msg="starting workers"`)
+					if ok && sok && started.Before(up) {
+						t.Errorf("node %s started its workers at %s, before the store was up at %s", name, started.Format(time.RFC3339Nano), up.Format(time.RFC3339Nano))
+					}
+				}
+			}
 			if !tc.store && served != 0 {
 				t.Errorf("--no-agent-store: a node still served the store")
 			}

@@ -99,14 +99,20 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 			}()
 		}
 	}
-	e := &elastic{o: o, cfg: cfg, cli: cli, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent")}
+	if len(copts.Endpoints) == 0 {
+		copts.Endpoints = cli.Endpoints()
+	}
+	e := &elastic{o: o, cfg: cfg, cli: cli, copts: copts, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent")}
 	return e.run(ctx)
 }
 
 type elastic struct {
-	o      Options
-	cfg    rendezvous.Config
-	cli    *clientv3.Client
+	o   Options
+	cfg rendezvous.Config
+	cli *clientv3.Client
+	// copts reach cli's etcd: the watchdog revokes the lease with them if
+	// this agent dies (leaseWill).
+	copts  rendezvous.ClientOptions
 	log    *slog.Logger
 	tracer trace.Tracer
 	node   *rendezvous.Node
@@ -121,6 +127,11 @@ type elastic struct {
 	// agentStore is the TCPStore this node serves for the round's workers
 	// when it holds group rank 0 (Options.NoAgentStore unset).
 	agentStore *c10dstore.Server
+	// carry holds this node's workers between rounds during an in-process
+	// resize (Options.InProcessResize): they left the old round's process
+	// group and wait, parked on the control channel, for the next round's
+	// assignment. nil when the next round starts new workers.
+	carry *launcher.Group
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -245,6 +256,8 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			event.span.End()
 		}
 	}()
+	// Workers kept for an in-process resize do not outlive the agent.
+	defer e.dropCarry("hyperpodrun is leaving the job")
 	attempt := 0
 	for {
 		round, sig, err := e.join(ctx, event)
@@ -252,6 +265,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			return e.leaveOnSignal(ctx, sig, "while waiting for a round")
 		}
 		if errors.Is(err, rendezvous.ErrLeaseLost) {
+			e.killCarry()
 			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
 			if err := e.newNode(); err != nil {
 				return err
@@ -279,6 +293,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 				return e.leaveOnSignal(ctx, se.sig, "before the round's workers started")
 			}
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
 				if err := e.newNode(); err != nil {
 					return err
 				}
@@ -292,6 +307,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		}
 		if err := e.markRunning(ctx, round); err != nil {
 			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
 				if err := e.newNode(); err != nil {
 					return err
 				}
@@ -300,7 +316,13 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			e.leave(ctx)
 			return &ExitError{1, err}
 		}
-		g, err := e.start(ctx, round, restarts, attempt, event)
+		var g *launcher.Group
+		if e.carry != nil {
+			g, err = e.resume(ctx, round, restarts, attempt, event)
+		}
+		if g == nil && err == nil {
+			g, err = e.start(ctx, round, restarts, attempt, event)
+		}
 		event = nil
 		if err != nil {
 			e.leave(ctx)
@@ -382,21 +404,37 @@ func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.
 		r, err := e.node.Join(jctx)
 		out <- res{r, err}
 	}()
-	select {
-	case r := <-out:
-		if r.err != nil {
-			span.SetStatus(codes.Error, r.err.Error())
-			return nil, 0, r.err
+	// Workers kept for an in-process resize leave once a round closes
+	// without this node (a shrink that drops it: it waits as a spare).
+	var leftOut chan error
+	if e.carry != nil && e.round != nil {
+		ch := make(chan error, 1)
+		after := e.round.Number
+		go func() { ch <- e.node.LeftOut(jctx, after) }()
+		leftOut = ch
+	}
+	for {
+		select {
+		case err := <-leftOut:
+			leftOut = nil
+			if err == nil {
+				e.dropCarry("this node is not in the next round")
+			}
+		case r := <-out:
+			if r.err != nil {
+				span.SetStatus(codes.Error, r.err.Error())
+				return nil, 0, r.err
+			}
+			span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
+				attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
+				attribute.String("reason", string(r.r.Reason)))
+			return r.r, 0, nil
+		case s := <-e.o.Signals:
+			cancel()
+			<-out
+			sig, _ := s.(syscall.Signal)
+			return nil, sig, nil
 		}
-		span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
-			attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
-			attribute.String("reason", string(r.r.Reason)))
-		return r.r, 0, nil
-	case s := <-e.o.Signals:
-		cancel()
-		<-out
-		sig, _ := s.(syscall.Signal)
-		return nil, sig, nil
 	}
 }
 
@@ -546,6 +584,7 @@ func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
 	if err != nil {
 		return fmt.Errorf("round %d: mark workers running: %w", r.Number, err)
 	}
+	e.guard.setWill(encodeWill(e.copts, lease))
 	return nil
 }
 
@@ -609,50 +648,10 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	}
 	sctx, span := e.tracer.Start(parent, "restart")
 	defer span.End()
-	// The channel believes only this round's workers (with this round's
-	// fresh control token, in their environment below); the watchdog kills
-	// them if this agent cannot prove its lease alive in time.
-	e.ch.SetRound(r.Number)
-	env := map[string]string{
-		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
-		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
-	}
-	for k, v := range e.ch.Env() {
-		env[k] = v
-	}
-	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
-
-	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
-	// Claim the checkpoint for this round before reading it: a commit of
-	// an earlier round still in flight (this node's, from before it was
-	// fenced) is refused from now on instead of landing after our workers
-	// read where to resume.
-	rec, err := e.store.Resume(lctx, r.Number)
-	lcancel()
+	a, rec, err := e.prepare(ctx, sctx, r, restarts, attempt)
 	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		return nil, err
-	}
-	if rec != nil {
-		for k, v := range rec.Env() {
-			env[k] = v
-		}
-	}
-	if tp := telemetry.TraceParent(sctx); tp != "" {
-		env["TRACEPARENT"] = tp
-	}
-	if err := e.ch.ClearEvent(); err != nil {
-		return nil, err
-	}
-	a := launcher.Assignment{
-		GroupRank:      r.Rank,
-		GroupWorldSize: r.NumNodes,
-		BaseRank:       r.Self.BaseRank,
-		WorldSize:      r.WorldSize,
-		MasterAddr:     r.MasterAddr,
-		MasterPort:     r.MasterPort,
-		RestartCount:   restarts,
-		Attempt:        attempt,
-		Env:            env,
 	}
 	span.SetAttributes(attribute.Int64("round", r.Number), attribute.Int("world_size", r.WorldSize),
 		attribute.Int("restart_count", restarts))
@@ -666,11 +665,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	if wd := e.guard.watchdog(); wd != nil {
 		opts = append(opts, launcher.GuardedBy(wd))
 	}
-	spec := e.o.Spec
-	// torch's env:// and tcp:// init then connect every rank as a client of
-	// the store rank 0's node serves (torchrun's agent-store mode).
-	spec.UseAgentStore = !e.o.NoAgentStore
-	g, err := launcher.Start(spec, a, opts...)
+	g, err := launcher.Start(e.spec(), a, opts...)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
@@ -679,6 +674,70 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 		event.span.End()
 	}
 	return g, nil
+}
+
+// spec is the launcher spec of this agent's workers.
+func (e *elastic) spec() launcher.Spec {
+	spec := e.o.Spec
+	// torch's env:// and tcp:// init then connect every rank as a client of
+	// the store rank 0's node serves (torchrun's agent-store mode).
+	spec.UseAgentStore = !e.o.NoAgentStore
+	return spec
+}
+
+// prepare makes r the control channel's round (a fresh control token) and
+// builds the workers' assignment for it: the round's ranks and master, the
+// control channel, the checkpoint to resume from (claimed for this round)
+// and the trace.
+func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restarts, attempt int) (launcher.Assignment, *checkpoint.Record, error) {
+	// The channel believes only this round's workers (with this round's
+	// fresh control token, in their environment below); the watchdog kills
+	// them if this agent cannot prove its lease alive in time.
+	e.ch.SetRound(r.Number)
+	env := map[string]string{
+		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
+		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
+	}
+	for k, v := range e.ch.Env() {
+		env[k] = v
+	}
+	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
+	if e.o.InProcessResize {
+		env[envInProcess] = "1"
+	}
+
+	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
+	// Claim the checkpoint for this round before reading it: a commit of
+	// an earlier round still in flight (this node's, from before it was
+	// fenced) is refused from now on instead of landing after our workers
+	// read where to resume.
+	rec, err := e.store.Resume(lctx, r.Number)
+	lcancel()
+	if err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	if rec != nil {
+		for k, v := range rec.Env() {
+			env[k] = v
+		}
+	}
+	if tp := telemetry.TraceParent(sctx); tp != "" {
+		env["TRACEPARENT"] = tp
+	}
+	if err := e.ch.ClearEvent(); err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	return launcher.Assignment{
+		GroupRank:      r.Rank,
+		GroupWorldSize: r.NumNodes,
+		BaseRank:       r.Self.BaseRank,
+		WorldSize:      r.WorldSize,
+		MasterAddr:     r.MasterAddr,
+		MasterPort:     r.MasterPort,
+		RestartCount:   restarts,
+		Attempt:        attempt,
+		Env:            env,
+	}, rec, nil
 }
 
 func resumeStep(r *checkpoint.Record) int64 {
@@ -698,63 +757,91 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 	defer cancel()
 	changes, nextErr := e.superseded(nctx, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
-
-	select {
-	case <-g.Exited():
-		if e.guard.expired() {
-			return e.fence(g, r)
-		}
-		res := g.Result()
-		if res.OK() && e.stopping.Load() == r.Number {
-			// The workers checkpointed and stopped for a planned change
-			// announced elsewhere; the new round follows.
-			e.log.Info("workers stopped for a planned change", "round", r.Number)
-			ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
-				trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
-			return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
-		}
-		if res.OK() {
-			e.log.Info("workers succeeded", "round", r.Number)
-			if err := e.node.Finish(detached(ctx), r); err != nil {
-				e.log.Warn("finish rendezvous", "err", err)
+	// In process, a worker whose collective broke (a peer died) leaves the
+	// process group and parks; unless a change is under way already, that
+	// is a failure the job must hear of at once (not a lease TTL later).
+	var parkedCh <-chan struct{}
+	var unannounced <-chan time.Time
+	if o.InProcessResize {
+		_, parkedCh = e.ch.Parked()
+	}
+	for {
+		select {
+		case <-parkedCh:
+			var p map[int]int
+			p, parkedCh = e.ch.Parked()
+			if len(p) > 0 && unannounced == nil {
+				unannounced = time.After(unannouncedGrace)
 			}
-			return finished(runHook(ctx, "post-train", o.PostTrain))
-		}
-		return e.failed(ctx, g, r)
-	case <-g.Failed():
-		if e.guard.expired() {
-			// The watchdog killed them: this agent was stopped or wedged
-			// past its lease.
+			continue
+		case <-unannounced:
+			parkedCh, unannounced = nil, nil
+			e.log.Warn("a worker left a broken process group with no change announced; reporting it so the job forms a new round", "round", r.Number)
+			if _, err := e.node.ReportFailure(ctx, r, "a worker's collective broke (in process)"); err != nil {
+				e.log.Warn("report the broken process group", "err", err)
+			}
+			continue
+		case <-g.Exited():
+			if e.guard.expired() {
+				return e.fence(g, r)
+			}
+			res := g.Result()
+			if res.OK() && e.stopping.Load() == r.Number {
+				// The workers checkpointed and stopped for a planned change
+				// announced elsewhere; the new round follows.
+				e.log.Info("workers stopped for a planned change", "round", r.Number)
+				ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+					trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
+				return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
+			}
+			if res.OK() {
+				e.log.Info("workers succeeded", "round", r.Number)
+				if err := e.node.Finish(detached(ctx), r); err != nil {
+					e.log.Warn("finish rendezvous", "err", err)
+				}
+				return finished(runHook(ctx, "post-train", o.PostTrain))
+			}
+			return e.failed(ctx, g, r)
+		case <-g.Failed():
+			if e.guard.expired() {
+				// The watchdog killed them: this agent was stopped or wedged
+				// past its lease.
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			return e.failed(ctx, g, r)
+		case c := <-changes:
+			return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
+		case err := <-nextErr:
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, err})
+		case <-e.node.LeaseLost():
 			return e.fence(g, r)
+		case s := <-o.Signals:
+			sig, _ := s.(syscall.Signal)
+			if sig == syscall.SIGUSR2 {
+				return finished(e.drain(ctx, g, r))
+			}
+			e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
+			stopAll(sig)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
+		case <-ctx.Done():
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, ctx.Err()})
 		}
-		stopAll(o.ShutdownSignal)
-		return e.failed(ctx, g, r)
-	case c := <-changes:
-		return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
-	case err := <-nextErr:
-		if errors.Is(err, rendezvous.ErrLeaseLost) {
-			return e.fence(g, r)
-		}
-		stopAll(o.ShutdownSignal)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, err})
-	case <-e.node.LeaseLost():
-		return e.fence(g, r)
-	case s := <-o.Signals:
-		sig, _ := s.(syscall.Signal)
-		if sig == syscall.SIGUSR2 {
-			return finished(e.drain(ctx, g, r))
-		}
-		e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
-		stopAll(sig)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
-	case <-ctx.Done():
-		stopAll(o.ShutdownSignal)
-		e.leave(ctx)
-		return failedWith(&ExitError{1, ctx.Err()})
 	}
 }
+
+// unannouncedGrace is how long a worker may wait parked, in process, for a
+// change this agent has not seen yet (announced on another node, still on
+// its way here) before the agent reports the broken process group itself.
+const unannouncedGrace = 100 * time.Millisecond
 
 // superseded runs Next for round r in a goroutine: the first channel gets
 // the change that supersedes r, the second Next's error. Both are buffered,
@@ -926,6 +1013,16 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	dspan.End()
 	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
 	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
+	if o.InProcessResize {
+		ev := checkpoint.Event{Kind: checkpoint.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		if planned {
+			ev = e.plannedEvent(ctx, c, r)
+		}
+		if e.handOver(ectx, g, r, ev) {
+			e.carry = g
+		}
+		return &scaleEvent{ectx, span}
+	}
 	if !planned {
 		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
@@ -990,6 +1087,12 @@ func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *re
 	defer t.Stop()
 	signalled := time.Now()
 	escalated := false
+	if o.InProcessResize {
+		// Workers that offer to reconfigure in process (they cannot know
+		// this node leaves) are told to leave: they checkpointed already.
+		stop := e.leaveParkedUntil(g.Exited())
+		defer stop()
+	}
 	select {
 	case <-g.Exited():
 	case <-e.node.LeaseLost():

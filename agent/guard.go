@@ -27,6 +27,22 @@ type leaseGuard struct {
 	deadline time.Time // the watchdog's deadline for the current node
 	wd       *launcher.Watchdog
 	warned   bool
+	// will is handed to every watchdog (launcher.Watchdog.SetWill): what
+	// it does if this agent dies (leaseWill).
+	will []byte
+}
+
+// setWill makes will the watchdog's, now and for any watchdog started
+// later.
+func (l *leaseGuard) setWill(will []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.will = will
+	if l.wd != nil {
+		if err := l.wd.SetWill(will); err != nil {
+			l.log.Debug("give the watchdog the agent's will", "err", err)
+		}
+	}
 }
 
 func newLeaseGuard(log *slog.Logger) *leaseGuard { return &leaseGuard{log: log} }
@@ -89,6 +105,9 @@ func (l *leaseGuard) watchdog() *launcher.Watchdog {
 	l.log.Debug("workers' watchdog started", "pid", wd.PID())
 	if !l.deadline.IsZero() {
 		wd.Renew(l.deadline)
+	}
+	if l.will != nil {
+		wd.SetWill(l.will)
 	}
 	l.wd = wd
 	return wd

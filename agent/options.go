@@ -60,6 +60,14 @@ type Options struct {
 	// starts, and workers get TORCHELASTIC_USE_AGENT_STORE=True.
 	NoAgentStore bool
 
+	// InProcessResize keeps the workers of nodes that stay alive across a
+	// planned change (and a lost member): they leave their process group,
+	// ask for their next assignment on the control channel
+	// (hyperpodrun_elastic.reconfigure()) and re-form the group on the next
+	// round's store, instead of exiting and being restarted. Workers that
+	// do not ask within --graceful-timeout are restarted as without it.
+	InProcessResize bool
+
 	PreTrain  []string // script and args, run once before the first start
 	PostTrain []string // run after the workers succeed
 

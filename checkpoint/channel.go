@@ -82,6 +82,10 @@ const (
 	Preemption EventKind = "preemption"
 	Drain      EventKind = "drain"
 	Shutdown   EventKind = "shutdown"
+	// MemberLost is announced only to in-process workers (Event.InProcess):
+	// a member of the round died or failed; the survivors leave the broken
+	// process group and reconfigure.
+	MemberLost EventKind = "member_lost"
 )
 
 // Event is a planned change announced to the workers.
@@ -100,6 +104,11 @@ type Event struct {
 	// Reason is a human explanation when one is known, e.g. the
 	// coordinator's "preempted: team a reclaimed its nominal quota ...".
 	Reason string
+	// InProcess says the agent offers in-process reconfiguration for this
+	// change (--inprocess-resize): the workers leave their process group
+	// and send a ReportReconfigure instead of exiting, and the agent
+	// answers with their next assignment (or tells them to leave).
+	InProcess bool
 	// Seq numbers the announcements of one Channel (1, 2, ...); set by
 	// Announce.
 	Seq uint64
@@ -117,6 +126,7 @@ type eventFile struct {
 	Round           int64     `json:"round"`
 	TraceParent     string    `json:"traceparent,omitempty"`
 	Reason          string    `json:"reason,omitempty"`
+	InProcess       bool      `json:"inprocess,omitempty"`
 	Seq             uint64    `json:"seq"`
 	AnnouncedAt     time.Time `json:"announced_at"`
 	AnnouncedAtUnix float64   `json:"announced_at_unix"`
@@ -140,6 +150,11 @@ const (
 	// CheckpointDiscoverySocketClient.update): the step is committed once
 	// every expected writer of every kind has reported it.
 	ReportCheckpointUpdate = "checkpoint_update"
+	// ReportReconfigure means the worker left its process group (in-process
+	// resize) and waits on this connection for its next assignment; the
+	// agent's answer carries it (Channel.Release). It is not given to the
+	// handler.
+	ReportReconfigure = "reconfigure"
 )
 
 // Report is one message from a worker.
@@ -275,6 +290,11 @@ type Channel struct {
 	// stop (0: none said so yet).
 	announced int64
 	admitted  chan struct{}
+	// parked: workers waiting for their next assignment (a
+	// ReportReconfigure), by process group; parkedCh is closed and
+	// replaced when the set changes.
+	parked   map[int]*parkedWorker
+	parkedCh chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -299,6 +319,8 @@ func NewChannel(dir string, opts ...Option) (*Channel, error) {
 		workers:   make(map[int]int),
 		token:     newToken(),
 		admitted:  make(chan struct{}),
+		parked:    make(map[int]*parkedWorker),
+		parkedCh:  make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(c)
@@ -498,6 +520,7 @@ func (c *Channel) Announce(ev Event) error {
 		Round:           ev.Round,
 		TraceParent:     ev.TraceParent,
 		Reason:          ev.Reason,
+		InProcess:       ev.InProcess,
 		Seq:             seq,
 		AnnouncedAt:     now,
 		AnnouncedAtUnix: unixSeconds(now),
@@ -547,6 +570,7 @@ func ReadEvent(path string) (*Event, error) {
 		Round:        f.Round,
 		TraceParent:  f.TraceParent,
 		Reason:       f.Reason,
+		InProcess:    f.InProcess,
 		Seq:          f.Seq,
 		AnnouncedAt:  f.AnnouncedAt,
 	}, nil
@@ -620,6 +644,8 @@ func (c *Channel) acceptLoop() {
 type ack struct {
 	OK    bool   `json:"ok"`
 	Error string `json:"error,omitempty"`
+	// Assignment answers a ReportReconfigure.
+	Assignment *Assignment `json:"assignment,omitempty"`
 }
 
 func (c *Channel) serve(conn *net.UnixConn) {
@@ -643,6 +669,12 @@ func (c *Channel) serve(conn *net.UnixConn) {
 			r.Received = time.Now()
 			r.PeerPID = peer
 			err = c.believe(&r)
+		}
+		if err == nil && r.Type == ReportReconfigure {
+			// One request per connection: the connection is watched for
+			// the worker's death while it waits, then closed.
+			c.park(conn, r)
+			return
 		}
 		if err == nil {
 			err = c.handle(r)
@@ -696,6 +728,26 @@ func (c *Channel) enqueue(ctx context.Context, r Report) error {
 // agent's acknowledgement. It is the Go workers' client; an agent refusal
 // is returned as an error.
 func SendReport(ctx context.Context, socketPath string, r Report) error {
+	_, err := exchange(ctx, socketPath, r)
+	return err
+}
+
+// RequestAssignment sends a ReportReconfigure (the worker has left its
+// process group) and waits, until ctx ends, for the agent's answer: the
+// worker's next assignment, or Leave. It is the Go workers' reconfigure().
+func RequestAssignment(ctx context.Context, socketPath string, r Report) (*Assignment, error) {
+	r.Type = ReportReconfigure
+	a, err := exchange(ctx, socketPath, r)
+	if err != nil {
+		return nil, err
+	}
+	if a.Assignment == nil {
+		return nil, errors.New("checkpoint: the agent acknowledged the reconfigure request without an assignment")
+	}
+	return a.Assignment, nil
+}
+
+func exchange(ctx context.Context, socketPath string, r Report) (ack, error) {
 	if r.PID == 0 {
 		r.PID = os.Getpid()
 	}
@@ -704,40 +756,40 @@ func SendReport(ctx context.Context, socketPath string, r Report) error {
 	}
 	data, err := json.Marshal(r)
 	if err != nil {
-		return fmt.Errorf("checkpoint: encode report: %w", err)
+		return ack{}, fmt.Errorf("checkpoint: encode report: %w", err)
 	}
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socketPath)
 	if err != nil {
-		return fmt.Errorf("checkpoint: connect to control socket: %w", err)
+		return ack{}, fmt.Errorf("checkpoint: connect to control socket: %w", err)
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {
 		if err := conn.SetDeadline(dl); err != nil {
-			return fmt.Errorf("checkpoint: send report: %w", err)
+			return ack{}, fmt.Errorf("checkpoint: send report: %w", err)
 		}
 	}
 	// Unblock the read below if ctx is cancelled without a deadline.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if _, err := conn.Write(append(data, '\n')); err != nil {
-		return fmt.Errorf("checkpoint: send report: %w", err)
+		return ack{}, fmt.Errorf("checkpoint: send report: %w", err)
 	}
 	line, err := bufio.NewReader(conn).ReadBytes('\n')
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("checkpoint: wait for acknowledgement: %w", ctx.Err())
+			return ack{}, fmt.Errorf("checkpoint: wait for acknowledgement: %w", ctx.Err())
 		}
-		return fmt.Errorf("checkpoint: wait for acknowledgement: %w", err)
+		return ack{}, fmt.Errorf("checkpoint: wait for acknowledgement: %w", err)
 	}
 	var a ack
 	if err := json.Unmarshal(line, &a); err != nil {
-		return fmt.Errorf("checkpoint: malformed acknowledgement %q: %w", bytes.TrimSpace(line), err)
+		return ack{}, fmt.Errorf("checkpoint: malformed acknowledgement %q: %w", bytes.TrimSpace(line), err)
 	}
 	if !a.OK {
-		return fmt.Errorf("checkpoint: agent refused %s report: %s", r.Type, a.Error)
+		return ack{}, fmt.Errorf("checkpoint: agent refused %s report: %s", r.Type, a.Error)
 	}
-	return nil
+	return a, nil
 }
 
 // writeFileAtomic writes data to a temporary file beside path, fsyncs it,
@@ -822,4 +874,106 @@ func (c *Channel) Token() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.token
+}
+
+// Assignment is what a worker parked by a ReportReconfigure is told: the
+// environment of its next round (RANK, WORLD_SIZE, MASTER_ADDR/PORT, the
+// round, the new control token...), or to leave (checkpointed already, it
+// exits 0).
+type Assignment struct {
+	Leave bool              `json:"leave,omitempty"`
+	Round int64             `json:"round,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	// Reason says why a worker is told to leave.
+	Reason string `json:"reason,omitempty"`
+}
+
+type parkedWorker struct {
+	rank  int
+	step  int64
+	reply chan Assignment // buffered (1)
+}
+
+// park holds a believed ReportReconfigure until Release answers it, the
+// worker hangs up (it died) or the channel closes.
+func (c *Channel) park(conn *net.UnixConn, r Report) {
+	pgid, err := syscall.Getpgid(r.PeerPID)
+	if err != nil || pgid <= 1 {
+		c.reply(conn, ack{Error: fmt.Sprintf("%v: cannot tell the process group of process %d", ErrStaleRound, r.PeerPID)})
+		return
+	}
+	p := &parkedWorker{rank: r.Rank, step: r.Step, reply: make(chan Assignment, 1)}
+	c.mu.Lock()
+	if w, ok := c.workers[pgid]; ok {
+		p.rank = w
+	}
+	c.parked[pgid] = p
+	c.parkedChangedLocked()
+	c.mu.Unlock()
+	c.log.Debug("worker waits for its next assignment", "pgid", pgid, "rank", p.rank, "step", r.Step)
+	gone := make(chan struct{})
+	go func() {
+		// The worker sends nothing more: a read returns when it hangs up.
+		var b [1]byte
+		conn.Read(b[:])
+		close(gone)
+	}()
+	var a Assignment
+	answered := false
+	select {
+	case a = <-p.reply:
+		answered = true
+	case <-gone:
+	case <-c.done:
+	}
+	c.mu.Lock()
+	if c.parked[pgid] == p {
+		delete(c.parked, pgid)
+		c.parkedChangedLocked()
+	}
+	c.mu.Unlock()
+	if answered {
+		c.reply(conn, ack{OK: true, Assignment: &a})
+	}
+}
+
+func (c *Channel) parkedChangedLocked() {
+	close(c.parkedCh)
+	c.parkedCh = make(chan struct{})
+}
+
+// Parked returns the process groups of the workers waiting for their next
+// assignment, each with the rank it held when it asked, and a channel
+// closed when that set changes.
+func (c *Channel) Parked() (map[int]int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[int]int, len(c.parked))
+	for pgid, p := range c.parked {
+		out[pgid] = p.rank
+	}
+	return out, c.parkedCh
+}
+
+// Release answers the parked workers named in by (process group ->
+// assignment) and returns how many it answered; a worker not parked (any
+// more) is skipped. Admit a worker for its new round (SetRound, Admit)
+// before releasing it, so that its first report is believed.
+func (c *Channel) Release(by map[int]Assignment) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for pgid, a := range by {
+		p, ok := c.parked[pgid]
+		if !ok {
+			continue
+		}
+		delete(c.parked, pgid)
+		p.reply <- a
+		n++
+	}
+	if n > 0 {
+		c.parkedChangedLocked()
+	}
+	return n
 }

@@ -587,3 +587,117 @@ func TestChannelRefusesForgedReports(t *testing.T) {
 		t.Errorf("Env gives token %q, want the round's %q", env[EnvControlToken], ch.Token())
 	}
 }
+
+// Issue 14's in-process resize: a worker of the current round that left its
+// process group asks for its next assignment and waits; the agent answers
+// it once the next round is known, with that round's environment (and a
+// new token, which the old round's token no longer matches), or tells it to
+// leave. A worker outside the round cannot park, and a parked worker that
+// hangs up is no longer listed.
+func TestReconfigureParksWorkerUntilReleased(t *testing.T) {
+	ch := newTestChannel(t)
+	ch.SetRound(5)
+	ctx := testCtx(t, 20*time.Second)
+	// Not admitted: refused at once (after the admission wait).
+	if _, err := RequestAssignment(ctx, ch.SocketPath(), Report{Rank: 1, Token: ch.Token()}); err == nil || !errors.Is(err, ErrStaleRound) && !strings.Contains(err.Error(), "not a worker of round 5") {
+		t.Fatalf("reconfigure from a process outside the round = %v, want refused", err)
+	}
+	pg := syscall.Getpgrp()
+	ch.Admit(5, pg, 1)
+	if _, err := RequestAssignment(ctx, ch.SocketPath(), Report{Rank: 1, Token: "guess"}); err == nil || !strings.Contains(err.Error(), "wrong control token") {
+		t.Fatalf("reconfigure with a wrong token = %v, want refused", err)
+	}
+	type result struct {
+		a   *Assignment
+		err error
+	}
+	ask := func(rank int) <-chan result {
+		out := make(chan result, 1)
+		token := ch.Token()
+		go func() {
+			a, err := RequestAssignment(ctx, ch.SocketPath(), Report{Rank: rank, Step: 42, Token: token})
+			out <- result{a, err}
+		}()
+		return out
+	}
+	waitParked := func(want int) map[int]int {
+		t.Helper()
+		for {
+			p, changed := ch.Parked()
+			if len(p) == want {
+				return p
+			}
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				t.Fatalf("parked workers %v, want %d", p, want)
+			}
+		}
+	}
+	got := ask(1)
+	if p := waitParked(1); p[pg] != 1 {
+		t.Fatalf("parked %v, want process group %d with rank 1", p, pg)
+	}
+	// Between rounds the worker stays parked.
+	ch.SetRound(0)
+	select {
+	case r := <-got:
+		t.Fatalf("answered before the next round: %+v", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	ch.SetRound(6)
+	ch.Admit(6, pg, 0)
+	if n := ch.Release(map[int]Assignment{pg: {Round: 6, Env: map[string]string{"RANK": "0", EnvControlToken: ch.Token()}}, 999999: {Leave: true}}); n != 1 {
+		t.Fatalf("Release answered %d workers, want 1", n)
+	}
+	r := <-got
+	if r.err != nil || r.a == nil || r.a.Round != 6 || r.a.Env["RANK"] != "0" || r.a.Env[EnvControlToken] != ch.Token() || r.a.Leave {
+		t.Fatalf("assignment %+v (err %v), want round 6, rank 0 and the new token", r.a, r.err)
+	}
+	waitParked(0)
+	// With its new token the worker's reports are believed in round 6.
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 43, Path: "/c/43", Rank: 0, Token: r.a.Env[EnvControlToken]}); err != nil {
+		t.Fatalf("report with the new round's token: %v", err)
+	}
+	<-ch.Reports()
+
+	// Told to leave.
+	got = ask(0)
+	waitParked(1)
+	ch.Release(map[int]Assignment{pg: {Leave: true, Reason: "not in round 7"}})
+	if r := <-got; r.err != nil || !r.a.Leave {
+		t.Fatalf("leave answer %+v (err %v)", r.a, r.err)
+	}
+
+	// A worker that hangs up while parked is forgotten.
+	cctx, cancel := context.WithCancel(ctx)
+	out := make(chan error, 1)
+	go func() {
+		_, err := RequestAssignment(cctx, ch.SocketPath(), Report{Rank: 0, Token: ch.Token()})
+		out <- err
+	}()
+	waitParked(1)
+	cancel()
+	if err := <-out; err == nil {
+		t.Fatal("a cancelled request returned no error")
+	}
+	waitParked(0)
+}
+
+func TestEventFileSaysInProcess(t *testing.T) {
+	ch := newTestChannel(t)
+	if err := ch.Announce(Event{Kind: ScaleDown, NewWorldSize: 2, Round: 3, InProcess: true}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(ch.EventPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(data), `"inprocess":true`) {
+		t.Errorf("event file %s does not say inprocess", data)
+	}
+	ev, err := ReadEvent(ch.EventPath())
+	if err != nil || !ev.InProcess {
+		t.Fatalf("ReadEvent = %+v, %v; want InProcess", ev, err)
+	}
+}

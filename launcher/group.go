@@ -434,7 +434,7 @@ func (w *worker) succeeded() bool {
 func (g *Group) recordFailure(w *worker) {
 	g.mu.Lock()
 	f := Failure{
-		LocalRank: w.localRank, Rank: w.rank, PID: w.pid, Host: g.spec.Host,
+		LocalRank: w.localRank, Rank: w.rank, PID: w.pid, Host: g.spec.Host, // under g.mu: Reassign changes rank
 		Time: w.exitTime, ErrorFile: w.errorFile,
 	}
 	if w.exit.status.Signaled() {
@@ -516,4 +516,53 @@ func (g *Group) Result() Result {
 		}
 	}
 	return r
+}
+
+// Reassigned is one live worker's part of a new assignment (Reassign).
+type Reassigned struct {
+	PID, LocalRank, Rank int
+	// Env is the worker's torchrun environment under the new assignment
+	// (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...) plus the assignment's Env.
+	Env map[string]string
+}
+
+// Reassign gives the group's running workers a new assignment without
+// restarting them (in-process resize): it records the new ranks (failure
+// summaries name them) and returns each live worker's environment under a,
+// which the caller hands to the worker. Workers that have exited are left
+// out; ok is false then (the group cannot be carried over whole).
+func (g *Group) Reassign(a Assignment) (out []Reassigned, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.asg = a
+	ok = true
+	for _, w := range g.workers {
+		select {
+		case <-w.done:
+			ok = false
+			continue
+		default:
+		}
+		w.rank = a.BaseRank + w.localRank
+		env := g.spec.WorkerEnv(a, w.localRank, w.errorFile)
+		for k, v := range a.Env {
+			env[k] = v
+		}
+		out = append(out, Reassigned{PID: w.pid, LocalRank: w.localRank, Rank: w.rank, Env: env})
+	}
+	return out, ok
+}
+
+// PIDs lists the workers that have not exited (each is its own process
+// group's leader).
+func (g *Group) PIDs() []int {
+	var out []int
+	for _, w := range g.workers {
+		select {
+		case <-w.done:
+		default:
+			out = append(out, w.pid)
+		}
+	}
+	return out
 }

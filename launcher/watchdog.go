@@ -2,10 +2,12 @@ package launcher
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"strconv"
@@ -34,6 +36,13 @@ import (
 //	d <ns>     the deadline, CLOCK_MONOTONIC nanoseconds
 //	g <pgid>   guard a process group
 //	r <pgid>   release it (its worker exited)
+//	w <base64> the agent's will (SetWill), "w -" to clear it
+//
+// When the agent dies with a will set, the watchdog kills the guarded
+// groups, waits until none of their processes is left, and then hands the
+// will to the program's OnAgentDeath hook: the elastic agent's revokes its
+// rendezvous lease, so the other nodes need not wait for it to expire (the
+// workers it fenced are provably gone).
 //
 // Before firing, the watchdog reads whatever the pipe still holds, so a
 // renewal written before the deadline always counts; the agent therefore
@@ -47,6 +56,18 @@ const watchdogArg = "__hyperpodrun-watchdog"
 const watchdogExe = "/proc/self/exe"
 
 var watchdogCapable atomic.Bool
+
+// agentDeathHook is OnAgentDeath's hook.
+var agentDeathHook func(will []byte)
+
+// OnAgentDeath sets what the watchdog does with the agent's will (SetWill)
+// once the agent died and the guarded groups are gone. Call it before
+// WatchdogMain. The hook runs in the watchdog process and should return
+// within a few seconds.
+func OnAgentDeath(hook func(will []byte)) { agentDeathHook = hook }
+
+// maxWill bounds the will (encoded, one line).
+const maxWill = 48 << 10
 
 // WatchdogMain must be called first in the main function of a program that
 // starts workers under a Watchdog (and in TestMain of tests that do). When
@@ -169,6 +190,22 @@ func (w *Watchdog) Release(pgid int) error {
 	return w.writeLocked("r " + strconv.Itoa(pgid) + "\n")
 }
 
+// SetWill gives the watchdog what to hand to the OnAgentDeath hook if the
+// agent dies (its pipe closes without Disarm); nil clears it.
+func (w *Watchdog) SetWill(will []byte) error {
+	msg := "w -\n"
+	if will != nil {
+		enc := base64.StdEncoding.EncodeToString(will)
+		if len(enc) > maxWill {
+			return fmt.Errorf("watchdog: will of %d bytes is too long", len(will))
+		}
+		msg = "w " + enc + "\n"
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.writeLocked(msg)
+}
+
 // Reset forgets that a deadline lapsed: call it when a new worker group
 // starts, so Expired speaks of that group only.
 func (w *Watchdog) Reset() {
@@ -188,7 +225,8 @@ func (w *Watchdog) Expired() bool {
 }
 
 // Close closes the pipe: the watchdog kills whatever it still guards and
-// exits. Close waits for it up to 2s, then SIGKILLs it.
+// exits (the agent's will is withdrawn first: this is not its death).
+// Close waits for it up to 2s, then SIGKILLs it.
 func (w *Watchdog) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -196,6 +234,7 @@ func (w *Watchdog) Close() error {
 		<-w.exited
 		return nil
 	}
+	w.writeLocked("w -\n")
 	w.closed = true
 	err := w.pipe.Close()
 	w.mu.Unlock()
@@ -293,6 +332,7 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 		guarded  = map[int]bool{}
 		buf      = make([]byte, 4096)
 		partial  []byte
+		will     []byte
 	)
 	killAll := func(why string) {
 		if len(guarded) == 0 {
@@ -310,6 +350,19 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 		op, arg, ok := bytes.Cut(bytes.TrimSpace(line), []byte{' '})
 		if !ok || len(op) != 1 {
 			log.Warn("hyperpodrun watchdog: malformed message", "msg", string(line))
+			return
+		}
+		if op[0] == 'w' {
+			if string(arg) == "-" {
+				will = nil
+				return
+			}
+			b, err := base64.StdEncoding.DecodeString(string(arg))
+			if err != nil {
+				log.Warn("hyperpodrun watchdog: malformed will")
+				return
+			}
+			will = b
 			return
 		}
 		n, err := strconv.ParseInt(string(arg), 10, 64)
@@ -360,7 +413,11 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 				if err != nil && !errors.Is(err, io.EOF) {
 					why = "reading the agent's pipe failed: " + err.Error()
 				}
+				pgids := maps.Clone(guarded)
 				killAll(why)
+				if will != nil && err == nil && agentDeathHook != nil && groupsGone(pgids, 3*time.Second) {
+					agentDeathHook(will)
+				}
 				return 0
 			}
 			partial = append(partial, buf[:r]...)
@@ -372,7 +429,7 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 				handle(partial[:i])
 				partial = partial[i+1:]
 			}
-			if len(partial) > 256 {
+			if len(partial) > maxWill+16 {
 				partial = partial[:0] // no message is this long
 			}
 			continue
@@ -382,4 +439,54 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 			killAll(fmt.Sprintf("the agent did not prove its lease alive in time (deadline passed %s ago); it may be stopped or wedged", late.Round(time.Millisecond)))
 		}
 	}
+}
+
+// groupsGone waits up to timeout until no live process is left in any of
+// the process groups and reports whether they all went. A zombie counts as
+// gone: it runs no code and holds no socket, and its reaper (the dead
+// agent's: init, or whoever adopted it) may take its time.
+func groupsGone(pgids map[int]bool, timeout time.Duration) bool {
+	if len(pgids) == 0 {
+		return true
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		if !liveInGroups(pgids) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// liveInGroups reports whether a process that is not a zombie belongs to
+// one of the process groups (from /proc/<pid>/stat: state, then pgrp).
+func liveInGroups(pgids map[int]bool) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true // cannot tell: not gone
+	}
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(b[i+1:])
+		if len(f) < 3 || string(f[0]) == "Z" || string(f[0]) == "X" {
+			continue
+		}
+		if pg, err := strconv.Atoi(string(f[2])); err == nil && pgids[pg] {
+			return true
+		}
+	}
+	return false
 }

@@ -13,6 +13,17 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// The will names a file: the watchdog writes into it the number of
+	// processes its agent's groups still had when the hook ran.
+	OnAgentDeath(func(will []byte) {
+		path, pgids, _ := strings.Cut(string(will), "\n")
+		left := 0
+		for _, f := range strings.Fields(pgids) {
+			pg, _ := strconv.Atoi(f)
+			left += len(groupMembers(pg))
+		}
+		os.WriteFile(path, []byte(strconv.Itoa(left)), 0o644)
+	})
 	WatchdogMain()
 	if os.Getenv("LAUNCHER_TEST_FAKE_AGENT") != "" {
 		os.Exit(fakeAgent())
@@ -46,6 +57,12 @@ func fakeAgent() int {
 	if err := wd.Guard(cmd.Process.Pid); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if will := os.Getenv("LAUNCHER_TEST_WILL"); will != "" {
+		if err := wd.SetWill([]byte(will + "\n" + strconv.Itoa(cmd.Process.Pid))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	fmt.Printf("%d %d\n", cmd.Process.Pid, wd.PID())
 	for {
@@ -191,10 +208,11 @@ func TestWatchdogKillsAGroupGuardedAfterTheDeadline(t *testing.T) {
 
 // startFakeAgent runs fakeAgent in a process of its own and returns it with
 // its guarded group's pid and its watchdog's pid.
-func startFakeAgent(t *testing.T, deadline time.Duration) (agent *exec.Cmd, group, watchdog int) {
+func startFakeAgent(t *testing.T, deadline time.Duration, env ...string) (agent *exec.Cmd, group, watchdog int) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "LAUNCHER_TEST_FAKE_AGENT=1", "LAUNCHER_TEST_DEADLINE="+deadline.String())
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -283,5 +301,32 @@ func TestStartGuardedByWatchdog(t *testing.T) {
 	res := g.Result()
 	if len(res.Failures) != 2 || res.Failures[0].Signal != syscall.SIGKILL {
 		t.Errorf("failures %+v, want both workers SIGKILLed", res.Failures)
+	}
+}
+
+// The agent's will (issue 14: the elastic agent's is "revoke my lease") is
+// carried out when the agent dies, and only once every process of its
+// guarded groups is gone; never when the agent closes the watchdog itself.
+func TestWatchdogCarriesOutTheWillOfADeadAgentOnly(t *testing.T) {
+	path := t.TempDir() + "/will"
+	agent, _, watchdog := startFakeAgent(t, time.Hour, "LAUNCHER_TEST_WILL="+path)
+	if err := agent.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the will carried out", func() bool { _, err := os.Stat(path); return err == nil })
+	waitFor(t, 5*time.Second, "the watchdog exits", func() bool { return !alive(watchdog) })
+	if b, _ := os.ReadFile(path); string(b) != "0" {
+		t.Errorf("the will ran while %s process(es) of the agent's group were left", b)
+	}
+
+	// A clean Close withdraws the will.
+	wd := startWatchdog(t)
+	clean := t.TempDir() + "/will"
+	if err := wd.SetWill([]byte(clean + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	wd.Close()
+	if _, err := os.Stat(clean); err == nil {
+		t.Error("the will ran although the agent closed its watchdog")
 	}
 }

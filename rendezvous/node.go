@@ -459,6 +459,40 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 	}
 }
 
+// LeftOut blocks until a round newer than after has closed without this
+// node (it waits as a spare, or leaves), and returns nil; it returns an
+// error when ctx ends, the lease is lost, or a newer round includes this
+// node (ErrIncluded). The agent uses it to release workers it kept alive
+// for an in-process resize that this node is not part of.
+func (n *Node) LeftOut(ctx context.Context, after int64) error {
+	for {
+		n.mu.Lock()
+		if err := n.stateErrLocked(); err != nil {
+			n.mu.Unlock()
+			return err
+		}
+		if r := n.joined; r != nil && r.Number > after {
+			n.mu.Unlock()
+			return ErrIncluded
+		}
+		if h := n.head; h != nil && h.Round > after && h.State == stateClosed && n.assigned.round == h.Round && !n.assigned.in {
+			n.mu.Unlock()
+			return nil
+		}
+		ch := n.changed
+		n.mu.Unlock()
+		select {
+		case <-ch:
+		case <-n.lost:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// ErrIncluded is LeftOut's answer when a newer round includes this node.
+var ErrIncluded = errors.New("rendezvous: a newer round includes this node")
+
 func (r *Round) clone() *Round {
 	c := *r
 	c.Members = slices.Clone(r.Members)

@@ -687,3 +687,47 @@ func TestNodeIDReuse(t *testing.T) {
 		t.Fatalf("duplicate id: %v", err)
 	}
 }
+
+// LeftOut (issue 14's in-process resize): after a shrink, the node the new
+// round leaves out learns it (its agent then tells the workers it kept to
+// leave), while a node in the new round gets ErrIncluded once it joined.
+func TestLeftOutAfterShrink(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var cfgs []Config
+	for _, id := range []string{"a", "b", "c"} {
+		cfgs = append(cfgs, h.cfg(id, 1, 3))
+	}
+	nodes := h.register(ctx, cfgs...)
+	rs := mustJoinAll(t, ctx, nodes...)
+	first := rs[0].Number
+	// Nobody is left out of the first round.
+	short, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if err := nodes[2].LeftOut(short, first); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LeftOut before any change = %v, want it to wait", err)
+	}
+	scancel()
+	h.setTarget(ctx, 2)
+	nextAll(t, ctx, nodes, rs)
+	// The highest rank is dropped: stable ranks keep the others.
+	var out *Node
+	var in []*Node
+	for _, n := range nodes {
+		if rankOf(rs, n.ID()) == 2 {
+			out = n
+		} else {
+			in = append(in, n)
+		}
+	}
+	if err := out.LeftOut(ctx, first); err != nil {
+		t.Fatalf("the dropped node's LeftOut = %v, want nil", err)
+	}
+	mustJoinAll(t, ctx, in...)
+	for _, n := range in {
+		if err := n.LeftOut(ctx, first); !errors.Is(err, ErrIncluded) {
+			t.Errorf("node %s in the new round: LeftOut = %v, want ErrIncluded", n.ID(), err)
+		}
+	}
+}

@@ -428,6 +428,9 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	if spec.Run.GracefulTimeoutSeconds > 0 {
 		args = append(args, "--graceful-timeout", strconv.FormatFloat(spec.Run.GracefulTimeoutSeconds, 'f', -1, 64))
 	}
+	if spec.Run.InProcessResize {
+		args = append(args, "--inprocess-resize")
+	}
 	if logDir != "" {
 		args = append(args, "--log-dir", logDir)
 	}

@@ -7,7 +7,12 @@
 //     world size 3 (torchrun: 11.3 s here);
 //   - resize overhead: target 3 -> 2 written to etcd, time until all new
 //     workers are started, minus the workers' own checkpoint+exit time
-//     (logged by each agent) - the agent's own overhead (target 200 ms).
+//     (logged by each agent) - the agent's own overhead (target 200 ms);
+//   - issue 14, with --inprocess-resize, each against the process-restart
+//     path measured in the same run (anchor=): planned resize downtime
+//     (target 3 -> 2: the last step at world size 3 to the first at 2),
+//     node SIGKILLed -> survivors stepping again, node added -> first step
+//     at the larger size.
 package main
 
 import (
@@ -31,6 +36,7 @@ func main() {
 	hpr := flag.String("hyperpodrun", "bin/hyperpodrun", "hyperpodrun binary")
 	runs := flag.Int("runs", 5, "runs per figure (median reported)")
 	anchors := flag.Bool("torchrun", true, "also measure torchrun (etcd rendezvous) as the anchor, once")
+	inprocess := flag.Bool("inprocess", true, "also measure --inprocess-resize (issue 14) against the restart path")
 	flag.Parse()
 	py := testcluster.TorchPython()
 	if py == "" {
@@ -51,11 +57,21 @@ func main() {
 
 	var rec, up, over []float64
 	var own []float64
+	var down, ipDown, ipRec, ipUp, upDown, ipUpDown []float64
+	ep := srv.Endpoints[0]
 	for i := 0; i < *runs; i++ {
-		rec = append(rec, recovery(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("rec%d", i)))
-		up = append(up, scaleUp(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("up%d", i)))
-		o, w := resizeOverhead(*hpr, py, script, srv.Endpoints[0], fmt.Sprintf("rs%d", i))
+		rec = append(rec, recovery(*hpr, py, script, ep, fmt.Sprintf("rec%d", i)))
+		u, d := scaleUpDowntime(*hpr, py, script, ep, fmt.Sprintf("up%d", i))
+		up, upDown = append(up, u), append(upDown, d)
+		o, w := resizeOverhead(*hpr, py, script, ep, fmt.Sprintf("rs%d", i))
 		over, own = append(over, o), append(own, w)
+		if *inprocess {
+			down = append(down, resizeDowntime(*hpr, py, script, ep, fmt.Sprintf("dt%d", i)))
+			ipDown = append(ipDown, resizeDowntime(*hpr, py, script, ep, fmt.Sprintf("ipdt%d", i), inprocessFlag))
+			ipRec = append(ipRec, recovery(*hpr, py, script, ep, fmt.Sprintf("iprec%d", i), inprocessFlag))
+			u, d := scaleUpDowntime(*hpr, py, script, ep, fmt.Sprintf("ipup%d", i), inprocessFlag)
+			ipUp, ipUpDown = append(ipUp, u), append(ipUpDown, d)
+		}
 	}
 	recAnchor, upAnchor, source := 39.0, 11.3, "torchrun with its etcd backend, measured here (DESIGN.md)"
 	if *anchors {
@@ -74,6 +90,51 @@ func main() {
 	fmt.Printf("BENCH scaleup_start_to_step_ws3 %.2f s anchor=%.1f target=4\n", median(up), upAnchor)
 	fmt.Printf("# resize 3->2: workers' own checkpoint+exit %.0f ms (median), excluded from the overhead\n", median(own))
 	fmt.Printf("BENCH resize_agent_overhead %.0f ms target=200\n", median(over))
+	if *inprocess {
+		fmt.Printf("# issue 14, --inprocess-resize against the process-restart path in this run (anchor=), median of %d [min-max]:\n", *runs)
+		fmt.Printf("#   planned resize 3->2 downtime: in process %s; restart %s\n", spread(ipDown), spread(down))
+		fmt.Printf("#   node SIGKILLed -> step at ws 2: in process %s; restart %s\n", spread(ipRec), spread(rec))
+		fmt.Printf("#   node added -> step at ws 3: in process %s; restart %s\n", spread(ipUp), spread(up))
+		fmt.Printf("#   node added: survivors' last step at ws 2 -> first at ws 3: in process %s; restart %s\n", spread(ipUpDown), spread(upDown))
+		fmt.Printf("BENCH inprocess_resize_downtime_ws3_to_ws2 %.2f s anchor=%.2f target=1\n", median(ipDown), median(down))
+		fmt.Printf("BENCH inprocess_recovery_sigkill_to_step_ws2 %.2f s anchor=%.2f target=1.5\n", median(ipRec), median(rec))
+		fmt.Printf("BENCH inprocess_scaleup_start_to_step_ws3 %.2f s anchor=%.2f target=2\n", median(ipUp), median(up))
+		// A scale-up is a planned resize too: its survivors wait for the
+		// new node's workers to start (Python, import torch).
+		fmt.Printf("BENCH inprocess_scaleup_downtime_ws2_to_ws3 %.2f s anchor=%.2f target=1\n", median(ipUpDown), median(upDown))
+	}
+}
+
+// inprocessFlag is hyperpodrun's flag for issue 14's in-process resize.
+const inprocessFlag = "--inprocess-resize"
+
+// spread renders samples as "median [min-max] (a b c ...)".
+func spread(xs []float64) string {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return fmt.Sprintf("%.2f s [%.2f-%.2f] (%s)", median(xs), s[0], s[len(s)-1], samples(xs))
+}
+
+// resizeDowntime writes target 3 -> 2 and returns the seconds from the
+// last step at world size 3 to the first at world size 2 (rank 0's step
+// lines, whichever node prints them).
+func resizeDowntime(hpr, py, script, ep, job string, extra ...string) float64 {
+	c := cluster(hpr, py, script, ep, job, extra...)
+	defer c.KillAll()
+	startAll(c, "a", "b", "c")
+	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 3 && s.Step >= 8 }))
+	t0 := time.Now()
+	if err := setTarget(ep, job, 2); err != nil {
+		fail("%v", err)
+	}
+	first := must(c.WaitStep(60*time.Second, t0, func(s testcluster.Step) bool { return s.World == 2 }))
+	var last time.Time
+	for _, s := range c.Steps() {
+		if s.World == 3 && s.At.Before(first.At) && s.At.After(last) {
+			last = s.At
+		}
+	}
+	return first.At.Sub(last).Seconds()
 }
 
 func fail(format string, a ...any) {
@@ -98,13 +159,14 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func cluster(hpr, py, script, ep, job string) *testcluster.Cluster {
+func cluster(hpr, py, script, ep, job string, extra ...string) *testcluster.Cluster {
 	ckpt, _ := os.MkdirTemp("", "bench-ckpt-")
 	fmt.Fprintf(os.Stderr, "# %s\n", job)
-	current = testcluster.New(hpr, []string{"PYTHON_EXEC=" + py},
-		"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", ep,
+	args := append([]string{"--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", ep,
 		"--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1", "--graceful-timeout", "20",
-		"--local-addr", "127.0.0.1", script, "--steps", "100000", "--ckpt-dir", ckpt, "--ckpt-every", "5", "--step-time", "0.05")
+		"--local-addr", "127.0.0.1"}, extra...)
+	args = append(args, script, "--steps", "100000", "--ckpt-dir", ckpt, "--ckpt-every", "5", "--step-time", "0.05")
+	current = testcluster.New(hpr, []string{"PYTHON_EXEC=" + py}, args...)
 	return current
 }
 
@@ -139,8 +201,8 @@ func startAll(c *testcluster.Cluster, names ...string) {
 	}
 }
 
-func recovery(hpr, py, script, ep, job string) float64 {
-	c := cluster(hpr, py, script, ep, job)
+func recovery(hpr, py, script, ep, job string, extra ...string) float64 {
+	c := cluster(hpr, py, script, ep, job, extra...)
 	defer c.KillAll()
 	startAll(c, "a", "b", "c")
 	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 3 && s.Step >= 8 }))
@@ -150,15 +212,29 @@ func recovery(hpr, py, script, ep, job string) float64 {
 	return s.At.Sub(killed).Seconds()
 }
 
-func scaleUp(hpr, py, script, ep, job string) float64 {
-	c := cluster(hpr, py, script, ep, job)
+func scaleUp(hpr, py, script, ep, job string, extra ...string) float64 {
+	up, _ := scaleUpDowntime(hpr, py, script, ep, job, extra...)
+	return up
+}
+
+// scaleUpDowntime starts a third node next to two and returns the seconds
+// from its start to the first step at world size 3, and the survivors'
+// downtime: their last step at world size 2 to that first step.
+func scaleUpDowntime(hpr, py, script, ep, job string, extra ...string) (float64, float64) {
+	c := cluster(hpr, py, script, ep, job, extra...)
 	defer c.KillAll()
 	startAll(c, "a", "b")
 	must(c.WaitStep(120*time.Second, time.Time{}, func(s testcluster.Step) bool { return s.World == 2 && s.Step >= 8 }))
 	started := time.Now()
 	startAll(c, "c")
 	s := must(c.WaitStep(60*time.Second, started, func(s testcluster.Step) bool { return s.World == 3 }))
-	return s.At.Sub(started).Seconds()
+	var last time.Time
+	for _, x := range c.Steps() {
+		if x.World == 2 && x.At.Before(s.At) && x.At.After(last) {
+			last = x.At
+		}
+	}
+	return s.At.Sub(started).Seconds(), s.At.Sub(last).Seconds()
 }
 
 var tookRE = regexp.MustCompile(`msg="workers stopped for the change".* took_ms=(\d+)`)

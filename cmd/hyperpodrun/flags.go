@@ -108,6 +108,11 @@ func flags() []cli.Flag {
 		integer("master-port", 29500, "port of the master node (static rendezvous)"),
 		str("local-addr", "", "address of this node, used as MASTER_ADDR when it is rank 0"),
 		boolean("no-agent-store", "workers host their own TCPStore on rank 0 (torchrun's way) instead of the rank-0 node's hyperpodrun serving it before they start"),
+		func() cli.Flag {
+			f := boolean("inprocess-resize", "planned resizes (and lost members) keep the surviving workers' processes: they call hyperpodrun_elastic.reconfigure() and re-form the process group on the next round's assignment instead of restarting (falls back to a restart when they do not)")
+			f.EnvVars = append(f.EnvVars, "HYPERPODRUN_INPROCESS_RESIZE")
+			return f
+		}(),
 		boolean("pin-devices", "give each local rank its own device: CUDA_VISIBLE_DEVICES (GPUs) or NEURON_RT_VISIBLE_CORES (Neuron), with --nproc-per-node gpu or auto"),
 		// torch 2.x.
 		str("logs-specs", "", "torchrun.logs_specs entry point: only torch's default (DefaultLogsSpecs) is available"),
@@ -341,6 +346,7 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	}
 	o.Standalone = c.Bool("standalone")
 	o.NoAgentStore = c.Bool("no-agent-store")
+	o.InProcessResize = c.Bool("inprocess-resize")
 	o.MaxRestarts = c.Int("max-restarts")
 	o.NodeRank = c.Int("node-rank")
 	o.MasterAddr = c.String("master-addr")

@@ -19,7 +19,9 @@ import (
 
 func main() {
 	// hyperpodrun re-executes itself as its workers' watchdog (elastic
-	// runs); that process never gets past this call.
+	// runs); that process never gets past this call. If the agent dies, the
+	// watchdog kills its workers and then revokes its rendezvous lease.
+	launcher.OnAgentDeath(agent.RevokeOrphanedLease)
 	launcher.WatchdogMain()
 	os.Exit(run(os.Args, os.Stderr))
 }

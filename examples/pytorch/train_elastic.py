@@ -14,7 +14,13 @@ losing a step:
   atomically, commits the checkpoint to the agent and exits 0;
 * also commits every ``--ckpt-every`` steps and at the end;
 * resumes from the checkpoint hyperpodrun hands over (HYPERPODRUN_CHECKPOINT,
-  HYPERPODRUN_RESUME_STEP) and stops after ``--steps`` optimizer steps in all.
+  HYPERPODRUN_RESUME_STEP) and stops after ``--steps`` optimizer steps in all;
+* under ``hyperpodrun --inprocess-resize`` the process survives the change:
+  after the checkpoint it calls ``reconfigure()`` (leave the process group,
+  take the next round's assignment, re-form the group), gets the state from a
+  surviving rank with ``broadcast_state()`` (fresh workers call it too, right
+  after their first init) and re-wraps DDP; a collective broken by a lost
+  node is left the same way (gloo's error, or the group timeout).
 
 Rank 0 prints one line per optimizer step on stdout, and nothing else there:
 
@@ -28,6 +34,7 @@ Everything else goes to stderr.
 import argparse
 import contextlib
 import datetime
+import gc
 import os
 import signal
 import socket
@@ -81,11 +88,16 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=4, help="max samples per forward/backward on one rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--dist-timeout", type=float, default=120.0, help="collective timeout in seconds")
+    p.add_argument("--dist-timeout", type=float, default=None,
+                   help="collective timeout in seconds (default 120; 30 under --inprocess-resize, so that "
+                        "survivors leave a collective that a lost node broke without closing its sockets)")
     p.add_argument("--ignore-signal", action="store_true",
                    help="ignore the elastic signal and never check for events (simulates a job that does not "
                         "cooperate; give it to every rank)")
     p.add_argument("--ignore-sigterm", action="store_true", help="also ignore SIGTERM (forces SIGKILL escalation)")
+    p.add_argument("--no-reconfigure-rank", type=int, default=-1,
+                   help="under --inprocess-resize, the worker of this global rank exits after the checkpoint "
+                        "instead of calling reconfigure() (code that does not know it: the agent falls back)")
     p.add_argument("--no-report-stopping", action="store_true",
                    help="exit after the checkpoint without report_stopping(), as code written for HyperPod does")
     args = p.parse_args(argv)
@@ -139,17 +151,23 @@ def main(argv=None):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.dist_timeout))
+    if args.dist_timeout is None:
+        args.dist_timeout = 30.0 if he.inprocess_enabled() else 120.0
+    pg_timeout = datetime.timedelta(seconds=args.dist_timeout)
+    dist.init_process_group(backend, timeout=pg_timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.global_batch < world:
         raise SystemExit("--global-batch %d is smaller than the world size %d" % (args.global_batch, world))
+    inprocess = he.inprocess_enabled()
 
     torch.manual_seed(args.seed)
     model = torch.nn.Linear(N_FEATURES, 1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    step = 0
-    ckpt = he.latest_checkpoint()
-    if ckpt is not None:
+
+    def load_checkpoint():
+        ckpt = he.latest_checkpoint()
+        if ckpt is None:
+            return None
         # Tensors and plain containers only: never unpickle code from a file.
         # torch 2.x loads this state with weights_only; 1.13's weights-only
         # unpickler refuses the optimizer's floats (pickle BINFLOAT), so there
@@ -164,16 +182,36 @@ def main(argv=None):
                 % (state.get("global_batch"), args.global_batch))
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
-        step = ckpt.step
-        if rank == 0:
+        if dist.get_rank() == 0:
             log("resumed from %s at step %d (written at world size %s, now %d)"
-                % (ckpt.path, step, state.get("world_size"), world))
+                % (ckpt.path, ckpt.step, state.get("world_size"), dist.get_world_size()))
+        return ckpt.step
+
+    def sync_state(at_step):
+        """In-process mode: every rank of the round gets one state (from a
+        survivor's memory, else the checkpoint)."""
+        fresh = not he.holds_state()
+        got = he.broadcast_state(model, opt, at_step)
+        if got is None:
+            got = load_checkpoint()
+            he.forget_state()
+            got = he.broadcast_state(model, opt, 0 if got is None else got)
+        elif fresh and he.state_source() is not None and he.state_source() != dist.get_rank():
+            log("received the state of step %d from surviving rank %d" % (got, he.state_source()))
+        return got
+
+    step = 0
+    resumed = load_checkpoint()
+    if resumed is not None:
+        step = resumed
+    if inprocess:
+        step = sync_state(step)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     x_all, y_all = make_data(args.seed)
     lo, hi = rank * args.global_batch // world, (rank + 1) * args.global_batch // world
     os.makedirs(args.ckpt_dir, exist_ok=True)
-    committed = step if ckpt is not None else -1
+    committed = step if resumed is not None else -1
 
     def save_and_commit(at_step):
         state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": at_step,
@@ -185,44 +223,83 @@ def main(argv=None):
         return ok
 
     while step < args.steps:
-        idx = batch_indices(step, args.global_batch)[lo:hi]
-        xs, ys = x_all[idx].to(device), y_all[idx].to(device)
-        opt.zero_grad(set_to_none=True)
-        sq_sum = torch.zeros((), device=device)
-        starts = list(range(0, len(idx), args.micro_batch))
-        for j, a in enumerate(starts):
-            b = a + args.micro_batch
-            # Gradients are all-reduced only on the last micro-batch.
-            sync = contextlib.nullcontext() if j == len(starts) - 1 else ddp.no_sync()
-            with sync:
-                sq = ((ddp(xs[a:b]) - ys[a:b]) ** 2).sum()
-                # DDP averages over ranks: scale so the result is the mean
-                # over the global batch, whatever the world size.
-                (sq * (world / args.global_batch)).backward()
-            sq_sum += sq.detach()
-        opt.step()
-        step += 1
-        dist.all_reduce(sq_sum)
-        if rank == 0:
-            print("step=%d world_size=%d loss=%.6f" % (step, world, sq_sum.item() / args.global_batch), flush=True)
-        if args.step_time > 0:
-            time.sleep(args.step_time)
-
-        if not args.ignore_signal and he.elastic_event_detected():
-            ev = he.event()
+        detected, broken = False, None
+        try:
+            idx = batch_indices(step, args.global_batch)[lo:hi]
+            xs, ys = x_all[idx].to(device), y_all[idx].to(device)
+            opt.zero_grad(set_to_none=True)
+            sq_sum = torch.zeros((), device=device)
+            starts = list(range(0, len(idx), args.micro_batch))
+            for j, a in enumerate(starts):
+                b = a + args.micro_batch
+                # Gradients are all-reduced only on the last micro-batch.
+                sync = contextlib.nullcontext() if j == len(starts) - 1 else ddp.no_sync()
+                with sync:
+                    sq = ((ddp(xs[a:b]) - ys[a:b]) ** 2).sum()
+                    # DDP averages over ranks: scale so the result is the mean
+                    # over the global batch, whatever the world size.
+                    (sq * (world / args.global_batch)).backward()
+                sq_sum += sq.detach()
+            # Every collective of the step before the optimizer moves: a
+            # step broken by a lost node leaves the survivors' state as it
+            # was (in-process mode resumes from it).
+            dist.all_reduce(sq_sum)
+            opt.step()
+            step += 1
             if rank == 0:
-                log("elastic event %s (new world size %s) after step %d: checkpointing and exiting%s"
-                    % (ev.kind if ev else "?", ev.new_world_size if ev else "?", step,
-                       " [%s]" % ev.reason if ev and ev.reason else ""))
-            save_and_commit(step)
-            if he.under_hyperpodrun() and not args.no_report_stopping:
-                he.report_stopping(step, rank=rank, world_size=world)
+                print("step=%d world_size=%d loss=%.6f" % (step, world, sq_sum.item() / args.global_batch), flush=True)
+            if args.step_time > 0:
+                time.sleep(args.step_time)
+            detected = not args.ignore_signal and he.elastic_event_detected()
+            if not detected and args.ckpt_every and step % args.ckpt_every == 0:
+                if save_and_commit(step):
+                    committed = step
+        except RuntimeError as e:
+            if not inprocess:
+                raise
+            # The message only: the exception's traceback holds the frames
+            # of DDP's forward and backward, and with them the process
+            # group, whose sockets must close when it is destroyed (peers
+            # blocked on them then fail at once instead of timing out).
+            broken = str(e)
+
+        if not detected and broken is None:
+            continue
+
+        ev = he.event()
+        if detected and rank == 0:
+            log("elastic event %s (new world size %s) after step %d: checkpointing and %s%s"
+                % (ev.kind if ev else "?", ev.new_world_size if ev else "?", step,
+                   "reconfiguring in process" if inprocess else "exiting",
+                   " [%s]" % ev.reason if ev and ev.reason else ""))
+        if broken is not None:
+            log("a collective failed after step %d (%s): reconfiguring in process" % (step, broken.splitlines()[0][:200]))
+        elif not (ev is not None and ev.kind == "member_lost"):
+            try:
+                save_and_commit(step)
+            except RuntimeError as e:  # the group broke meanwhile
+                if not inprocess:
+                    raise
+                log("checkpoint of step %d failed (%s)" % (step, e))
+                broken = str(e)
+        if inprocess and rank != args.no_reconfigure_rank:
             del ddp  # DDP must go before its process group, or gloo can hang
-            dist.destroy_process_group()
-            return 0
-        if args.ckpt_every and step % args.ckpt_every == 0:
-            if save_and_commit(step):
-                committed = step
+            if broken is not None:
+                gc.collect()  # what still refers to the broken group goes now
+            a = he.reconfigure(step, backend=backend, timeout=pg_timeout)
+            if a is None:
+                log("this node leaves the job after step %d" % step)
+                return 0
+            rank, world = dist.get_rank(), dist.get_world_size()
+            lo, hi = rank * args.global_batch // world, (rank + 1) * args.global_batch // world
+            step = sync_state(step)
+            ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+            continue
+        if he.under_hyperpodrun() and not args.no_report_stopping:
+            he.report_stopping(step, rank=rank, world_size=world)
+        del ddp  # DDP must go before its process group, or gloo can hang
+        dist.destroy_process_group()
+        return 0
 
     if committed != step:
         save_and_commit(step)

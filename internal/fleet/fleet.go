@@ -49,6 +49,9 @@ type RunSpec struct {
 	MaxRestarts int `json:"maxRestarts,omitempty" yaml:"maxRestarts,omitempty"`
 	// GracefulTimeoutSeconds is hyperpodrun's --graceful-timeout.
 	GracefulTimeoutSeconds float64 `json:"gracefulTimeoutSeconds,omitempty" yaml:"gracefulTimeoutSeconds,omitempty"`
+	// InProcessResize is hyperpodrun's --inprocess-resize (issue 14): the
+	// workers of nodes that stay keep their processes through a resize.
+	InProcessResize bool `json:"inprocessResize,omitempty" yaml:"inprocessResize,omitempty"`
 	// WorkDir is the workers' working directory.
 	WorkDir string `json:"workDir,omitempty" yaml:"workDir,omitempty"`
 	// Image runs the job's hyperpodrun in a container of this image on

@@ -12,6 +12,10 @@ Stdlib only; torch is used only when the training code has imported it.
             save_and_commit(state, path, step)
             sys.exit(0)
 
+Under ``hyperpodrun --inprocess-resize`` the workers of nodes that stay do
+not exit on a change: see ``reconfigure()`` and ``broadcast_state()``
+(``_inprocess.py`` shows the pattern).
+
 Importing the package installs the elastic signal handler (SIGUSR1, or
 HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
 """
@@ -26,11 +30,27 @@ from ._events import (
     parse_signal,
     reset,
 )
+from ._inprocess import (
+    Assignment,
+    broadcast_state,
+    forget_state,
+    holds_state,
+    inprocess_enabled,
+    reconfigure,
+    state_source,
+)
 from ._save import Checkpoint, atomic_save, latest_checkpoint, save_and_commit
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Assignment",
+    "broadcast_state",
+    "forget_state",
+    "holds_state",
+    "state_source",
+    "inprocess_enabled",
+    "reconfigure",
     "Checkpoint",
     "CheckpointDiscoverySocketClient",
     "CheckpointType",

@@ -86,6 +86,40 @@ def send_message(msg: dict, timeout: Optional[float] = None) -> bool:
     return False
 
 
+def request(msg: dict, timeout: float) -> dict:
+    """Send one message and return the agent's reply (a dict with ``ok``).
+
+    Unlike ``send_message`` it raises: RuntimeError when not under
+    hyperpodrun, when the connection fails or times out, or when the agent
+    refuses the message.
+    """
+    path = os.environ.get(ENV_CONTROL_SOCKET)
+    if not path:
+        raise RuntimeError("%s is not set (not running under hyperpodrun)" % ENV_CONTROL_SOCKET)
+    token = os.environ.get(ENV_CONTROL_TOKEN)
+    if token and "token" not in msg:
+        msg = dict(msg, token=token)
+    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(path)
+            s.sendall(data)
+            buf = b""
+            while not buf.endswith(b"\n") and len(buf) < _MAX_REPLY:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        reply = json.loads(buf.decode() or "null")
+    except (OSError, ValueError) as e:
+        raise RuntimeError("hyperpodrun_elastic: %s request to %s failed: %s" % (msg.get("type"), path, e)) from e
+    if isinstance(reply, dict) and reply.get("ok") is True:
+        return reply
+    err = reply.get("error") if isinstance(reply, dict) else repr(reply)
+    raise RuntimeError("hyperpodrun_elastic: agent refused %s request: %s" % (msg.get("type"), err))
+
+
 def _check_step(step) -> int:
     """An int (or anything with __index__: numpy ints, integer 0-d tensors) >= 0."""
     if isinstance(step, bool):

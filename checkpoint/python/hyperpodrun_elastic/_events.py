@@ -38,6 +38,9 @@ class Event:
     seq: Optional[int] = None
     announced_at: Optional[float] = None
     reason: Optional[str] = None
+    # The agent offers in-process reconfiguration for this change
+    # (hyperpodrun --inprocess-resize): see reconfigure().
+    inprocess: bool = False
 
     def time_left(self, now: Optional[float] = None) -> Optional[float]:
         """Seconds until the agent escalates (SIGTERM), or None if unknown."""
@@ -165,6 +168,7 @@ def _parse_event(data: bytes, path: str) -> Optional[Event]:
         seq=_opt_int(raw.get("seq")),
         announced_at=_opt_float(raw.get("announced_at_unix")),
         reason=raw.get("reason") if isinstance(raw.get("reason"), str) else None,
+        inprocess=raw.get("inprocess") is True,
     )
 
 

@@ -13,12 +13,14 @@ class FakeAgent:
     ``refuse`` (a callable msg -> error string or None) decides the reply.
     """
 
-    def __init__(self, refuse=None):
+    def __init__(self, refuse=None, answer=None):
         self.dir = tempfile.mkdtemp(prefix="hpr-ctl-")
         self.socket_path = os.path.join(self.dir, "control.sock")
         self.event_path = os.path.join(self.dir, "event.json")
         self.messages = []
         self.refuse = refuse
+        # answer: msg -> extra reply fields (e.g. a reconfigure's assignment)
+        self.answer = answer
         self._cond = threading.Condition()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.socket_path)
@@ -64,6 +66,8 @@ class FakeAgent:
                         self.messages.append(msg)
                         self._cond.notify_all()
                 reply = {"ok": True} if err is None else {"ok": False, "error": err}
+                if err is None and self.answer is not None:
+                    reply.update(self.answer(msg) or {})
                 f.write(json.dumps(reply).encode() + b"\n")
                 f.flush()
 
