@@ -8,7 +8,7 @@ GO      ?= go
 export GOFLAGS := $(strip $(shell $(GO) env GOFLAGS) -tags=no_dynamic_plugins)
 BIN     := bin
 PKGS    := ./...
-BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator elasticctl
+BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
 .PHONY: build test test-python test-short bench soak soak-short demo demo-standalone lint clean
 
@@ -29,11 +29,11 @@ build:
 ## real PyTorch DDP when python3-torch is installed).
 # End-to-end packages that run real multi-process PyTorch training: one at a
 # time, so they never starve each other's lease keepalives on a 2-core box.
-E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun
+E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
 
 test: test-python
 	$(GO) vet $(PKGS)
-	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$')
+	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
 	@# The chaos soak's short version (issue 10): real etcd killed and
 	@# restarted, coordinators, node agents and jobs under seeded faults.

@@ -2,6 +2,8 @@
 # Builds a real kube-apiserver from k8s.io/kubernetes at a pinned release
 # through the Go module proxy, and caches it outside the repository.
 # Prints the binary's path. Usage: scripts/kube-apiserver.sh [version]
+# KUBE_CMD=kubectl builds kubectl from the same release instead (for
+# machines without one: Debian's kubernetes-client is 1.20, too old).
 #
 # The module's go.mod points every k8s.io/<x> at ./staging/src/..., which the
 # module zip does not hold: those replace lines are dropped and each
@@ -10,7 +12,9 @@ set -euo pipefail
 ver="${1:-${KUBE_VERSION:-v1.34.2}}"
 minor="v0.${ver#v1.}"
 cache="${KUBE_CACHE:-/var/cache/hyperpodrun}"
-bin="$cache/kube-apiserver-$ver"
+cmd="${KUBE_CMD:-kube-apiserver}"
+case "$cmd" in kube-apiserver|kubectl) ;; *) echo "kube-apiserver.sh: KUBE_CMD must be kube-apiserver or kubectl, not $cmd" >&2; exit 2;; esac
+bin="$cache/$cmd-$ver"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
 export PATH="/usr/local/go/bin:$PATH" GOWORK=off GOFLAGS=-mod=mod GOTOOLCHAIN=auto
@@ -23,7 +27,7 @@ cd "$work"
 rm -f go.work go.work.sum
 sed -i -E '/^\s*k8s\.io\/[a-z0-9-]+ => \.\/staging/d; /^replace k8s\.io\/[a-z0-9-]+ => \.\/staging/d' go.mod
 sed -i -E "s#^(\s*k8s\.io/[a-z0-9-]+) v0\.0\.0\$#\1 $minor#" go.mod
-echo "kube-apiserver.sh: building kube-apiserver $ver (10-20 minutes on 2 cores)" >&2
-nice -n 19 go build -o "$bin.tmp" ./cmd/kube-apiserver
+echo "kube-apiserver.sh: building $cmd $ver (10-20 minutes on 2 cores)" >&2
+nice -n 19 go build -o "$bin.tmp" "./cmd/$cmd"
 mv "$bin.tmp" "$bin"
 echo "$bin"

@@ -86,6 +86,7 @@ func Start(t testing.TB) *Server {
 	t.Helper()
 	bin, ok := Binary()
 	if !ok {
+		requireUnderCI(t, "kube-apiserver", bin)
 		t.Skipf("no kube-apiserver at %s: build it with scripts/kube-apiserver.sh (about 20 minutes; .ci/run does it), or set KUBE_APISERVER", bin)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -252,6 +253,7 @@ func (s *Server) Kubectl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	bin, err := exec.LookPath("kubectl")
 	if err != nil {
+		requireUnderCI(t, "kubectl", "PATH")
 		t.Skip("kubectl not installed (Debian's kubectl package)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -292,4 +294,14 @@ func (b *syncBuffer) tail(n int) string {
 		s = s[len(s)-n:]
 	}
 	return s
+}
+
+// requireUnderCI fails the test when a real part it needs is missing and
+// $CI is set: .ci/run installs or builds them, so a skip there would hide
+// a broken install step behind a green run.
+func requireUnderCI(t testing.TB, what, where string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("no %s at %s, and $CI is set: .ci/run must install it (scripts/kube-apiserver.sh)", what, where)
+	}
 }
