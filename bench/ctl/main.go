@@ -13,9 +13,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -35,6 +37,7 @@ func main() {
 	runs := flag.Int("runs", 5, "runs per figure (median reported)")
 	jobs := flag.Int("jobs", 10000, "jobs in the fleet")
 	events := flag.Int("events", 26000, "events in the history")
+	hold := flag.Bool("hold", false, "populate, print the etcd endpoint, and wait for Ctrl-C (to profile elasticctl against it)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -53,6 +56,13 @@ func main() {
 		fail("populate: %v", err)
 	}
 	ep := srv.Endpoints[0]
+	if *hold {
+		fmt.Printf("etcd at %s with %d jobs and %d events; Ctrl-C ends\n", ep, *jobs, *events)
+		sig, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		<-sig.Done()
+		return
+	}
 	ctl := func(args ...string) time.Duration {
 		start := time.Now()
 		out, err := exec.CommandContext(ctx, *bin, append([]string{"--etcd-endpoints", ep}, args...)...).CombinedOutput()

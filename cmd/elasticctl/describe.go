@@ -317,7 +317,7 @@ func describeTeam(ctx context.Context, c *cli.Context, st *fleet.Store, name str
 	if err != nil {
 		return err
 	}
-	jobs, _, err := loadJobViews(ctx, st, c.App.ErrWriter)
+	jobs, _, err := loadJobViews(ctx, st, c.App.ErrWriter, true)
 	if err != nil {
 		return err
 	}

@@ -470,3 +470,31 @@ func TestGetNodesAndTeamsWatch(t *testing.T) {
 		}
 	}
 }
+
+// The jobs table's writer aligns as the tabwriter of the other tables
+// does, byte for byte (wide cells, other scripts, empty cells).
+func TestTableAlignsAsTabwriter(t *testing.T) {
+	rows := [][]string{
+		{"NAME", "TEAM", "STATE", "MESSAGE"},
+		{"a", "research", "Running", "ok"},
+		{"a-much-longer-name", "", "Pending", "wait: the team uses 800 of nominal 800"},
+		{"größe", "équipe", "-", ""},
+		{"x", "t", "Succeeded", "done"},
+	}
+	var want, got bytes.Buffer
+	tw := newTab(&want)
+	tb := newTable(4, len(rows))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		tb.row(r...)
+	}
+	if err := tw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.write(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != want.String() {
+		t.Errorf("table wrote\n%s\ntabwriter\n%s", got.String(), want.String())
+	}
+}

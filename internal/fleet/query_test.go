@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,107 @@ func TestWatchJobsFromARevision(t *testing.T) {
 		t.Fatal(err)
 	case <-ctx.Done():
 		t.Fatal("the change was never reported")
+	}
+}
+
+// listed is what a listing shows of a snapshot: JobsListing decodes only
+// these fields.
+func listed(s *fleet.Snapshot) string {
+	var b strings.Builder
+	for _, j := range s.Jobs {
+		p := "nil"
+		if j.Priority != nil {
+			p = fmt.Sprint(*j.Priority)
+		}
+		fmt.Fprintf(&b, "spec %s %s %s %s %s %d %d %v %v %v %s\n", j.Name, j.Team, p, j.PriorityClass, j.Flavor, j.MinNodes, j.MaxNodes,
+			j.Sizes, j.Elastic, j.Suspended, j.SubmitTime.UTC().Format(time.RFC3339Nano))
+	}
+	for _, d := range s.Desired {
+		fmt.Fprintf(&b, "desired %s %s %d %q %d %+v\n", d.Job, d.Team, d.Size, d.Nodes, d.Generation, d.Stop)
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Statuses)) {
+		st := s.Statuses[name]
+		fmt.Fprintf(&b, "status %s: %s %s %s %s %q\n", name, st.Job, st.Team, st.Kind, st.Code, st.Message)
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Finished)) {
+		f := s.Finished[name]
+		fmt.Fprintf(&b, "finished %s: %s %s %q\n", name, f.Outcome, f.Node, f.Message)
+	}
+	return b.String()
+}
+
+// JobsListing reads the listed fields of every record as JobsSnapshot
+// does, whatever the JSON looks like (escapes, other case, nulls, other
+// spacing), and reports the same malformed records in the same words.
+func TestJobsListingReadsWhatJobsSnapshotReads(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	k := st.Keys
+	records := map[string]string{
+		k.Spec("t", "plain"): `{"name":"plain","team":"t","perNode":{"accelerators":8,"memory":"64Gi"},"minNodes":1,"maxNodes":4,"elastic":true,"submitTime":"2026-11-23T00:08:44.123456789Z","run":{"script":"a.py","env":{"A":"{\"}"}}}`,
+		k.Spec("t", "spaced"): " {\n \"name\" : \"spaced\" , \"team\":\"t\", \"priority\": 70, \"priorityClass\": \"high\", \"sizes\": [2, 4], \"suspended\": true,\n" +
+			" \"submitTime\": \"2026-11-23T01:00:00+02:00\", \"run\": {\"args\": [\"x\"]}, \"extra\": [1.5e3, -0, 0.5E-2, true, false, null, {}, [], {\"a\": [{}]}] }\n",
+		k.Spec("t", "escaped"):   `{"name":"esc\u0061ped","team":"t","flavor":"h\u00e9\"x","run":{}}`,
+		k.Spec("t", "folded"):    `{"NAME":"folded","Team":"t","MaxNodes":3,"run":{}}`,
+		k.Spec("t", "nulls"):     `{"name":"nulls","team":"t","priority":null,"flavor":null,"sizes":null,"elastic":null,"submitTime":null,"run":null}`,
+		k.Spec("t", "dupe"):      `{"name":"x","name":"dupe","team":"t","maxNodes":2,"maxNodes":3}`,
+		k.Spec("t", "utf8"):      "{\"name\":\"utf8\",\"team\":\"t\",\"flavor\":\"\xff\"}",
+		k.Spec("t", "float"):     `{"name":"float","team":"t","maxNodes":2.0}`,
+		k.Spec("t", "badtype"):   `{"name":"badtype","team":"t","elastic":"yes"}`,
+		k.Spec("t", "badjson"):   `{"name":"badjson","team":"t"`,
+		k.Spec("t", "trailing"):  `{"name":"trailing","team":"t"} x`,
+		k.Spec("t", "notjson"):   `{not json`,
+		k.Spec("t", "badnum"):    `{"name":"badnum","team":"t","run":{"x":01}}`,
+		k.Spec("t", "badesc"):    `{"name":"badesc","team":"t","run":{"x":"\q"}}`,
+		k.Spec("t", "ctrl"):      "{\"name\":\"ctrl\",\"team\":\"t\",\"run\":{\"x\":\"a\tb\"}}",
+		k.Spec("t", "wrongkey"):  `{"name":"other","team":"t"}`,
+		k.Spec("u", "wrongteam"): `{"name":"wrongteam","team":"t"}`,
+		k.Spec("t", "time"):      `{"name":"time","team":"t","submitTime":"yesterday"}`,
+		k.Desired("plain"):       `{"job":"plain","team":"t","size":2,"nodes":["n1", "n\u00322"],"since":"2026-11-23T00:08:44Z","generation":3}`,
+		k.Desired("spaced"):      `{"job":"spaced","size":0,"nodes":[],"generation":1,"stop":{"kind":"preemption","reason":"r"}}`,
+		k.Desired("escaped"):     `{"job":"escaped","size":1,"nodes":null,"generation":1}`,
+		k.Desired("badsize"):     `{"job":"badsize","size":2,"nodes":["a"],"generation":1}`,
+		k.Desired("badstop"):     `{"job":"badstop","size":0,"generation":1,"stop":{"kind":"nap"}}`,
+		k.Desired("negative"):    `{"job":"negative","size":1,"generation":-1}`,
+		k.Desired("misnamed"):    `{"job":"other","size":1,"generation":1}`,
+		k.Status("plain"):        `{"job":"plain","team":"t","kind":"Running","code":"WithinQuota","message":"ok \"quoted\"","fromSize":1,"toSize":2,"holders":[{"job":"x"}],"time":"2026-11-23T00:08:44Z","since":"2026-11-23T00:08:44Z"}`,
+		k.Status("spaced"):       `{"job":"spaced","kind":"Pending","code":null,"message":"wait"}`,
+		k.Status("misnamed"):     `{"job":"other","kind":"Pending"}`,
+		k.Status("badkind"):      `{"job":"badkind","kind":7}`,
+		k.Finish("plain"):        `{"outcome":"Succeeded","node":"n1","time":"2026-11-23T00:08:44Z"}`,
+		k.Finish("spaced"):       `{"outcome":"Failed","node":"n2","message":"exit 1","extra":[1,{"a":"b"}]}`,
+		k.Finish("broken"):       `{"outcome":"Failed",`,
+	}
+	for key, v := range records {
+		if _, err := cli.Put(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	full, fullBad, err := st.JobsSnapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lean, leanBad, err := st.JobsListing(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := listed(full), listed(lean); a != b {
+		t.Errorf("JobsListing read\n%s\nJobsSnapshot read\n%s", b, a)
+	}
+	words := func(errs []error) []string {
+		var out []string
+		for _, e := range errs {
+			out = append(out, e.Error())
+		}
+		slices.Sort(out)
+		return out
+	}
+	if a, b := words(fullBad), words(leanBad); !slices.Equal(a, b) {
+		t.Errorf("JobsListing's problems\n%s\nJobsSnapshot's\n%s", strings.Join(b, "\n"), strings.Join(a, "\n"))
+	}
+	if len(full.Jobs) != 7 || len(fullBad) != 18 || lean.Revision != full.Revision {
+		t.Errorf("%d jobs, %d problems, revisions %d and %d", len(full.Jobs), len(fullBad), lean.Revision, full.Revision)
 	}
 }
