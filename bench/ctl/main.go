@@ -39,7 +39,11 @@ func main() {
 	events := flag.Int("events", 26000, "events in the history")
 	hold := flag.Bool("hold", false, "populate, print the etcd endpoint, and wait for Ctrl-C (to profile elasticctl against it)")
 	flag.Parse()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	limit := 10 * time.Minute
+	if *hold {
+		limit = 24 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
 	if err != nil {

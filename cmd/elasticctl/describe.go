@@ -157,7 +157,7 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 	}
 	warnAll(warn, bad)
 	pending := map[string]bool{}
-	var running []fleet.Status
+	var running []*fleet.Status
 	for n, s := range statuses {
 		t, ok := byTeam[s.Team]
 		if !ok || t.Cohort != team.Cohort {

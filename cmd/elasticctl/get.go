@@ -32,7 +32,7 @@ var timeNow = time.Now
 
 // viewOf joins one job's records.
 func viewOf(r fleet.JobRecord) jobView {
-	v := jobView{Spec: *r.Spec, Status: r.Status, Finished: r.Finished}
+	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished}
 	if r.Desired.Running() {
 		a := r.Desired.Allocation
 		v.Allocation = &a
@@ -54,22 +54,12 @@ func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing 
 	}
 	warnAll(warn, bad)
 	allocs := make(map[string]*fleet.Desired, len(snap.Desired))
-	for i := range snap.Desired {
-		allocs[snap.Desired[i].Job] = &snap.Desired[i]
+	for _, d := range snap.Desired {
+		allocs[d.Job] = d
 	}
 	out := make([]jobView, 0, len(snap.Jobs))
-	statuses := make([]fleet.Status, 0, len(snap.Statuses)) // one allocation, not one per job
-	for i := range snap.Jobs {
-		name := snap.Jobs[i].Name
-		r := fleet.JobRecord{Spec: &snap.Jobs[i], Desired: allocs[name]}
-		if s, ok := snap.Statuses[name]; ok {
-			statuses = append(statuses, s)
-			r.Status = &statuses[len(statuses)-1]
-		}
-		if f, ok := snap.Finished[name]; ok {
-			r.Finished = &f
-		}
-		out = append(out, viewOf(r))
+	for _, j := range snap.Jobs {
+		out = append(out, viewOf(fleet.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]}))
 	}
 	return out, snap.Revision, nil
 }
@@ -511,7 +501,7 @@ func watchJobs(c *cli.Context, st *fleet.Store, rev int64, names []string, keep 
 			}
 		}
 		for _, g := range gone {
-			v := jobView{Spec: fleet.JobSpec{Job: api.Job{Name: g}}, Finished: &fleet.Finish{Outcome: "Deleted"}}
+			v := jobView{Spec: &fleet.JobSpec{Job: api.Job{Name: g}}, Finished: &fleet.Finish{Outcome: "Deleted"}}
 			rows = append(rows, v)
 		}
 		if err := p.print(rows, false); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -40,10 +41,12 @@ type JobRecord struct {
 // Snapshot is every job's records read at one etcd revision: watching from
 // Revision+1 misses no change and repeats none.
 type Snapshot struct {
-	Jobs     []JobSpec
-	Desired  []Desired
-	Statuses map[string]Status
-	Finished map[string]Finish
+	// Jobs are sorted by name.
+	Jobs    []*JobSpec
+	Desired []*Desired
+	// Statuses and Finished are by job name.
+	Statuses map[string]*Status
+	Finished map[string]*Finish
 	Revision int64
 }
 
@@ -56,17 +59,12 @@ func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 
 func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error, error) {
 	k := s.Keys
-	r, err := s.Cli.Txn(ctx).Then(
-		clientv3.OpGet(k.SpecsPrefix(), clientv3.WithPrefix()),
-		clientv3.OpGet(k.DesiredPrefix(), clientv3.WithPrefix()),
-		clientv3.OpGet(k.StatusPrefix(), clientv3.WithPrefix()),
-		clientv3.OpGet(k.FinishedPrefix(), clientv3.WithPrefix()),
-	).Commit()
+	lists, rev, err := s.prefixesAt(ctx, k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list jobs: %w", err)
 	}
-	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
-	snap := &Snapshot{Revision: r.Header.Revision}
+	kvs := func(i int) []*mvccpb.KeyValue { return lists[i] }
+	snap := &Snapshot{Revision: rev}
 	specDec := specDecoder(k)
 	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
 	type keyedFinish struct {
@@ -102,8 +100,8 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 	// The four lists decode in parallel (tens of thousands of records).
 	var wg sync.WaitGroup
 	var badSpecs, badDesired, badStatus, badFinish []error
-	var statuses []Status
-	var finished []keyedFinish
+	var statuses []*Status
+	var finished []*keyedFinish
 	wg.Add(4)
 	go func() {
 		defer wg.Done()
@@ -116,21 +114,69 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 	go func() { defer wg.Done(); finished, badFinish = decodeParallel(kvs(3), finDec) }()
 	wg.Wait()
 	bad := append(append(append(badSpecs, badDesired...), badStatus...), badFinish...)
-	snap.Statuses = make(map[string]Status, len(statuses))
+	snap.Statuses = make(map[string]*Status, len(statuses))
 	for _, x := range statuses {
 		snap.Statuses[x.Job] = x
 	}
-	snap.Finished = make(map[string]Finish, len(finished))
+	snap.Finished = make(map[string]*Finish, len(finished))
 	for _, x := range finished {
-		snap.Finished[x.job] = x.f
+		snap.Finished[x.job] = &x.f
 	}
-	sort.Slice(snap.Jobs, func(i, j int) bool { return snap.Jobs[i].Name < snap.Jobs[j].Name })
+	slices.SortFunc(snap.Jobs, func(a, b *JobSpec) int { return strings.Compare(a.Name, b.Name) })
 	return snap, bad, nil
+}
+
+// prefixesAt reads every key under each prefix, all at one revision,
+// which it returns: the reads run in parallel (etcd serves them on as many
+// cores, where one transaction's reads run one after another), and a read
+// that answered at an older revision than another is read again at the
+// newest.
+func (s *Store) prefixesAt(ctx context.Context, prefixes ...string) ([][]*mvccpb.KeyValue, int64, error) {
+	out := make([][]*mvccpb.KeyValue, len(prefixes))
+	revs := make([]int64, len(prefixes))
+	read := func(which []int, opts ...clientv3.OpOption) error {
+		errs := make([]error, len(prefixes))
+		var wg sync.WaitGroup
+		for _, i := range which {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := s.Cli.Get(ctx, prefixes[i], append([]clientv3.OpOption{clientv3.WithPrefix()}, opts...)...)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				out[i], revs[i] = r.Kvs, r.Header.Revision
+			}()
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	all := make([]int, len(prefixes))
+	for i := range all {
+		all[i] = i
+	}
+	if err := read(all); err != nil {
+		return nil, 0, err
+	}
+	rev := slices.Max(revs)
+	var stale []int
+	for i, r := range revs {
+		if r != rev {
+			stale = append(stale, i)
+		}
+	}
+	if len(stale) > 0 {
+		if err := read(stale, clientv3.WithRev(rev)); err != nil {
+			return nil, 0, err
+		}
+	}
+	return out, rev, nil
 }
 
 // decodeParallel decodes records in chunks on several goroutines, keeping
 // their order; undecodable records are problems.
-func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]T, []error) {
+func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]*T, []error) {
 	n := len(kvs)
 	workers := min(runtime.GOMAXPROCS(0), max(1, n/512))
 	vals := make([]*T, n)
@@ -146,14 +192,14 @@ func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]T, []error
 		}()
 	}
 	wg.Wait()
-	out := make([]T, 0, n)
+	out := vals[:0]
 	var bad []error
 	for i := range vals {
 		if errs[i] != nil {
 			bad = append(bad, errs[i])
 			continue
 		}
-		out = append(out, *vals[i])
+		out = append(out, vals[i])
 	}
 	return out, bad
 }
@@ -687,13 +733,13 @@ func (s *Store) ApplyJobs(ctx context.Context, jobs []JobSpec, now time.Time) ([
 
 // StatusSnapshot is Statuses decoded in parallel, with the revision it read
 // at (a malformed status is a problem; no earlier value is looked for).
-func (s *Store) StatusSnapshot(ctx context.Context) (map[string]Status, []error, int64, error) {
+func (s *Store) StatusSnapshot(ctx context.Context) (map[string]*Status, []error, int64, error) {
 	r, err := s.Cli.Get(ctx, s.Keys.StatusPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("list statuses: %w", err)
 	}
 	list, bad := decodeParallel(r.Kvs, jsonNamed(func(x *Status) string { return x.Job }, nil))
-	out := make(map[string]Status, len(list))
+	out := make(map[string]*Status, len(list))
 	for _, x := range list {
 		out[x.Job] = x
 	}
@@ -702,7 +748,7 @@ func (s *Store) StatusSnapshot(ctx context.Context) (map[string]Status, []error,
 
 // SpecsWhere reads the specs of the jobs whose name keep accepts: one
 // range read, and only those specs decoded (in parallel).
-func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]JobSpec, []error, error) {
+func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]*JobSpec, []error, error) {
 	p := s.Keys.SpecsPrefix()
 	r, err := s.Cli.Get(ctx, p, clientv3.WithPrefix())
 	if err != nil {
