@@ -81,27 +81,42 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 }
 
 func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name string) error {
-	views, missing, _, err := loadNamedJobs(ctx, st, []string{name}, c.App.ErrWriter)
+	if err := api.ValidateName("job", name); err != nil {
+		return err
+	}
+	// The job's problems are read while its records and history are.
+	type problems struct {
+		list []fleet.Problem
+		bad  []error
+		err  error
+	}
+	pc := make(chan problems, 1)
+	go func() {
+		var p problems
+		p.list, p.bad, p.err = st.Problems(ctx, name)
+		pc <- p
+	}()
+	now := timeNow()
+	rec, history, bad, err := st.JobHistory(ctx, name, func(r fleet.JobRecord) time.Time {
+		if s := r.Spec.SubmitTime; !s.IsZero() && s.Before(now) {
+			return s.Add(-time.Second) // the history of this job, not of an earlier namesake
+		}
+		return time.Time{}
+	})
+	p := <-pc
 	if err != nil {
 		return err
 	}
-	if len(missing) > 0 {
+	warnAll(c.App.ErrWriter, bad)
+	if rec == nil {
 		return fmt.Errorf("job %q not found: 'elasticctl get jobs' lists them", name)
 	}
-	v := views[0]
-	q := fleet.EventQuery{Job: name}
-	if s := v.Spec.SubmitTime; !s.IsZero() && s.Before(timeNow()) {
-		q.Since = s.Add(-time.Second) // the history of this job, not of an earlier namesake
+	v := viewOf(*rec)
+	if p.err != nil {
+		return p.err
 	}
-	history, bad, _, err := st.QueryEvents(ctx, q)
-	if err != nil {
-		return err
-	}
-	warnAll(c.App.ErrWriter, bad)
-	if v.Problems, bad, err = st.Problems(ctx, name); err != nil {
-		return err
-	}
-	warnAll(c.App.ErrWriter, bad)
+	v.Problems = p.list
+	warnAll(c.App.ErrWriter, p.bad)
 	var queue *queueInfo
 	if v.Finished == nil && v.Allocation == nil && !v.Spec.Suspended && v.Status != nil && v.Status.Kind == api.KindPending {
 		if queue, err = queuePlace(ctx, st, v, c.App.ErrWriter); err != nil {

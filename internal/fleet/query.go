@@ -458,42 +458,111 @@ func (s *Store) QueryEvents(ctx context.Context, q EventQuery) ([]Event, []error
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	suffix := "-" + q.Job
-	times := map[string]bool{}
-	for _, kv := range allKeys {
-		if k := string(kv.Key); strings.HasSuffix(k, suffix) {
-			ts, _, _ := strings.Cut(strings.TrimPrefix(k, prefix), "-")
-			times[ts] = true
-		}
-	}
-	var keys []string
-	for _, kv := range allKeys {
-		ts, _, _ := strings.Cut(strings.TrimPrefix(string(kv.Key), prefix), "-")
-		if times[ts] {
-			keys = append(keys, string(kv.Key))
-		}
-	}
-	var kvs []*mvccpb.KeyValue
-	for len(keys) > 0 {
-		n := min(len(keys), MaxTxnOps)
-		ops := make([]clientv3.Op, n)
-		for i, k := range keys[:n] {
-			ops[i] = clientv3.OpGet(k, clientv3.WithRev(rev))
-		}
-		keys = keys[n:]
-		tr, err := s.Cli.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return nil, nil, 0, fmt.Errorf("read events: %w", err)
-		}
-		for _, resp := range tr.Responses {
-			kvs = append(kvs, resp.GetResponseRange().Kvs...)
-		}
+	kvs, err := s.eventsOf(ctx, allKeys, rev, q.Job, "")
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	out, bad := decodeAll(kvs)
 	if q.Tail > 0 && len(out) > q.Tail {
 		out = out[len(out)-q.Tail:]
 	}
 	return out, bad, rev, nil
+}
+
+// eventsOf reads, at revision rev, the events of keys (listed without
+// values, in order) that are the job's own or of the same decisions (same
+// time) and whose keys are not before from.
+func (s *Store) eventsOf(ctx context.Context, keys []*mvccpb.KeyValue, rev int64, job, from string) ([]*mvccpb.KeyValue, error) {
+	prefix := []byte(s.Keys.EventsPrefix())
+	if from != "" {
+		i, _ := slices.BinarySearchFunc(keys, from, func(kv *mvccpb.KeyValue, from string) int { return strings.Compare(string(kv.Key), from) })
+		keys = keys[i:]
+	}
+	stamp := func(key []byte) []byte {
+		ts, _, _ := bytes.Cut(bytes.TrimPrefix(key, prefix), []byte("-"))
+		return ts
+	}
+	suffix := []byte("-" + job)
+	times := map[string]bool{}
+	for _, kv := range keys {
+		if bytes.HasSuffix(kv.Key, suffix) {
+			times[string(stamp(kv.Key))] = true
+		}
+	}
+	var ops []clientv3.Op
+	for _, kv := range keys {
+		if times[string(stamp(kv.Key))] {
+			ops = append(ops, clientv3.OpGet(string(kv.Key), clientv3.WithRev(rev)))
+		}
+	}
+	var kvs []*mvccpb.KeyValue
+	for len(ops) > 0 {
+		n := min(len(ops), MaxTxnOps)
+		tr, err := s.Cli.Txn(ctx).Then(ops[:n]...).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("read events: %w", err)
+		}
+		ops = ops[n:]
+		for _, resp := range tr.Responses {
+			kvs = append(kvs, resp.GetResponseRange().Kvs...)
+		}
+	}
+	return kvs, nil
+}
+
+// JobHistory reads what describing one job needs of etcd: its records
+// (as JobRecords; nil when it has no spec) and the decision events about
+// it (as QueryEvents with Job) at or after since(its records), which
+// leaves out an earlier namesake's history. The event keys are listed
+// while the records are read: since depends on the records, so the keys
+// are listed from the first and cut after.
+func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecord) time.Time) (*JobRecord, []Event, []error, error) {
+	var (
+		recs    map[string]JobRecord
+		recBad  []error
+		keys    []*mvccpb.KeyValue
+		rev     int64
+		recErr  error
+		keysErr error
+		wg      sync.WaitGroup
+	)
+	wg.Add(2)
+	go func() { defer wg.Done(); recs, recBad, _, recErr = s.JobRecords(ctx, []string{name}) }()
+	go func() {
+		defer wg.Done()
+		p := s.Keys.EventsPrefix()
+		keys, rev, keysErr = s.eventKeys(ctx, p, clientv3.GetPrefixRangeEnd(p))
+	}()
+	wg.Wait()
+	if err := errors.Join(recErr, keysErr); err != nil {
+		return nil, nil, nil, err
+	}
+	rec, ok := recs[name]
+	if !ok {
+		return nil, nil, recBad, nil
+	}
+	from := ""
+	if t := since(rec); !t.IsZero() {
+		from = s.Keys.Event(t, "")
+		from = from[:len(from)-1] // without the "-": same-nanosecond events are kept
+	}
+	kvs, err := s.eventsOf(ctx, keys, rev, name, from)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	bad := recBad
+	var out []Event
+	for _, kv := range kvs {
+		e, err := DecodeEvent(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		if e.Concerns(name) {
+			out = append(out, *e)
+		}
+	}
+	return &rec, out, bad, nil
 }
 
 // eventKeys lists the keys (without values) of the events in [start, end).

@@ -277,3 +277,48 @@ func TestJobsListingReadsWhatJobsSnapshotReads(t *testing.T) {
 		t.Errorf("%d jobs, %d problems, revisions %d and %d", len(full.Jobs), len(fullBad), lean.Revision, full.Revision)
 	}
 }
+
+// JobHistory: the job's records, and its events (its own, and those of the
+// same decisions naming it) from the time since gives, not before.
+func TestJobHistory(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	t0 := time.Unix(1_800_000_000, 0)
+	if err := st.SubmitJobs(ctx, []fleet.JobSpec{spec("prod")}); err != nil {
+		t.Fatal(err)
+	}
+	put := func(sec int, r api.Reason) {
+		t.Helper()
+		if err := st.PutEvent(ctx, fleet.Event{Time: t0.Add(time.Duration(sec) * time.Second), Reason: r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(1, api.Reason{Job: "prod", Kind: api.KindPending, Message: "an earlier namesake's"})
+	for i := range 10 {
+		put(2+i, api.Reason{Job: "other", Kind: api.KindPending})
+	}
+	put(20, api.Reason{Job: "sweep", Kind: api.KindShrunk, For: []string{"prod"}})
+	put(20, api.Reason{Job: "prod", Kind: api.KindAdmitted})
+	put(20, api.Reason{Job: "bystander", Kind: api.KindPending})
+	put(30, api.Reason{Job: "prod", Kind: api.KindRunning})
+	var sawSpec bool
+	rec, evs, bad, err := st.JobHistory(ctx, "prod", func(r fleet.JobRecord) time.Time {
+		sawSpec = r.Spec != nil && r.Spec.Name == "prod"
+		return t0.Add(5 * time.Second)
+	})
+	if err != nil || len(bad) > 0 || rec == nil || !sawSpec {
+		t.Fatalf("JobHistory: %+v %v %v", rec, bad, err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, fmt.Sprintf("%d %s %s", e.Time.Unix()-t0.Unix(), e.Job, e.Kind))
+	}
+	if want := []string{"20 prod Admitted", "20 sweep Shrunk", "30 prod Running"}; !slices.Equal(got, want) {
+		t.Errorf("history %q, want %q", got, want)
+	}
+	if rec, _, _, err := st.JobHistory(ctx, "nope", func(fleet.JobRecord) time.Time { return time.Time{} }); rec != nil || err != nil {
+		t.Errorf("a job without a spec: %+v %v", rec, err)
+	}
+}
