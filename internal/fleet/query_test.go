@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -9,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
@@ -320,5 +323,68 @@ func TestJobHistory(t *testing.T) {
 	}
 	if rec, _, _, err := st.JobHistory(ctx, "nope", func(fleet.JobRecord) time.Time { return time.Time{} }); rec != nil || err != nil {
 		t.Errorf("a job without a spec: %+v %v", rec, err)
+	}
+}
+
+// A snapshot is one revision, though its prefixes are read by separate
+// requests: while a writer changes a job's spec and status together (one
+// transaction each time), every snapshot shows the two agreeing, at the
+// revision it names.
+func TestJobsSnapshotIsOneRevision(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	k := st.Keys
+	write := func(n int) (int64, error) {
+		j := spec("pair")
+		j.MaxNodes = n
+		b, _ := json.Marshal(j)
+		sb, _ := json.Marshal(fleet.Status{Reason: api.Reason{Job: "pair", Kind: api.KindPending, Message: fmt.Sprint(n)}})
+		r, err := cli.Txn(ctx).Then(clientv3.OpPut(k.Spec("t", "pair"), string(b)), clientv3.OpPut(k.Status("pair"), string(sb))).Commit()
+		if err != nil {
+			return 0, err
+		}
+		return r.Header.Revision, nil
+	}
+	if _, err := write(1); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for n := 2; ; n++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if _, err := write(n); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	for i := range 60 {
+		read := st.JobsSnapshot
+		if i%2 == 1 {
+			read = st.JobsListing
+		}
+		snap, bad, err := read(ctx)
+		if err != nil || len(bad) > 0 || len(snap.Jobs) != 1 {
+			t.Fatalf("snapshot %d: %v %v", i, bad, err)
+		}
+		if got, want := snap.Statuses["pair"].Message, fmt.Sprint(snap.Jobs[0].MaxNodes); got != want {
+			t.Fatalf("snapshot %d at revision %d: the spec says %s, the status %s", i, snap.Revision, want, got)
+		}
+		r, err := cli.Get(ctx, k.Spec("t", "pair"), clientv3.WithRev(snap.Revision))
+		if err != nil || len(r.Kvs) != 1 || !strings.Contains(string(r.Kvs[0].Value), fmt.Sprintf(`"maxNodes":%d`, snap.Jobs[0].MaxNodes)) {
+			t.Fatalf("snapshot %d is not the state at its revision %d: %v %s", i, snap.Revision, err, r.Kvs)
+		}
+	}
+	close(stop)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
