@@ -221,14 +221,12 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 	out := make(map[string]JobRecord, len(names))
 	var bad []error
 	var rev int64
-	specDec := specDecoder(s.Keys)
-	statDec := jsonNamed(func(x *Status) string { return x.Job }, nil)
 	for _, name := range names {
 		if err := api.ValidateName("job", name); err != nil {
 			return nil, nil, 0, err
 		}
 	}
-	specKeys, err := s.specKeysOf(ctx, names)
+	specKeys, _, err := s.specKeysOf(ctx, names)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -239,12 +237,7 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 		names = names[n:]
 		var ops []clientv3.Op
 		for _, name := range batch {
-			specKey, ok := specKeys[name]
-			if !ok {
-				specKey = s.Keys.Spec("-", name) // no spec: read nothing
-			}
-			ops = append(ops, clientv3.OpGet(specKey), clientv3.OpGet(s.Keys.Desired(name)),
-				clientv3.OpGet(s.Keys.Status(name)), clientv3.OpGet(s.Keys.Finish(name)))
+			ops = append(ops, s.recordOps(name, specKeys[name])...)
 		}
 		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
@@ -252,63 +245,82 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 		}
 		rev = r.Header.Revision
 		for i, name := range batch {
-			get := func(k int) *mvccpb.KeyValue {
-				kvs := r.Responses[i*per+k].GetResponseRange().Kvs
-				if len(kvs) == 0 {
-					return nil
-				}
-				return kvs[0]
+			rec, ok, b := s.decodeRecord(r.Responses[i*per : (i+1)*per])
+			bad = append(bad, b...)
+			if ok {
+				out[name] = rec
 			}
-			kv := get(0)
-			if kv == nil {
-				continue
-			}
-			spec, err := specDec(string(kv.Key), kv.Value)
-			if err != nil {
-				bad = append(bad, err)
-				continue
-			}
-			rec := JobRecord{Spec: spec}
-			if kv := get(1); kv != nil {
-				if d, err := DecodeDesired(string(kv.Key), kv.Value); err != nil {
-					bad = append(bad, err)
-				} else {
-					rec.Desired = d
-				}
-			}
-			if kv := get(2); kv != nil {
-				if st, err := statDec(string(kv.Key), kv.Value); err != nil {
-					bad = append(bad, err)
-				} else {
-					rec.Status = st
-				}
-			}
-			if kv := get(3); kv != nil {
-				var f Finish
-				if err := json.Unmarshal(kv.Value, &f); err != nil {
-					bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
-				} else {
-					rec.Finished = &f
-				}
-			}
-			out[name] = rec
 		}
 	}
 	return out, bad, rev, nil
 }
 
+// recordOps are the reads of a job's records, in decodeRecord's order
+// (an empty specKey reads nothing for the spec).
+func (s *Store) recordOps(name, specKey string, opts ...clientv3.OpOption) []clientv3.Op {
+	if specKey == "" {
+		specKey = s.Keys.Spec("-", name) // no spec: read nothing
+	}
+	return []clientv3.Op{clientv3.OpGet(specKey, opts...), clientv3.OpGet(s.Keys.Desired(name), opts...),
+		clientv3.OpGet(s.Keys.Status(name), opts...), clientv3.OpGet(s.Keys.Finish(name), opts...)}
+}
+
+// decodeRecord decodes the answers to recordOps; ok is false when the job
+// has no (good) spec.
+func (s *Store) decodeRecord(resps []*pb.ResponseOp) (rec JobRecord, ok bool, bad []error) {
+	get := func(k int) *mvccpb.KeyValue {
+		kvs := resps[k].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return nil
+		}
+		return kvs[0]
+	}
+	kv := get(0)
+	if kv == nil {
+		return rec, false, nil
+	}
+	spec, err := specDecoder(s.Keys)(string(kv.Key), kv.Value)
+	if err != nil {
+		return rec, false, []error{err}
+	}
+	rec.Spec = spec
+	if kv := get(1); kv != nil {
+		if d, err := DecodeDesired(string(kv.Key), kv.Value); err != nil {
+			bad = append(bad, err)
+		} else {
+			rec.Desired = d
+		}
+	}
+	if kv := get(2); kv != nil {
+		if st, err := jsonNamed(func(x *Status) string { return x.Job }, nil)(string(kv.Key), kv.Value); err != nil {
+			bad = append(bad, err)
+		} else {
+			rec.Status = st
+		}
+	}
+	if kv := get(3); kv != nil {
+		var f Finish
+		if err := json.Unmarshal(kv.Value, &f); err != nil {
+			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
+		} else {
+			rec.Finished = &f
+		}
+	}
+	return rec, true, bad
+}
+
 // specKeysOf is specKeys for a few names of many jobs: the keys-only
 // listing is decoded by rangeRaw, and only the keys of the named jobs are
 // looked at.
-func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]string, error) {
+func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]string, int64, error) {
 	want := make(map[string]bool, len(names))
 	for _, n := range names {
 		want[n] = true
 	}
 	p := s.Keys.SpecsPrefix()
-	all, _, err := s.rangeRaw(ctx, p, clientv3.GetPrefixRangeEnd(p), 0, true)
+	all, rev, err := s.rangeRaw(ctx, p, clientv3.GetPrefixRangeEnd(p), 0, true)
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", p, err)
+		return nil, 0, fmt.Errorf("list %s: %w", p, err)
 	}
 	var named []*mvccpb.KeyValue
 	for _, kv := range all {
@@ -323,7 +335,7 @@ func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]stri
 			out[job] = string(kv.Key)
 		}
 	}
-	return out, nil
+	return out, rev, nil
 }
 
 // JobOfKey names the job a spec, desired, status or finish record key
@@ -511,6 +523,24 @@ func (s *Store) QueryEvents(ctx context.Context, q EventQuery) ([]Event, []error
 // values, in order) that are the job's own or of the same decisions (same
 // time) and whose keys are not before from.
 func (s *Store) eventsOf(ctx context.Context, keys []*mvccpb.KeyValue, rev int64, job, from string) ([]*mvccpb.KeyValue, error) {
+	var ops []clientv3.Op
+	for _, k := range s.eventKeysOf(keys, job, from) {
+		ops = append(ops, clientv3.OpGet(k, clientv3.WithRev(rev)))
+	}
+	resps, err := s.readAll(ctx, ops)
+	if err != nil {
+		return nil, fmt.Errorf("read events: %w", err)
+	}
+	var kvs []*mvccpb.KeyValue
+	for _, resp := range resps {
+		kvs = append(kvs, resp.GetResponseRange().Kvs...)
+	}
+	return kvs, nil
+}
+
+// eventKeysOf picks, of the event keys listed (in order), those of job's
+// own events and of the same decisions (same time), not before from.
+func (s *Store) eventKeysOf(keys []*mvccpb.KeyValue, job, from string) []string {
 	prefix := []byte(s.Keys.EventsPrefix())
 	if from != "" {
 		i, _ := slices.BinarySearchFunc(keys, from, func(kv *mvccpb.KeyValue, from string) int { return strings.Compare(string(kv.Key), from) })
@@ -527,77 +557,107 @@ func (s *Store) eventsOf(ctx context.Context, keys []*mvccpb.KeyValue, rev int64
 			times[string(stamp(kv.Key))] = true
 		}
 	}
-	var ops []clientv3.Op
+	var out []string
 	for _, kv := range keys {
 		if times[string(stamp(kv.Key))] {
-			ops = append(ops, clientv3.OpGet(string(kv.Key), clientv3.WithRev(rev)))
+			out = append(out, string(kv.Key))
 		}
 	}
-	var kvs []*mvccpb.KeyValue
-	for len(ops) > 0 {
-		n := min(len(ops), MaxTxnOps)
-		tr, err := s.Cli.Txn(ctx).Then(ops[:n]...).Commit()
-		if err != nil {
-			return nil, fmt.Errorf("read events: %w", err)
-		}
-		ops = ops[n:]
-		for _, resp := range tr.Responses {
-			kvs = append(kvs, resp.GetResponseRange().Kvs...)
-		}
+	return out
+}
+
+// readAll runs reads in transactions of at most MaxTxnOps, in parallel,
+// and returns their answers in order.
+func (s *Store) readAll(ctx context.Context, ops []clientv3.Op) ([]*pb.ResponseOp, error) {
+	n := (len(ops) + MaxTxnOps - 1) / MaxTxnOps
+	parts := make([][]*pb.ResponseOp, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := s.Cli.Txn(ctx).Then(ops[i*MaxTxnOps : min(len(ops), (i+1)*MaxTxnOps)]...).Commit()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			parts[i] = r.Responses
+		}()
 	}
-	return kvs, nil
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return slices.Concat(parts...), nil
 }
 
 // JobHistory reads what describing one job needs of etcd: its records
 // (as JobRecords; nil when it has no spec) and the decision events about
 // it (as QueryEvents with Job) at or after since(its records), which
-// leaves out an earlier namesake's history. The event keys are listed
-// while the records are read: since depends on the records, so the keys
-// are listed from the first and cut after.
+// leaves out an earlier namesake's history. It reads in two steps: the
+// spec keys and the event keys are listed (keys only, at once), then the
+// job's records and the events of its decisions are read in one
+// transaction (more only past MaxTxnOps events) at the newer listing's
+// revision; the events before since are dropped after.
 func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecord) time.Time) (*JobRecord, []Event, []error, error) {
+	if err := api.ValidateName("job", name); err != nil {
+		return nil, nil, nil, err
+	}
 	var (
-		recs    map[string]JobRecord
-		recBad  []error
-		keys    []*mvccpb.KeyValue
-		rev     int64
-		recErr  error
-		keysErr error
-		wg      sync.WaitGroup
+		specKeys         map[string]string
+		keys             []*mvccpb.KeyValue
+		specRev, keysRev int64
+		specErr, keysErr error
+		wg               sync.WaitGroup
 	)
 	wg.Add(2)
-	go func() { defer wg.Done(); recs, recBad, _, recErr = s.JobRecords(ctx, []string{name}) }()
+	go func() { defer wg.Done(); specKeys, specRev, specErr = s.specKeysOf(ctx, []string{name}) }()
 	go func() {
 		defer wg.Done()
 		p := s.Keys.EventsPrefix()
-		keys, rev, keysErr = s.eventKeys(ctx, p, clientv3.GetPrefixRangeEnd(p))
+		keys, keysRev, keysErr = s.eventKeys(ctx, p, clientv3.GetPrefixRangeEnd(p))
 	}()
 	wg.Wait()
-	if err := errors.Join(recErr, keysErr); err != nil {
+	if err := errors.Join(specErr, keysErr); err != nil {
 		return nil, nil, nil, err
 	}
-	rec, ok := recs[name]
+	specKey, ok := specKeys[name]
 	if !ok {
-		return nil, nil, recBad, nil
+		return nil, nil, nil, nil
+	}
+	rev := max(specRev, keysRev)
+	ops := s.recordOps(name, specKey, clientv3.WithRev(rev))
+	for _, k := range s.eventKeysOf(keys, name, "") {
+		ops = append(ops, clientv3.OpGet(k, clientv3.WithRev(rev)))
+	}
+	resps, err := s.readAll(ctx, ops)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("read job %s: %w", name, err)
+	}
+	rec, ok, bad := s.decodeRecord(resps[:4])
+	if !ok {
+		return nil, nil, bad, nil
 	}
 	from := ""
 	if t := since(rec); !t.IsZero() {
 		from = s.Keys.Event(t, "")
 		from = from[:len(from)-1] // without the "-": same-nanosecond events are kept
 	}
-	kvs, err := s.eventsOf(ctx, keys, rev, name, from)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	bad := recBad
 	var out []Event
-	for _, kv := range kvs {
-		e, err := DecodeEvent(string(kv.Key), kv.Value)
-		if err != nil {
-			bad = append(bad, err)
-			continue
-		}
-		if e.Concerns(name) {
-			out = append(out, *e)
+	for _, resp := range resps[4:] {
+		for _, kv := range resp.GetResponseRange().Kvs {
+			if string(kv.Key) < from {
+				continue
+			}
+			e, err := DecodeEvent(string(kv.Key), kv.Value)
+			if err != nil {
+				bad = append(bad, err)
+				continue
+			}
+			if e.Concerns(name) {
+				out = append(out, *e)
+			}
 		}
 	}
 	return &rec, out, bad, nil
