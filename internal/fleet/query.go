@@ -627,11 +627,22 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 		return nil, nil, nil, nil
 	}
 	rev := max(specRev, keysRev)
-	ops := s.recordOps(name, specKey, clientv3.WithRev(rev))
-	for _, k := range s.eventKeysOf(keys, name, "") {
-		ops = append(ops, clientv3.OpGet(k, clientv3.WithRev(rev)))
+	evKeys := s.eventKeysOf(keys, name, "")
+	read := func(opts ...clientv3.OpOption) ([]*pb.ResponseOp, error) {
+		opts = append(opts, clientv3.WithRev(rev))
+		ops := s.recordOps(name, specKey, opts...)
+		for _, k := range evKeys {
+			ops = append(ops, clientv3.OpGet(k, opts...))
+		}
+		return s.readAll(ctx, ops)
 	}
-	resps, err := s.readAll(ctx, ops)
+	// A read at a revision the listings saw needs no consensus round; a
+	// member that has not applied that revision yet refuses it, and the
+	// read is made again linearizably (it then waits for that member).
+	resps, err := read(clientv3.WithSerializable())
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrFutureRev) {
+		resps, err = read()
+	}
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("read job %s: %w", name, err)
 	}
