@@ -50,6 +50,13 @@ func TestHelpDocumentsExitCodesAndExamples(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "EXIT STATUS:\n   0  the command did what was asked\n   1  the operation failed") || !strings.Contains(out, "2  the command line is wrong") {
 		t.Errorf("--help: exit %d\n%s", code, out)
 	}
+	// Every global flag says what it is for (the TLS ones had no text).
+	for _, f := range globalFlags() {
+		name := f.Names()[0]
+		if !regexp.MustCompile(`(?m)^\s+--` + name + ` value\s+[^\s\[].{10,}`).MatchString(out) {
+			t.Errorf("--help has no text for --%s:\n%s", name, out)
+		}
+	}
 	for _, cmd := range newApp(&bytes.Buffer{}).Commands {
 		out, _, code := ctl(t, "127.0.0.1:1", cmd.Name, "--help")
 		if code != 0 || !regexp.MustCompile(`Examples:\n\s+(elasticctl|source) `).MatchString(out) || !strings.Contains(out, "EXIT STATUS:") {
@@ -385,6 +392,15 @@ func TestConfigContextsAndOverrides(t *testing.T) {
 	}
 	if _, errs, code := run1("--config", cfg, "--context", "tset", "get", "nodes"); code != 1 || !strings.Contains(errs, `no context named "tset": did you mean "test"?`) {
 		t.Errorf("--context tset: %d %q", code, errs)
+	}
+	// An ELASTICCTL_* variable overrides the current context too, and a
+	// flag overrides the variable.
+	t.Setenv("ELASTICCTL_ETCD_ENDPOINTS", ep)
+	if out, errs, code := run1("--config", cfg, "get", "nodes", "-o", "name"); code != 0 || out != "node/node-0\n" {
+		t.Errorf("ELASTICCTL_ETCD_ENDPOINTS over the context: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := run1("--config", cfg, "--etcd-endpoints", "127.0.0.1:1", "get", "nodes"); code != 1 || !strings.Contains(errs, "cannot reach etcd at http://127.0.0.1:1") {
+		t.Errorf("--etcd-endpoints over ELASTICCTL_ETCD_ENDPOINTS: %d %q", code, errs)
 	}
 }
 
