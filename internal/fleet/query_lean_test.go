@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,8 @@ func FuzzLeanSpec(f *testing.F) {
 		`{"name":"\u0061","flavor":"\"","maxNodes":-0,"run":{"args":["a"]}}`,
 		` { "name" : "a" , "minNodes" : 1e2 } `,
 		`{"name":"a","run":5}`,
+		`{"name":"abcdefghij\"klmnopq\\rstuvwxyz","flavor":"0123456789abcdef\u00e9xyz","run":{"script":"long plain text over eight bytes"}}`,
+		"{\"name\":\"abcdefghijklmnop\tq\"}",
 	} {
 		f.Add([]byte(s))
 	}
@@ -115,4 +118,24 @@ func FuzzRawRangeDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// special8 finds a quote, a backslash or a control character at any of
+// the eight places, and nothing else (other bytes around it included).
+func TestSpecial8(t *testing.T) {
+	for _, fill := range []byte{'a', 0x7f, 0xff, 0x20, 0x21} {
+		for b := range 256 {
+			for p := range 8 {
+				var buf [8]byte
+				for i := range buf {
+					buf[i] = fill
+				}
+				buf[p] = byte(b)
+				want := b == '"' || b == '\\' || b < 0x20
+				if got := special8(binary.LittleEndian.Uint64(buf[:])); got != want {
+					t.Fatalf("byte %#x at %d among %#x: %v, want %v", b, p, fill, got, want)
+				}
+			}
+		}
+	}
 }
