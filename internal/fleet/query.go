@@ -949,8 +949,8 @@ func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]
 // records with every other field zero. A spec holds its name, team,
 // priority, priority class, flavor, node bounds, sizes, elastic and
 // suspended flags and submit time; a desired record its job, team, size,
-// nodes, generation and stop; a status its job, team, kind, code and
-// message; a finish record its outcome, node and message. A record the
+// nodes, generation and stop; a status its job, team, kind, code,
+// message, size (toSize) and since; a finish record its outcome, node and message. A record the
 // lean reader cannot take (syntax, a listed field of the wrong type, an
 // escaped member name) is decoded whole as JobsSnapshot does, so a
 // malformed record is the same problem with the same words; only a field
@@ -1068,8 +1068,12 @@ func leanStatus(v []byte) (*Status, error) {
 			return leanString(raw, (*string)(&st.Code))
 		case "message":
 			return leanString(raw, &st.Message)
+		case "toSize":
+			return leanInt(raw, &st.ToSize)
+		case "since":
+			return st.Since.UnmarshalJSON(raw)
 		}
-		return notFolded(name, "job", "team", "kind", "code", "message")
+		return notFolded(name, "job", "team", "kind", "code", "message", "toSize", "since")
 	})
 	return &st, err
 }
@@ -1516,4 +1520,102 @@ func wireFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []b
 		}
 	}
 	return nil
+}
+
+// QueueState is what finding a pending job's place in the queues reads:
+// every job's status (its listing fields, as JobsListing decodes them)
+// and every job's spec, undecoded until Specs asks for some, at one
+// revision.
+type QueueState struct {
+	Statuses map[string]*Status
+	Revision int64
+	specs    map[string]*mvccpb.KeyValue
+	dec      decoder[JobSpec]
+}
+
+// QueueState reads the statuses and specs of every job at one revision
+// (in parallel); malformed statuses and specs under a younger namesake's
+// key are problems.
+func (s *Store) QueueState(ctx context.Context) (*QueueState, []error, error) {
+	k := s.Keys
+	q := &QueueState{dec: specDecoder(k)}
+	statDec := leanOr(leanStatus, func(key string, st *Status) bool { return path.Base(key) == st.Job },
+		jsonNamed(func(x *Status) string { return x.Job }, nil))
+	var badStatus, badSpecs []error
+	rev, err := s.prefixesAt(ctx, func(i int, kvs []*mvccpb.KeyValue) {
+		switch i {
+		case 0:
+			var list []*Status
+			list, badStatus = decodeParallel(kvs, statDec)
+			q.Statuses = make(map[string]*Status, len(list))
+			for _, x := range list {
+				q.Statuses[x.Job] = x
+			}
+		case 1:
+			owned, dup := ownedSpecs(k, kvs)
+			badSpecs = dup
+			q.specs = make(map[string]*mvccpb.KeyValue, len(owned))
+			for _, kv := range owned {
+				if _, job, ok := k.SpecOwner(string(kv.Key)); ok {
+					q.specs[job] = kv
+				}
+			}
+		}
+	}, k.StatusPrefix(), k.SpecsPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the queues: %w", err)
+	}
+	q.Revision = rev
+	return q, append(badStatus, badSpecs...), nil
+}
+
+// Specs decodes the specs of the named jobs (in parallel); a job without
+// a spec is left out, a malformed spec is a problem.
+func (q *QueueState) Specs(names []string) (map[string]*JobSpec, []error) {
+	var kvs []*mvccpb.KeyValue
+	for _, n := range names {
+		if kv, ok := q.specs[n]; ok {
+			kvs = append(kvs, kv)
+		}
+	}
+	list, bad := decodeParallel(kvs, q.dec)
+	out := make(map[string]*JobSpec, len(list))
+	for _, j := range list {
+		out[j.Name] = j
+	}
+	return out, bad
+}
+
+// DesiredAt reads the desired records of the named jobs at revision rev,
+// serializably (a member that has not applied rev yet refuses, and the
+// read is made again linearizably). Jobs without one are left out;
+// malformed ones are problems.
+func (s *Store) DesiredAt(ctx context.Context, names []string, rev int64) (map[string]*Desired, []error, error) {
+	read := func(opts ...clientv3.OpOption) ([]*pb.ResponseOp, error) {
+		ops := make([]clientv3.Op, len(names))
+		for i, n := range names {
+			ops[i] = clientv3.OpGet(s.Keys.Desired(n), append(opts, clientv3.WithRev(rev))...)
+		}
+		return s.readAll(ctx, ops)
+	}
+	resps, err := read(clientv3.WithSerializable())
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrFutureRev) {
+		resps, err = read()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read desired records: %w", err)
+	}
+	out := make(map[string]*Desired, len(names))
+	var bad []error
+	for _, r := range resps {
+		for _, kv := range r.GetResponseRange().Kvs {
+			d, err := DecodeDesired(string(kv.Key), kv.Value)
+			if err != nil {
+				bad = append(bad, err)
+				continue
+			}
+			out[d.Job] = d
+		}
+	}
+	return out, bad, nil
 }

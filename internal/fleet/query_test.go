@@ -196,7 +196,7 @@ func listed(s *fleet.Snapshot) string {
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Statuses)) {
 		st := s.Statuses[name]
-		fmt.Fprintf(&b, "status %s: %s %s %s %s %q\n", name, st.Job, st.Team, st.Kind, st.Code, st.Message)
+		fmt.Fprintf(&b, "status %s: %s %s %s %s %q %d %s\n", name, st.Job, st.Team, st.Kind, st.Code, st.Message, st.ToSize, st.Since.UTC().Format(time.RFC3339Nano))
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Finished)) {
 		f := s.Finished[name]
@@ -241,7 +241,8 @@ func TestJobsListingReadsWhatJobsSnapshotReads(t *testing.T) {
 		k.Desired("badstop"):     `{"job":"badstop","size":0,"generation":1,"stop":{"kind":"nap"}}`,
 		k.Desired("negative"):    `{"job":"negative","size":1,"generation":-1}`,
 		k.Desired("misnamed"):    `{"job":"other","size":1,"generation":1}`,
-		k.Status("plain"):        `{"job":"plain","team":"t","kind":"Running","code":"WithinQuota","message":"ok \"quoted\"","fromSize":1,"toSize":2,"holders":[{"job":"x"}],"time":"2026-11-23T00:08:44Z","since":"2026-11-23T00:08:44Z"}`,
+		k.Status("plain"):        `{"job":"plain","team":"t","kind":"Running","code":"WithinQuota","message":"ok \"quoted\"","fromSize":1,"toSize":2,"holders":[{"job":"x"}],"time":"2026-11-23T00:08:44Z","since":"2026-11-23T00:08:44.5+01:00"}`,
+		k.Status("badsince"):     `{"job":"badsince","kind":"Running","toSize":1,"since":"soon"}`,
 		k.Status("spaced"):       `{"job":"spaced","kind":"Pending","code":null,"message":"wait"}`,
 		k.Status("misnamed"):     `{"job":"other","kind":"Pending"}`,
 		k.Status("badkind"):      `{"job":"badkind","kind":7}`,
@@ -276,7 +277,7 @@ func TestJobsListingReadsWhatJobsSnapshotReads(t *testing.T) {
 	if a, b := words(fullBad), words(leanBad); !slices.Equal(a, b) {
 		t.Errorf("JobsListing's problems\n%s\nJobsSnapshot's\n%s", strings.Join(b, "\n"), strings.Join(a, "\n"))
 	}
-	if len(full.Jobs) != 7 || len(fullBad) != 18 || lean.Revision != full.Revision {
+	if len(full.Jobs) != 7 || len(fullBad) != 19 || lean.Revision != full.Revision {
 		t.Errorf("%d jobs, %d problems, revisions %d and %d", len(full.Jobs), len(fullBad), lean.Revision, full.Revision)
 	}
 }
