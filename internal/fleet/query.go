@@ -910,40 +910,6 @@ func (s *Store) ApplyJobs(ctx context.Context, jobs []JobSpec, now time.Time) ([
 	return res, nil
 }
 
-// StatusSnapshot is Statuses decoded in parallel, with the revision it read
-// at (a malformed status is a problem; no earlier value is looked for).
-func (s *Store) StatusSnapshot(ctx context.Context) (map[string]*Status, []error, int64, error) {
-	r, err := s.Cli.Get(ctx, s.Keys.StatusPrefix(), clientv3.WithPrefix())
-	if err != nil {
-		return nil, nil, 0, fmt.Errorf("list statuses: %w", err)
-	}
-	list, bad := decodeParallel(r.Kvs, jsonNamed(func(x *Status) string { return x.Job }, nil))
-	out := make(map[string]*Status, len(list))
-	for _, x := range list {
-		out[x.Job] = x
-	}
-	return out, bad, r.Header.Revision, nil
-}
-
-// SpecsWhere reads the specs of the jobs whose name keep accepts: one
-// range read, and only those specs decoded (in parallel).
-func (s *Store) SpecsWhere(ctx context.Context, keep func(name string) bool) ([]*JobSpec, []error, error) {
-	p := s.Keys.SpecsPrefix()
-	r, err := s.Cli.Get(ctx, p, clientv3.WithPrefix())
-	if err != nil {
-		return nil, nil, fmt.Errorf("list jobs: %w", err)
-	}
-	owned, dup := ownedSpecs(s.Keys, r.Kvs)
-	kvs := make([]*mvccpb.KeyValue, 0, len(owned))
-	for _, kv := range owned {
-		if _, job, ok := s.Keys.SpecOwner(string(kv.Key)); !ok || keep(job) {
-			kvs = append(kvs, kv)
-		}
-	}
-	specs, bad := decodeParallel(kvs, specDecoder(s.Keys))
-	return specs, append(dup, bad...), nil
-}
-
 // JobsListing is JobsSnapshot for a listing of jobs (elasticctl get jobs
 // as a table): it decodes only the fields a listing shows, and returns
 // records with every other field zero. A spec holds its name, team,
