@@ -1410,50 +1410,97 @@ var errRangeWire = errors.New("malformed RangeResponse from etcd")
 
 // decode reads RangeResponse's header.revision (1.3) and kvs (2): key (1),
 // create_revision (2), mod_revision (3), version (4), value (5), lease (6).
+// The KeyValues are counted first, so that they fill one slab.
 func (r *rawRange) decode(b []byte) error {
-	var kvBytes [][]byte
-	err := wireFields(b, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			return wireFields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
+	n := 0
+	for p := b; len(p) > 0; {
+		num, typ, m := protowire.ConsumeTag(p)
+		if m < 0 {
+			return errRangeWire
+		}
+		p = p[m:]
+		if m = protowire.ConsumeFieldValue(num, typ, p); m < 0 {
+			return errRangeWire
+		}
+		p = p[m:]
+		if num == 2 && typ == protowire.BytesType {
+			n++
+		}
+	}
+	slab := make([]mvccpb.KeyValue, n)
+	r.kvs = make([]*mvccpb.KeyValue, 0, n)
+	for len(b) > 0 {
+		num, typ, m := protowire.ConsumeTag(b)
+		b = b[m:]
+		if typ != protowire.BytesType {
+			b = b[protowire.ConsumeFieldValue(num, typ, b):]
+			continue
+		}
+		v, m := protowire.ConsumeBytes(b)
+		b = b[m:]
+		switch num {
+		case 1:
+			err := wireFields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
 				if num == 3 && typ == protowire.VarintType {
 					r.rev = int64(x)
 				}
 				return nil
 			})
-		case num == 2 && typ == protowire.BytesType:
-			kvBytes = append(kvBytes, v)
+			if err != nil {
+				return err
+			}
+		case 2:
+			kv := &slab[len(r.kvs)]
+			if err := decodeKV(v, kv); err != nil {
+				return err
+			}
+			r.kvs = append(r.kvs, kv)
 		}
-		return nil
-	})
-	if err != nil {
-		return err
 	}
-	slab := make([]mvccpb.KeyValue, len(kvBytes))
-	r.kvs = make([]*mvccpb.KeyValue, len(kvBytes))
-	for i, m := range kvBytes {
-		kv := &slab[i]
-		err := wireFields(m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
-			switch {
-			case num == 1 && typ == protowire.BytesType:
+	return nil
+}
+
+// decodeKV reads one mvccpb.KeyValue; key and value are slices of m.
+func decodeKV(m []byte, kv *mvccpb.KeyValue) error {
+	for len(m) > 0 {
+		num, typ, n := protowire.ConsumeTag(m)
+		if n < 0 {
+			return errRangeWire
+		}
+		m = m[n:]
+		switch typ {
+		case protowire.BytesType:
+			var v []byte
+			if v, n = protowire.ConsumeBytes(m); n < 0 {
+				return errRangeWire
+			}
+			switch num {
+			case 1:
 				kv.Key = v
-			case num == 2 && typ == protowire.VarintType:
-				kv.CreateRevision = int64(x)
-			case num == 3 && typ == protowire.VarintType:
-				kv.ModRevision = int64(x)
-			case num == 4 && typ == protowire.VarintType:
-				kv.Version = int64(x)
-			case num == 5 && typ == protowire.BytesType:
+			case 5:
 				kv.Value = v
-			case num == 6 && typ == protowire.VarintType:
+			}
+		case protowire.VarintType:
+			var x uint64
+			if x, n = protowire.ConsumeVarint(m); n < 0 {
+				return errRangeWire
+			}
+			switch num {
+			case 2:
+				kv.CreateRevision = int64(x)
+			case 3:
+				kv.ModRevision = int64(x)
+			case 4:
+				kv.Version = int64(x)
+			case 6:
 				kv.Lease = int64(x)
 			}
-			return nil
-		})
-		if err != nil {
-			return err
+		default:
+			if n = protowire.ConsumeFieldValue(num, typ, m); n < 0 {
+				return errRangeWire
+			}
 		}
-		r.kvs[i] = kv
+		m = m[n:]
 	}
 	return nil
 }
