@@ -84,39 +84,23 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name s
 	if err := api.ValidateName("job", name); err != nil {
 		return err
 	}
-	// The job's problems are read while its records and history are.
-	type problems struct {
-		list []fleet.Problem
-		bad  []error
-		err  error
-	}
-	pc := make(chan problems, 1)
-	go func() {
-		var p problems
-		p.list, p.bad, p.err = st.Problems(ctx, name)
-		pc <- p
-	}()
 	now := timeNow()
-	rec, history, bad, err := st.JobHistory(ctx, name, func(r fleet.JobRecord) time.Time {
+	d, bad, err := st.JobHistory(ctx, name, func(r fleet.JobRecord) time.Time {
 		if s := r.Spec.SubmitTime; !s.IsZero() && s.Before(now) {
 			return s.Add(-time.Second) // the history of this job, not of an earlier namesake
 		}
 		return time.Time{}
 	})
-	p := <-pc
 	if err != nil {
 		return err
 	}
 	warnAll(c.App.ErrWriter, bad)
-	if rec == nil {
+	if d == nil {
 		return fmt.Errorf("job %q not found: 'elasticctl get jobs' lists them", name)
 	}
-	v := viewOf(*rec)
-	if p.err != nil {
-		return p.err
-	}
-	v.Problems = p.list
-	warnAll(c.App.ErrWriter, p.bad)
+	v := viewOf(d.JobRecord)
+	v.Problems = d.Problems
+	history := d.History
 	var queue *queueInfo
 	if v.Finished == nil && v.Allocation == nil && !v.Spec.Suspended && v.Status != nil && v.Status.Kind == api.KindPending {
 		if queue, err = queuePlace(ctx, st, v, c.App.ErrWriter); err != nil {

@@ -348,8 +348,12 @@ func TestDescribeDedupQueueAndEstimate(t *testing.T) {
 		}
 		st.PutEvent(context.Background(), fleet.Event{Time: base.Add(time.Duration(i) * 10 * time.Second), Reason: policy.Reason{Job: "waiter-2", Kind: policy.KindPending, Code: code, Message: msg}})
 	}
+	if err := st.PutProblem(context.Background(), fleet.Problem{Job: "waiter-2", Node: "node-0", Message: "containerd is down", Time: base}); err != nil {
+		t.Fatal(err)
+	}
 	out := mustCtl(t, ep, "describe", "job", "waiter-2")
 	for _, re := range []string{
+		`(?m)^Problem:\s+on node-0 since \S+: containerd is down$`,
 		`(?m)^Queue:\s+2 of 2 pending in team solo; 2 of 2 pending in cohort -$`,
 		`(?m)^Est\. wait:\s+about \d+s from submission \(an estimate, not a promise: the median time from submission to admission of the 1 most recently admitted jobs of team solo that are running now\)$`,
 		`(?m)^  \d\d:\d\d:\d\d  Pending waiter-2: no nodes are free \(x3 over 40s, last at \d\d:\d\d:\d\d\)$`,

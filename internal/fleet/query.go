@@ -593,17 +593,27 @@ func (s *Store) readAll(ctx context.Context, ops []clientv3.Op) ([]*pb.ResponseO
 	return slices.Concat(parts...), nil
 }
 
+// JobDetail is what describing one job reads of etcd.
+type JobDetail struct {
+	JobRecord
+	// Problems are the nodes' problem records of the job (as Problems).
+	Problems []Problem
+	// History is the decision events about the job (as QueryEvents with
+	// Job), oldest first.
+	History []Event
+}
+
 // JobHistory reads what describing one job needs of etcd: its records
-// (as JobRecords; nil when it has no spec) and the decision events about
-// it (as QueryEvents with Job) at or after since(its records), which
-// leaves out an earlier namesake's history. It reads in two steps: the
-// spec keys and the event keys are listed (keys only, at once), then the
-// job's records and the events of its decisions are read in one
+// (as JobRecords; nil when it has no spec), its problem records, and the
+// decision events about it at or after since(its records), which leaves
+// out an earlier namesake's history. It reads in two steps: the spec keys
+// and the event keys are listed (keys only, at once), then the job's
+// records, problems and the events of its decisions are read in one
 // transaction (more only past MaxTxnOps events) at the newer listing's
 // revision; the events before since are dropped after.
-func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecord) time.Time) (*JobRecord, []Event, []error, error) {
+func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecord) time.Time) (*JobDetail, []error, error) {
 	if err := api.ValidateName("job", name); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	var (
 		specKeys         map[string]string
@@ -621,17 +631,17 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 	}()
 	wg.Wait()
 	if err := errors.Join(specErr, keysErr); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	specKey, ok := specKeys[name]
 	if !ok {
-		return nil, nil, nil, nil
+		return nil, nil, nil
 	}
 	rev := max(specRev, keysRev)
 	evKeys := s.eventKeysOf(keys, name, "")
 	read := func(opts ...clientv3.OpOption) ([]*pb.ResponseOp, error) {
 		opts = append(opts, clientv3.WithRev(rev))
-		ops := s.recordOps(name, specKey, opts...)
+		ops := append(s.recordOps(name, specKey, opts...), clientv3.OpGet(s.Keys.Problems(name), append(opts, clientv3.WithPrefix())...))
 		for _, k := range evKeys {
 			ops = append(ops, clientv3.OpGet(k, opts...))
 		}
@@ -645,19 +655,27 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 		resps, err = read()
 	}
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("read job %s: %w", name, err)
+		return nil, nil, fmt.Errorf("read job %s: %w", name, err)
 	}
 	rec, ok, bad := s.decodeRecord(resps[:4])
 	if !ok {
-		return nil, nil, bad, nil
+		return nil, bad, nil
+	}
+	d := &JobDetail{JobRecord: rec}
+	for _, kv := range resps[4].GetResponseRange().Kvs {
+		var p Problem
+		if err := json.Unmarshal(kv.Value, &p); err != nil {
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+			continue
+		}
+		d.Problems = append(d.Problems, p)
 	}
 	from := ""
 	if t := since(rec); !t.IsZero() {
 		from = s.Keys.Event(t, "")
 		from = from[:len(from)-1] // without the "-": same-nanosecond events are kept
 	}
-	var out []Event
-	for _, resp := range resps[4:] {
+	for _, resp := range resps[5:] {
 		for _, kv := range resp.GetResponseRange().Kvs {
 			if string(kv.Key) < from {
 				continue
@@ -668,11 +686,11 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 				continue
 			}
 			if e.Concerns(name) {
-				out = append(out, *e)
+				d.History = append(d.History, *e)
 			}
 		}
 	}
-	return &rec, out, bad, nil
+	return d, bad, nil
 }
 
 // eventKeys lists the keys (without values) of the events in [start, end).

@@ -307,23 +307,33 @@ func TestJobHistory(t *testing.T) {
 	put(20, api.Reason{Job: "prod", Kind: api.KindAdmitted})
 	put(20, api.Reason{Job: "bystander", Kind: api.KindPending})
 	put(30, api.Reason{Job: "prod", Kind: api.KindRunning})
+	pb, _ := json.Marshal(fleet.Problem{Job: "prod", Node: "n1", Message: "containerd is down"})
+	if _, err := cli.Put(ctx, st.Keys.Problem("prod", "n1"), string(pb)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, st.Keys.Problem("prod-2", "n1"), string(pb)); err != nil { // another job's
+		t.Fatal(err)
+	}
 	var sawSpec bool
-	rec, evs, bad, err := st.JobHistory(ctx, "prod", func(r fleet.JobRecord) time.Time {
+	d, bad, err := st.JobHistory(ctx, "prod", func(r fleet.JobRecord) time.Time {
 		sawSpec = r.Spec != nil && r.Spec.Name == "prod"
 		return t0.Add(5 * time.Second)
 	})
-	if err != nil || len(bad) > 0 || rec == nil || !sawSpec {
-		t.Fatalf("JobHistory: %+v %v %v", rec, bad, err)
+	if err != nil || len(bad) > 0 || d == nil || !sawSpec || d.Spec.Name != "prod" {
+		t.Fatalf("JobHistory: %+v %v %v", d, bad, err)
+	}
+	if len(d.Problems) != 1 || d.Problems[0].Message != "containerd is down" {
+		t.Errorf("problems: %+v", d.Problems)
 	}
 	var got []string
-	for _, e := range evs {
+	for _, e := range d.History {
 		got = append(got, fmt.Sprintf("%d %s %s", e.Time.Unix()-t0.Unix(), e.Job, e.Kind))
 	}
 	if want := []string{"20 prod Admitted", "20 sweep Shrunk", "30 prod Running"}; !slices.Equal(got, want) {
 		t.Errorf("history %q, want %q", got, want)
 	}
-	if rec, _, _, err := st.JobHistory(ctx, "nope", func(fleet.JobRecord) time.Time { return time.Time{} }); rec != nil || err != nil {
-		t.Errorf("a job without a spec: %+v %v", rec, err)
+	if d, _, err := st.JobHistory(ctx, "nope", func(fleet.JobRecord) time.Time { return time.Time{} }); d != nil || err != nil {
+		t.Errorf("a job without a spec: %+v %v", d, err)
 	}
 }
 
