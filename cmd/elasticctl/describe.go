@@ -81,27 +81,26 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 }
 
 func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name string) error {
-	views, missing, _, err := loadNamedJobs(ctx, st, []string{name}, c.App.ErrWriter)
+	if err := api.ValidateName("job", name); err != nil {
+		return err
+	}
+	now := timeNow()
+	d, bad, err := st.JobHistory(ctx, name, func(r fleet.JobRecord) time.Time {
+		if s := r.Spec.SubmitTime; !s.IsZero() && s.Before(now) {
+			return s.Add(-time.Second) // the history of this job, not of an earlier namesake
+		}
+		return time.Time{}
+	})
 	if err != nil {
 		return err
 	}
-	if len(missing) > 0 {
+	warnAll(c.App.ErrWriter, bad)
+	if d == nil {
 		return fmt.Errorf("job %q not found: 'elasticctl get jobs' lists them", name)
 	}
-	v := views[0]
-	q := fleet.EventQuery{Job: name}
-	if s := v.Spec.SubmitTime; !s.IsZero() && s.Before(timeNow()) {
-		q.Since = s.Add(-time.Second) // the history of this job, not of an earlier namesake
-	}
-	history, bad, _, err := st.QueryEvents(ctx, q)
-	if err != nil {
-		return err
-	}
-	warnAll(c.App.ErrWriter, bad)
-	if v.Problems, bad, err = st.Problems(ctx, name); err != nil {
-		return err
-	}
-	warnAll(c.App.ErrWriter, bad)
+	v := viewOf(d.JobRecord)
+	v.Problems = d.Problems
+	history := d.History
 	var queue *queueInfo
 	if v.Finished == nil && v.Allocation == nil && !v.Spec.Suspended && v.Status != nil && v.Status.Kind == api.KindPending {
 		if queue, err = queuePlace(ctx, st, v, c.App.ErrWriter); err != nil {
@@ -124,18 +123,32 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name s
 
 // queuePlace finds a pending job's place in its team's and cohort's
 // queues (the engine's admission order: priority, then submit time, then
-// name) and estimates its wait. It reads the teams, the jobs' statuses,
-// the specs of the cohort's pending jobs (one range read, only those
-// decoded) and the records of the team's 50 most recently admitted running
-// jobs.
+// name) and estimates its wait. It reads the teams, the jobs' statuses and
+// specs (at once; only the specs of the cohort's pending jobs and of the
+// sample are decoded), then the desired records of the sample: the team's
+// 50 most recently admitted running jobs.
 func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer) (*queueInfo, error) {
-	teams, bad, err := st.Teams(ctx)
-	if err != nil {
+	// The teams are read while the statuses and specs are.
+	type teamsRead struct {
+		list []api.Team
+		bad  []error
+		err  error
+	}
+	tc := make(chan teamsRead, 1)
+	go func() {
+		var t teamsRead
+		t.list, t.bad, t.err = st.Teams(ctx)
+		tc <- t
+	}()
+	qs, qbad, qerr := st.QueueState(ctx)
+	tr := <-tc
+	if err := errors.Join(tr.err, qerr); err != nil {
 		return nil, err
 	}
-	warnAll(warn, bad)
+	warnAll(warn, tr.bad)
+	warnAll(warn, qbad)
 	byTeam := map[string]api.Team{}
-	for _, t := range teams {
+	for _, t := range tr.list {
 		byTeam[t.Name] = t
 	}
 	team, ok := byTeam[v.Spec.Team]
@@ -151,21 +164,16 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 		}
 		return ""
 	}
-	statuses, bad, _, err := st.StatusSnapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
-	warnAll(warn, bad)
-	pending := map[string]bool{}
-	var running []fleet.Status
-	for n, s := range statuses {
+	var pendingNames []string
+	var running []*fleet.Status
+	for n, s := range qs.Statuses {
 		t, ok := byTeam[s.Team]
 		if !ok || t.Cohort != team.Cohort {
 			continue
 		}
 		switch {
 		case s.Kind == api.KindPending:
-			pending[n] = true
+			pendingNames = append(pendingNames, n)
 		case s.Team == team.Name && s.ToSize > 0:
 			running = append(running, s)
 		}
@@ -177,16 +185,19 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 	for _, s := range running[:min(len(running), samples)] {
 		runningNames = append(runningNames, s.Job)
 	}
-	specs, bad, err := st.SpecsWhere(ctx, func(name string) bool { return pending[name] })
+	specsOf, bad := qs.Specs(append(pendingNames, runningNames...))
+	warnAll(warn, bad)
+	desired, bad, err := st.DesiredAt(ctx, runningNames, qs.Revision)
 	if err != nil {
 		return nil, err
 	}
 	warnAll(warn, bad)
-	recs, bad, _, err := st.JobRecords(ctx, runningNames)
-	if err != nil {
-		return nil, err
+	var specs []*fleet.JobSpec
+	for _, n := range pendingNames {
+		if sp, ok := specsOf[n]; ok {
+			specs = append(specs, sp)
+		}
 	}
-	warnAll(warn, bad)
 	flavor := flavorOf(v.Spec.Job)
 	var queue []api.Job
 	for _, sp := range specs {
@@ -219,11 +230,11 @@ func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer)
 	}
 	var waits []time.Duration
 	for _, n := range runningNames {
-		r, ok := recs[n]
-		if !ok || r.Desired == nil || !r.Desired.Running() || r.Spec.SubmitTime.IsZero() {
+		sp, d := specsOf[n], desired[n]
+		if sp == nil || !d.Running() || sp.SubmitTime.IsZero() {
 			continue
 		}
-		if w := r.Desired.Since.Sub(r.Spec.SubmitTime); w >= 0 {
+		if w := d.Since.Sub(sp.SubmitTime); w >= 0 {
 			waits = append(waits, w)
 		}
 	}
@@ -317,7 +328,7 @@ func describeTeam(ctx context.Context, c *cli.Context, st *fleet.Store, name str
 	if err != nil {
 		return err
 	}
-	jobs, _, err := loadJobViews(ctx, st, c.App.ErrWriter)
+	jobs, _, err := loadJobViews(ctx, st, c.App.ErrWriter, true)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/urfave/cli/v2"
 	"sigs.k8s.io/yaml"
@@ -30,7 +32,7 @@ var timeNow = time.Now
 
 // viewOf joins one job's records.
 func viewOf(r fleet.JobRecord) jobView {
-	v := jobView{Spec: *r.Spec, Status: r.Status, Finished: r.Finished}
+	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished}
 	if r.Desired.Running() {
 		a := r.Desired.Allocation
 		v.Allocation = &a
@@ -39,28 +41,25 @@ func viewOf(r fleet.JobRecord) jobView {
 }
 
 // loadJobViews reads every job (one revision) and returns it with that
-// revision.
-func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer) ([]jobView, int64, error) {
-	snap, bad, err := st.JobsSnapshot(ctx)
+// revision. listing reads only the fields a table shows (see
+// fleet.Store.JobsListing); JSON and YAML need whole records.
+func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing bool) ([]jobView, int64, error) {
+	read := st.JobsSnapshot
+	if listing {
+		read = st.JobsListing
+	}
+	snap, bad, err := read(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
 	warnAll(warn, bad)
 	allocs := make(map[string]*fleet.Desired, len(snap.Desired))
-	for i := range snap.Desired {
-		allocs[snap.Desired[i].Job] = &snap.Desired[i]
+	for _, d := range snap.Desired {
+		allocs[d.Job] = d
 	}
 	out := make([]jobView, 0, len(snap.Jobs))
-	for i := range snap.Jobs {
-		name := snap.Jobs[i].Name
-		r := fleet.JobRecord{Spec: &snap.Jobs[i], Desired: allocs[name]}
-		if s, ok := snap.Statuses[name]; ok {
-			r.Status = &s
-		}
-		if f, ok := snap.Finished[name]; ok {
-			r.Finished = &f
-		}
-		out = append(out, viewOf(r))
+	for _, j := range snap.Jobs {
+		out = append(out, viewOf(fleet.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]}))
 	}
 	return out, snap.Revision, nil
 }
@@ -309,7 +308,7 @@ func getJobs(c *cli.Context, st *fleet.Store, names []string) error {
 	if len(names) > 0 {
 		jobs, missing, rev, err = loadNamedJobs(ctx, st, names, c.App.ErrWriter)
 	} else {
-		jobs, rev, err = loadJobViews(ctx, st, c.App.ErrWriter)
+		jobs, rev, err = loadJobViews(ctx, st, c.App.ErrWriter, newJobPrinter(c).table() || c.String("output") == "name")
 	}
 	cancel()
 	if err != nil {
@@ -385,28 +384,68 @@ func (p *jobPrinter) print(rows []jobView, header bool) error {
 		return writeYAML(w, rows)
 	}
 	wide := p.out == "wide"
-	tw := newTab(w)
+	cols := 8
+	if wide {
+		cols = 11
+	}
+	t := newTable(cols, len(rows)+1)
 	if header {
-		if wide {
-			fmt.Fprintln(tw, "NAME\tTEAM\tPRIORITY\tSTATE\tNODES\tMIN:MAX\tREASON\tAGE\tFLAVOR\tNODE-NAMES\tMESSAGE")
-		} else {
-			fmt.Fprintln(tw, "NAME\tTEAM\tPRIORITY\tSTATE\tNODES\tMIN:MAX\tREASON\tAGE")
-		}
+		t.row("NAME", "TEAM", "PRIORITY", "STATE", "NODES", "MIN:MAX", "REASON", "AGE", "FLAVOR", "NODE-NAMES", "MESSAGE")
 	}
 	now := p.now()
 	for _, j := range rows {
 		lo, hi := j.Spec.Bounds()
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d:%d\t%s\t%s", j.Spec.Name, j.Spec.Team, j.priority(), j.state(), j.size(), lo, hi, j.reasonCode(), age(j.Spec.SubmitTime, now))
-		if wide {
-			nodes := "-"
-			if j.Allocation != nil && len(j.Allocation.Nodes) > 0 {
-				nodes = strings.Join(j.Allocation.Nodes, ",")
-			}
-			fmt.Fprintf(tw, "\t%s\t%s\t%s", orDash(j.Spec.Flavor), nodes, j.message())
+		bounds := strconv.Itoa(lo) + ":" + strconv.Itoa(hi)
+		if !wide {
+			t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.state(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now))
+			continue
 		}
-		fmt.Fprintln(tw)
+		nodes := "-"
+		if j.Allocation != nil && len(j.Allocation.Nodes) > 0 {
+			nodes = strings.Join(j.Allocation.Nodes, ",")
+		}
+		t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.state(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now),
+			orDash(j.Spec.Flavor), nodes, j.message())
 	}
-	return tw.Flush()
+	return t.write(w)
+}
+
+// table aligns columns as newTab's tabwriter does (each column as wide as
+// its widest cell plus two spaces; the last column unpadded), for tables
+// of thousands of rows: it measures once and writes each cell once.
+type table struct {
+	cols  int
+	cells []string
+}
+
+func newTable(cols, rows int) *table {
+	return &table{cols: cols, cells: make([]string, 0, cols*rows)}
+}
+
+// row adds a row of the table's columns (extra cells are dropped).
+func (t *table) row(cells ...string) { t.cells = append(t.cells, cells[:t.cols]...) }
+
+func (t *table) write(w io.Writer) error {
+	width := make([]int, t.cols)
+	for i, c := range t.cells {
+		if col := i % t.cols; col < t.cols-1 {
+			width[col] = max(width[col], utf8.RuneCountInString(c))
+		}
+	}
+	b := bufio.NewWriterSize(w, 64<<10)
+	const pad = "                                                                "
+	for i, c := range t.cells {
+		b.WriteString(c)
+		col := i % t.cols
+		if col == t.cols-1 {
+			b.WriteByte('\n')
+			continue
+		}
+		for n := width[col] + 2 - utf8.RuneCountInString(c); n > 0; n -= len(pad) {
+			b.WriteString(pad[:min(n, len(pad))])
+		}
+	}
+	return b.Flush()
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -462,7 +501,7 @@ func watchJobs(c *cli.Context, st *fleet.Store, rev int64, names []string, keep 
 			}
 		}
 		for _, g := range gone {
-			v := jobView{Spec: fleet.JobSpec{Job: api.Job{Name: g}}, Finished: &fleet.Finish{Outcome: "Deleted"}}
+			v := jobView{Spec: &fleet.JobSpec{Job: api.Job{Name: g}}, Finished: &fleet.Finish{Outcome: "Deleted"}}
 			rows = append(rows, v)
 		}
 		if err := p.print(rows, false); err != nil {

@@ -22,7 +22,7 @@ func ctxOf(c *cli.Context) (context.Context, context.CancelFunc) {
 
 // jobView is a job with its state, for get/describe.
 type jobView struct {
-	Spec       fleet.JobSpec      `json:"spec"`
+	Spec       *fleet.JobSpec     `json:"spec"`
 	Allocation *policy.Allocation `json:"allocation,omitempty"`
 	Status     *fleet.Status      `json:"status,omitempty"`
 	Finished   *fleet.Finish      `json:"finished,omitempty"`

@@ -50,6 +50,13 @@ func TestHelpDocumentsExitCodesAndExamples(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "EXIT STATUS:\n   0  the command did what was asked\n   1  the operation failed") || !strings.Contains(out, "2  the command line is wrong") {
 		t.Errorf("--help: exit %d\n%s", code, out)
 	}
+	// Every global flag says what it is for (the TLS ones had no text).
+	for _, f := range globalFlags() {
+		name := f.Names()[0]
+		if !regexp.MustCompile(`(?m)^\s+--` + name + ` value\s+[^\s\[].{10,}`).MatchString(out) {
+			t.Errorf("--help has no text for --%s:\n%s", name, out)
+		}
+	}
 	for _, cmd := range newApp(&bytes.Buffer{}).Commands {
 		out, _, code := ctl(t, "127.0.0.1:1", cmd.Name, "--help")
 		if code != 0 || !regexp.MustCompile(`Examples:\n\s+(elasticctl|source) `).MatchString(out) || !strings.Contains(out, "EXIT STATUS:") {
@@ -341,8 +348,12 @@ func TestDescribeDedupQueueAndEstimate(t *testing.T) {
 		}
 		st.PutEvent(context.Background(), fleet.Event{Time: base.Add(time.Duration(i) * 10 * time.Second), Reason: policy.Reason{Job: "waiter-2", Kind: policy.KindPending, Code: code, Message: msg}})
 	}
+	if err := st.PutProblem(context.Background(), fleet.Problem{Job: "waiter-2", Node: "node-0", Message: "containerd is down", Time: base}); err != nil {
+		t.Fatal(err)
+	}
 	out := mustCtl(t, ep, "describe", "job", "waiter-2")
 	for _, re := range []string{
+		`(?m)^Problem:\s+on node-0 since \S+: containerd is down$`,
 		`(?m)^Queue:\s+2 of 2 pending in team solo; 2 of 2 pending in cohort -$`,
 		`(?m)^Est\. wait:\s+about \d+s from submission \(an estimate, not a promise: the median time from submission to admission of the 1 most recently admitted jobs of team solo that are running now\)$`,
 		`(?m)^  \d\d:\d\d:\d\d  Pending waiter-2: no nodes are free \(x3 over 40s, last at \d\d:\d\d:\d\d\)$`,
@@ -385,6 +396,15 @@ func TestConfigContextsAndOverrides(t *testing.T) {
 	}
 	if _, errs, code := run1("--config", cfg, "--context", "tset", "get", "nodes"); code != 1 || !strings.Contains(errs, `no context named "tset": did you mean "test"?`) {
 		t.Errorf("--context tset: %d %q", code, errs)
+	}
+	// An ELASTICCTL_* variable overrides the current context too, and a
+	// flag overrides the variable.
+	t.Setenv("ELASTICCTL_ETCD_ENDPOINTS", ep)
+	if out, errs, code := run1("--config", cfg, "get", "nodes", "-o", "name"); code != 0 || out != "node/node-0\n" {
+		t.Errorf("ELASTICCTL_ETCD_ENDPOINTS over the context: %d %q %q", code, out, errs)
+	}
+	if _, errs, code := run1("--config", cfg, "--etcd-endpoints", "127.0.0.1:1", "get", "nodes"); code != 1 || !strings.Contains(errs, "cannot reach etcd at http://127.0.0.1:1") {
+		t.Errorf("--etcd-endpoints over ELASTICCTL_ETCD_ENDPOINTS: %d %q", code, errs)
 	}
 }
 
@@ -468,5 +488,33 @@ func TestGetNodesAndTeamsWatch(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("a watch did not stop")
 		}
+	}
+}
+
+// The jobs table's writer aligns as the tabwriter of the other tables
+// does, byte for byte (wide cells, other scripts, empty cells).
+func TestTableAlignsAsTabwriter(t *testing.T) {
+	rows := [][]string{
+		{"NAME", "TEAM", "STATE", "MESSAGE"},
+		{"a", "research", "Running", "ok"},
+		{"a-much-longer-name", "", "Pending", "wait: the team uses 800 of nominal 800"},
+		{"größe", "équipe", "-", ""},
+		{"x", "t", "Succeeded", "done"},
+	}
+	var want, got bytes.Buffer
+	tw := newTab(&want)
+	tb := newTable(4, len(rows))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		tb.row(r...)
+	}
+	if err := tw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tb.write(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != want.String() {
+		t.Errorf("table wrote\n%s\ntabwriter\n%s", got.String(), want.String())
 	}
 }
