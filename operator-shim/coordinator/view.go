@@ -1,0 +1,294 @@
+package coordinator
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// view is the coordinator's in-memory copy of etcd, like a Kubernetes
+// informer's cache: read whole once (load) and then kept by one watch per
+// input prefix from the revision after that read (apply). The inputs are
+// what others write (nodes, teams, specs, finish records); what the
+// coordinator writes itself (desired, status, assignments, events, usage)
+// it records here when its transaction commits, and never watches: its
+// own writes never come back as triggers.
+type view struct {
+	keys fleet.Keys
+	log  *slog.Logger
+	rev  int64 // the revision the view was loaded at
+
+	// Inputs.
+	nodes    map[string]devices.Inventory // by node
+	teams    map[string]api.Team          // by team
+	specs    map[string]specRec           // by spec key
+	finished map[string]finishRec         // by job
+
+	// The coordinator's own records, as they are in etcd.
+	desired  map[string]fleet.Desired
+	statuses map[string]fleet.Status
+	assigned map[string]map[string]int64 // job -> node -> generation
+	usage    []api.TeamUsage
+	events   *eventIndex
+
+	// changed counts input changes: a cycle runs only when it moved.
+	changed uint64
+	// refresh are the jobs whose desired record and status must be read
+	// again before the next cycle: a new spec of that name may have
+	// deleted what an earlier job of that name left (fleet.SubmitJob).
+	refresh map[string]bool
+}
+
+type specRec struct {
+	spec      fleet.JobSpec
+	createRev int64
+}
+
+type finishRec struct {
+	f fleet.Finish
+	// seen is when the coordinator first saw it (the retention clock when
+	// the record has no time).
+	seen time.Time
+}
+
+func newView(keys fleet.Keys, log *slog.Logger) *view {
+	return &view{keys: keys, log: log}
+}
+
+// load replaces the view with a snapshot. Malformed records fall back to
+// their last good value where etcd still holds one.
+func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.CoordinatorSnapshot, now time.Time) {
+	v.rev = snap.Rev
+	v.nodes = map[string]devices.Inventory{}
+	v.teams = map[string]api.Team{}
+	v.specs = map[string]specRec{}
+	v.finished = map[string]finishRec{}
+	v.desired = map[string]fleet.Desired{}
+	v.statuses = map[string]fleet.Status{}
+	v.assigned = map[string]map[string]int64{}
+	v.refresh = map[string]bool{}
+	v.usage = nil
+	for _, kv := range snap.Nodes {
+		v.putNode(kv)
+	}
+	for _, kv := range snap.Teams {
+		if t := decodeOrLastGood(ctx, cli, v.log, "team", kv, fleet.DecodeTeam); t != nil {
+			v.teams[t.Name] = *t
+		}
+	}
+	for _, kv := range snap.Specs {
+		spec := decodeOrLastGood(ctx, cli, v.log, "job", kv, func(k string, b []byte) (*fleet.JobSpec, error) { return fleet.DecodeSpec(v.keys, k, b) })
+		if spec != nil {
+			v.specs[string(kv.Key)] = specRec{spec: *spec, createRev: kv.CreateRevision}
+		}
+	}
+	for _, kv := range snap.Finished {
+		v.putFinish(kv, now)
+	}
+	for _, kv := range snap.Desired {
+		if d := decodeOrLastGood(ctx, cli, v.log, "desired record", kv, fleet.DecodeDesired); d != nil {
+			v.desired[d.Job] = *d
+		}
+	}
+	for _, kv := range snap.Statuses {
+		if s := decodeOrLastGood(ctx, cli, v.log, "status", kv, fleet.DecodeStatus); s != nil {
+			v.statuses[s.Job] = *s
+		}
+	}
+	for _, kv := range snap.Assigned {
+		node, job, ok := v.keys.AssignmentOwner(string(kv.Key))
+		if !ok {
+			continue
+		}
+		a, err := fleet.DecodeAssignment(string(kv.Key), kv.Value)
+		gen := int64(-1) // rewritten by the next cycle
+		if err == nil {
+			gen = a.Generation
+		}
+		v.assign(job, node, gen)
+	}
+	v.events = loadEvents(v.keys, snap.Events, v.log)
+	if len(snap.Usage) > 0 {
+		if u, err := decodeUsage(snap.Usage[0].Value); err == nil {
+			v.usage = u
+		}
+	}
+	v.changed++
+}
+
+func (v *view) assign(job, node string, gen int64) {
+	m := v.assigned[job]
+	if m == nil {
+		m = map[string]int64{}
+		v.assigned[job] = m
+	}
+	m[node] = gen
+}
+
+// decodeOrLastGood decodes kv, or falls back on its last good value.
+func decodeOrLastGood[T any](ctx context.Context, cli *clientv3.Client, log *slog.Logger, what string, kv *mvccpb.KeyValue, dec func(string, []byte) (*T, error)) *T {
+	x, err := dec(string(kv.Key), kv.Value)
+	if err == nil {
+		return x
+	}
+	if good, rev := fleet.LastGood(ctx, cli, kv, dec); good != nil {
+		log.Warn("malformed "+what+"; using its last good value", "err", err, "revision", rev)
+		return good
+	}
+	log.Warn("ignoring malformed "+what, "err", err)
+	return nil
+}
+
+func (v *view) putNode(kv *mvccpb.KeyValue) bool {
+	node := strings.TrimPrefix(string(kv.Key), v.keys.NodesPrefix())
+	if kv.Lease == 0 {
+		// An inventory counts only while its agent's lease proves the
+		// agent alive; one without a lease would never expire.
+		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", string(kv.Key))
+		_, had := v.nodes[node]
+		delete(v.nodes, node)
+		return had
+	}
+	inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+	if err != nil {
+		v.log.Warn("ignoring malformed node inventory; keeping its last good value", "err", err)
+		return false
+	}
+	if old, ok := v.nodes[inv.Node]; ok && NodeFromInventory(old) == NodeFromInventory(*inv) {
+		v.nodes[inv.Node] = *inv
+		return false // nothing the engine sees changed (a timestamp, say)
+	}
+	v.nodes[inv.Node] = *inv
+	return true
+}
+
+func (v *view) putFinish(kv *mvccpb.KeyValue, now time.Time) bool {
+	job := strings.TrimPrefix(string(kv.Key), v.keys.FinishedPrefix())
+	f, err := fleet.DecodeFinish(string(kv.Key), kv.Value)
+	if err != nil {
+		v.log.Warn("malformed finish record: the job counts as finished", "err", err)
+		f = &fleet.Finish{}
+	}
+	_, had := v.finished[job]
+	v.finished[job] = finishRec{f: *f, seen: now}
+	return !had
+}
+
+// apply updates the view with watch events; it reports whether anything
+// the engine reads changed.
+func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
+	changed := false
+	k := v.keys
+	for _, e := range evs {
+		key := string(e.Kv.Key)
+		del := e.Type == clientv3.EventTypeDelete
+		switch {
+		case strings.HasPrefix(key, k.NodesPrefix()):
+			node := strings.TrimPrefix(key, k.NodesPrefix())
+			if del {
+				_, had := v.nodes[node]
+				delete(v.nodes, node)
+				changed = changed || had
+			} else if v.putNode(e.Kv) {
+				changed = true
+			}
+		case strings.HasPrefix(key, k.TeamsPrefix()):
+			name := strings.TrimPrefix(key, k.TeamsPrefix())
+			if del {
+				delete(v.teams, name)
+				changed = true
+				continue
+			}
+			t, err := fleet.DecodeTeam(key, e.Kv.Value)
+			if err != nil {
+				v.log.Warn("ignoring malformed team; keeping its last good value", "err", err)
+				continue
+			}
+			v.teams[t.Name] = *t
+			changed = true
+		case strings.HasPrefix(key, k.SpecsPrefix()):
+			if del {
+				delete(v.specs, key)
+				changed = true
+				continue
+			}
+			spec, err := fleet.DecodeSpec(k, key, e.Kv.Value)
+			if err != nil {
+				v.log.Warn("ignoring malformed job; keeping its last good value", "err", err)
+				continue
+			}
+			if e.IsCreate() {
+				v.refresh[spec.Name] = true
+			}
+			v.specs[key] = specRec{spec: *spec, createRev: e.Kv.CreateRevision}
+			changed = true
+		case strings.HasPrefix(key, k.FinishedPrefix()):
+			job := strings.TrimPrefix(key, k.FinishedPrefix())
+			if del {
+				_, had := v.finished[job]
+				delete(v.finished, job)
+				changed = changed || had
+			} else if v.putFinish(e.Kv, now) {
+				changed = true
+			}
+		}
+	}
+	if changed {
+		v.changed++
+	}
+	return changed
+}
+
+// ownedSpecs returns, for every job name, the spec that owns it: the
+// oldest (lowest create revision) of the teams' specs of that name.
+func (v *view) ownedSpecs() map[string]specRec {
+	out := make(map[string]specRec, len(v.specs))
+	for _, s := range v.specs {
+		if cur, seen := out[s.spec.Name]; !seen || s.createRev < cur.createRev {
+			out[s.spec.Name] = s
+		}
+	}
+	return out
+}
+
+// state is the engine's input, in a stable order (the engine's
+// decisions must not depend on map order, or they would flap).
+func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string]specRec) {
+	st := policy.State{Now: now, Config: cfg}
+	st.Nodes = make([]policy.Node, 0, len(v.nodes))
+	for _, inv := range v.nodes {
+		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
+	}
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
+	st.Teams = make([]policy.Team, 0, len(v.teams))
+	for _, t := range v.teams {
+		st.Teams = append(st.Teams, t)
+	}
+	sort.Slice(st.Teams, func(i, j int) bool { return st.Teams[i].Name < st.Teams[j].Name })
+	owned := v.ownedSpecs()
+	st.Jobs = make([]policy.Job, 0, len(owned))
+	for name, s := range owned {
+		if _, done := v.finished[name]; done {
+			continue // succeeded or failed: its capacity is released
+		}
+		st.Jobs = append(st.Jobs, s.spec.Job)
+	}
+	sort.Slice(st.Jobs, func(i, j int) bool { return st.Jobs[i].Name < st.Jobs[j].Name })
+	for _, d := range v.desired {
+		if d.Running() {
+			st.Allocations = append(st.Allocations, d.Allocation)
+		}
+	}
+	sort.Slice(st.Allocations, func(i, j int) bool { return st.Allocations[i].Job < st.Allocations[j].Job })
+	return st, owned
+}
