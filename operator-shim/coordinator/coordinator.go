@@ -406,6 +406,7 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 	_, err := c.cycle(ctx, leader)
 	return err
 }
+
 // NodeFromInventory is how the engine sees a registered node.
 func NodeFromInventory(inv devices.Inventory) policy.Node {
 	n := policy.Node{Name: inv.Node, Flavor: inv.Flavor, VCPUs: inv.VCPUs, Memory: policy.ByteSize(inv.MemoryBytes),
