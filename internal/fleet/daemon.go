@@ -124,17 +124,19 @@ func LastGood[T any](ctx context.Context, cli *clientv3.Client, kv *mvccpb.KeyVa
 	return lastGood(ctx, cli, kv, decoder[T](dec))
 }
 
-// FinishOf reads one job's finish record (nil when it has none).
-func (s *Store) FinishOf(ctx context.Context, job string) (*Finish, error) {
+// FinishOf reads one job's finish record (nil when it has none); a
+// malformed record is a problem, returned beside a nil record.
+func (s *Store) FinishOf(ctx context.Context, job string) (f *Finish, problem, err error) {
 	key := s.Keys.Finish(job)
 	r, err := s.Cli.Get(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	if len(r.Kvs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	return DecodeFinish(key, r.Kvs[0].Value)
+	f, problem = DecodeFinish(key, r.Kvs[0].Value)
+	return f, problem, nil
 }
 
 // PutEventAtOp writes e at an existing event key (a deduplicated event's
@@ -168,4 +170,48 @@ func (s *Store) NoMembers(job string) clientv3.Cmp { return s.noMembers(job) }
 // SpecAbsent holds while team has no spec of job.
 func (s *Store) SpecAbsent(team, job string) clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(s.Keys.Spec(team, job)), "=", 0)
+}
+
+// Place writes a job's whole desired record and its per-node assignments
+// in one transaction, as the coordinator does: assignments of nodes the
+// previous record placed the job on and d does not are deleted, those of
+// new nodes written (tests, and tools that stand in for the coordinator).
+func (s *Store) Place(ctx context.Context, d Desired) error {
+	prev, err := s.Desired(ctx, d.Job)
+	if err != nil {
+		return err
+	}
+	op, err := s.PutDesiredOp(d)
+	if err != nil {
+		return err
+	}
+	ops := []clientv3.Op{op}
+	was := map[string]bool{}
+	if prev.Running() {
+		for _, n := range prev.Nodes {
+			was[n] = true
+		}
+	}
+	now := map[string]bool{}
+	if d.Running() {
+		for _, n := range d.Nodes {
+			now[n] = true
+			if !was[n] {
+				op, err := s.PutAssignmentOp(n, d)
+				if err != nil {
+					return err
+				}
+				ops = append(ops, op)
+			}
+		}
+	}
+	for n := range was {
+		if !now[n] {
+			ops = append(ops, s.DeleteAssignmentOp(n, d.Job))
+		}
+	}
+	if _, err := s.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		return fmt.Errorf("place job %s: %w", d.Job, err)
+	}
+	return nil
 }
