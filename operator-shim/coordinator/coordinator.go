@@ -100,8 +100,8 @@ type CycleStats struct {
 	Changed map[policy.ReasonKind]int
 	// Ops is the etcd operations written (puts and deletes).
 	Ops int
-	// Pending is how long each pending job has been pending.
-	Pending []time.Duration
+	// Waited is how long each job admitted in this cycle was pending.
+	Waited []time.Duration
 }
 
 // Coordinator is one coordinator instance.
@@ -123,6 +123,8 @@ type Coordinator struct {
 	ran       uint64
 	lastCycle time.Time
 	wake      time.Time
+	// waited collects the pending times of the jobs a cycle admits.
+	waited []time.Duration
 	// problems are the invalid inputs logged last cycle (logged once).
 	problems map[string]bool
 	// compaction: revisions seen and when, and the last compacted.

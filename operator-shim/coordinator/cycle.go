@@ -44,6 +44,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	if err := c.mintFor(ctx, d.Allocations); err != nil {
 		return false, err
 	}
+	c.waited = c.waited[:0]
 	units, changed, again := c.writes(d)
 	ops, err := c.commit(ctx, leader, units)
 	if err != nil {
@@ -62,13 +63,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	c.revokeEnded(ctx, running)
 	if c.cfg.OnCycle != nil {
 		cs := CycleStats{Duration: time.Since(start), Decision: d, Changed: changed, Ops: ops}
-		for _, r := range d.Reasons {
-			if r.Kind == policy.KindPending {
-				if s, ok := v.statuses[r.Job]; ok && !s.Since.IsZero() {
-					cs.Pending = append(cs.Pending, now.Sub(s.Since))
-				}
-			}
-		}
+		cs.Waited = c.waited
 		c.cfg.OnCycle(cs)
 	}
 	return again, nil
@@ -235,6 +230,9 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	now := d.Now
 	for _, r := range d.Reasons {
 		prev, had := v.statuses[r.Job]
+		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
+			c.waited = append(c.waited, now.Sub(prev.Since))
+		}
 		if !had || !stable(prev.Reason, r) {
 			s := fleet.Status{Reason: r, Time: now, Since: now}
 			if had && prev.Kind == r.Kind && prev.Code == r.Code {
