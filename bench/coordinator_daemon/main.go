@@ -60,6 +60,7 @@ type options struct {
 	rounds, submits      int
 	agents               int
 	seed                 uint64
+	keep                 bool
 }
 
 func main() {
@@ -72,6 +73,7 @@ func main() {
 	flag.IntVar(&o.submits, "submits", 15, "single submits timed for submit -> decision")
 	flag.IntVar(&o.agents, "agents", 5000, "simulated agent watches (one per node, at most this many)")
 	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
+	flag.BoolVar(&o.keep, "keep", false, "keep the etcd data and the coordinator's log (the directory is printed)")
 	flag.Parse()
 	if err := run(o, *sizes); err != nil {
 		fmt.Fprintln(os.Stderr, "coordinator_daemon:", err)
@@ -92,7 +94,11 @@ func run(o options, sizes string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(tmp)
+	if o.keep {
+		fmt.Println("# keeping", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
 	if _, err := os.Stat(o.coordinator); err != nil {
 		o.coordinator = filepath.Join(tmp, "hyperpod-coordinator")
 		b := exec.Command("go", "build", "-o", o.coordinator, "./cmd/hyperpod-coordinator")
@@ -230,7 +236,35 @@ func (s *etcdServer) sentBytes() float64 {
 	return sum
 }
 
-// proc reads a process's CPU time and RSS from /proc.
+// cycleSeconds is the coordinator's cycle-latency histogram's sum and
+// count, and the engine's sum, from its /metrics.
+func cycleSeconds(port int) (sum, count, engine float64) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return 0, 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "hyperpod_coordinator_cycle_seconds_sum":
+			sum = v
+		case "hyperpod_coordinator_cycle_seconds_count":
+			count = v
+		case "hyperpod_coordinator_engine_seconds_sum":
+			engine = v
+		}
+	}
+	return sum, count, engine
+}
+
+// cpuTime reads a process's CPU time from /proc.
 func cpuTime(pid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -534,6 +568,7 @@ func bench(o options, z size, tmp string) error {
 	idlePuts, _, _ := t.reset()
 
 	// Submit -> decision written.
+	cs0, cc0, ce0 := cycleSeconds(port)
 	var lat []time.Duration
 	for i := 0; i < o.submits; i++ {
 		j := g.job(time.Now())
@@ -555,6 +590,7 @@ func bench(o options, z size, tmp string) error {
 		time.Sleep(150 * time.Millisecond)
 	}
 	slices.Sort(lat)
+	cs1, cc1, ce1 := cycleSeconds(port)
 	t.quiet(500*time.Millisecond, 10*time.Second)
 	t.reset()
 
@@ -612,6 +648,10 @@ func bench(o options, z size, tmp string) error {
 	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
 		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events,
 		float64(s0.DbSize)/1e6, float64(s1.DbSize)/1e6, float64(s0.DbSizeInUse)/1e6, float64(s1.DbSizeInUse)/1e6)
+	if cc1 > cc0 {
+		fmt.Printf("# %s: during the submits, %.0f cycles of %.1f ms on average, %.1f ms of it the engine (policy.Schedule), the rest the diff and etcd writes\n",
+			z, cc1-cc0, 1000*(cs1-cs0)/(cc1-cc0), 1000*(ce1-ce0)/(cc1-cc0))
+	}
 	name := "coordinator_daemon_" + z.String()
 	fmt.Printf("BENCH %s_submit_decision_median %.1f ms anchor=780 target=100\n", name, ms(lat[len(lat)/2]))
 	fmt.Printf("BENCH %s_submit_decision_max %.1f ms anchor=1700 target=100\n", name, ms(lat[len(lat)-1]))

@@ -14,16 +14,16 @@ import (
 // metrics are the coordinator's Prometheus series (examples/grafana has a
 // dashboard of them).
 type metrics struct {
-	reg                           *prometheus.Registry
-	cycles                        prometheus.Counter
-	running, pending, leader      prometheus.Gauge
-	used, nominal, borrowed, lent *prometheus.GaugeVec
-	pendingAccel, queue           *prometheus.GaugeVec
-	pendingTime, cycleTime        prometheus.Histogram
-	decisions, etcdErrors         *prometheus.CounterVec
-	writes                        prometheus.Counter
-	teams                         map[[2]string]bool // the (team, flavor) series set last cycle
-	queueTeams                    map[string]bool
+	reg                                *prometheus.Registry
+	cycles                             prometheus.Counter
+	running, pending, leader           prometheus.Gauge
+	used, nominal, borrowed, lent      *prometheus.GaugeVec
+	pendingAccel, queue                *prometheus.GaugeVec
+	pendingTime, cycleTime, engineTime prometheus.Histogram
+	decisions, etcdErrors              *prometheus.CounterVec
+	writes                             prometheus.Counter
+	teams                              map[[2]string]bool // the (team, flavor) series set last cycle
+	queueTeams                         map[string]bool
 }
 
 func newMetrics() *metrics {
@@ -47,6 +47,8 @@ func newMetrics() *metrics {
 			Help: "How long admitted jobs were pending.", Buckets: prometheus.ExponentialBuckets(0.1, 4, 10)}),
 		cycleTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hyperpod_coordinator_cycle_seconds",
 			Help: "Scheduling cycle latency: engine, diff and etcd writes.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		engineTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "hyperpod_coordinator_engine_seconds",
+			Help: "The policy engine's part of a cycle (policy.Schedule).", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hyperpod_coordinator_decisions_total",
 			Help: "Jobs whose desired record a cycle changed, by the kind of decision."}, []string{"kind"}),
 		etcdErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hyperpod_coordinator_etcd_errors_total",
@@ -57,7 +59,7 @@ func newMetrics() *metrics {
 		queueTeams: map[string]bool{},
 	}
 	m.reg.MustRegister(m.cycles, m.running, m.pending, m.leader, m.used, m.nominal, m.borrowed, m.lent, m.pendingAccel, m.queue,
-		m.pendingTime, m.cycleTime, m.decisions, m.etcdErrors, m.writes,
+		m.pendingTime, m.cycleTime, m.engineTime, m.decisions, m.etcdErrors, m.writes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -79,6 +81,7 @@ func (m *metrics) cycle(s coordinator.CycleStats) {
 	d := s.Decision
 	m.cycles.Inc()
 	m.cycleTime.Observe(s.Duration.Seconds())
+	m.engineTime.Observe(s.Engine.Seconds())
 	m.writes.Add(float64(s.Ops))
 	for kind, n := range s.Changed {
 		m.decisions.WithLabelValues(string(kind)).Add(float64(n))

@@ -40,7 +40,8 @@ type Config struct {
 	// period) wake one when they are due; a cycle without a change reads
 	// nothing and writes nothing.
 	Resync time.Duration
-	// Debounce batches bursts of changes into one cycle (default 50ms).
+	// Debounce batches bursts of changes into one cycle (default 10ms;
+	// changes that arrive while a cycle runs wait for the next anyway).
 	Debounce time.Duration
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
@@ -93,6 +94,8 @@ type Config struct {
 type CycleStats struct {
 	// Duration is the whole cycle: engine, diff and writes.
 	Duration time.Duration
+	// Engine is the part of it policy.Schedule took.
+	Engine time.Duration
 	// Decision is the engine's output.
 	Decision policy.Decision
 	// Changed counts the jobs whose desired record was written, by the
@@ -144,7 +147,7 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 		cfg.Resync = 10 * time.Minute
 	}
 	if cfg.Debounce <= 0 {
-		cfg.Debounce = 50 * time.Millisecond
+		cfg.Debounce = 10 * time.Millisecond
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 5

@@ -36,10 +36,13 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	}
 	// Deleted jobs stopped by an earlier cycle go once their nodes left
 	// (one stopped in this cycle keeps its stop record until then).
-	c.forgetDeleted(ctx, leader, v.ownedSpecs())
+	_, owned := v.state(time.Time{}, c.cfg.Engine)
+	c.forgetDeleted(ctx, leader, owned)
 	now := c.cfg.Now()
 	st, _ := v.state(now, c.cfg.Engine)
+	t0 := time.Now()
 	d := policy.Schedule(st)
+	engine := time.Since(t0)
 	c.logProblems(d.Problems)
 	if err := c.mintFor(ctx, d.Allocations); err != nil {
 		return false, err
@@ -62,7 +65,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	}
 	c.revokeEnded(ctx, running)
 	if c.cfg.OnCycle != nil {
-		cs := CycleStats{Duration: time.Since(start), Decision: d, Changed: changed, Ops: ops}
+		cs := CycleStats{Duration: time.Since(start), Engine: engine, Decision: d, Changed: changed, Ops: ops}
 		cs.Waited = c.waited
 		c.cfg.OnCycle(cs)
 	}
@@ -142,7 +145,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	for _, a := range d.Allocations {
 		running[a.Job] = true
 		prev, had := v.desired[a.Job]
-		if !had || !prev.Running() || !reflect.DeepEqual(prev.Allocation, a) {
+		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
 			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
 			if !prev.Running() || prev.Size != a.Size {
 				nd.TraceParent = c.decisionSpan(d.Now, reasons[a.Job], prev.Target(), a.Size)
@@ -150,7 +153,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 			op, err := c.store.PutDesiredOp(nd)
 			add(a.Job, op, err)
 			if err == nil {
-				v.desired[a.Job] = nd
+				v.setDesired(nd)
 				changed[reasons[a.Job].Kind]++
 			}
 		}
@@ -173,16 +176,15 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 			}
 		}
 	}
-	jobs := make([]string, 0, len(v.desired))
-	for job := range v.desired {
-		jobs = append(jobs, job)
-	}
-	sort.Strings(jobs)
-	for _, job := range jobs { // preempted, suspended or deleted
-		prev := v.desired[job]
-		if running[job] || !prev.Running() {
-			continue
+	var stopped []string
+	for job, prev := range v.desired {
+		if !running[job] && prev.Running() {
+			stopped = append(stopped, job)
 		}
+	}
+	sort.Strings(stopped)
+	for _, job := range stopped { // preempted, suspended or deleted
+		prev := v.desired[job]
 		// The workers are told "preemption" or "shutdown", with the reason,
 		// rather than "drain": the stop travels in the same record that
 		// takes the nodes away.
@@ -202,7 +204,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		op, err := c.store.PutDesiredOp(nd)
 		add(job, op, err)
 		if err == nil {
-			v.desired[job] = nd
+			v.setDesired(nd)
 			kind := r.Kind
 			if !ok {
 				kind = "Released"
@@ -275,6 +277,13 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		prune = prune[n:]
 	}
 	return units, changed, again
+}
+
+// sameAllocation reports whether two allocations are equal.
+func sameAllocation(a, b api.Allocation) bool {
+	return a.Job == b.Job && a.Team == b.Team && a.Flavor == b.Flavor && a.Size == b.Size &&
+		a.AcceleratorsPerNode == b.AcceleratorsPerNode && a.Since.Equal(b.Since) && a.LastResize.Equal(b.LastResize) &&
+		slices.Equal(a.Nodes, b.Nodes) && slices.Equal(a.TookFrom, b.TookFrom)
 }
 
 // stable reports whether a job's status needs no rewrite: the same kind,
@@ -367,9 +376,9 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 		}
 		for i, j := range jobs[:n] {
 			if kvs := r.Responses[2*i].GetResponseRange().Kvs; len(kvs) == 0 {
-				delete(v.desired, j)
+				v.dropDesired(j)
 			} else if d, err := fleet.DecodeDesired(string(kvs[0].Key), kvs[0].Value); err == nil {
-				v.desired[j] = *d
+				v.setDesired(*d)
 			}
 			if kvs := r.Responses[2*i+1].GetResponseRange().Kvs; len(kvs) == 0 {
 				delete(v.statuses, j)
@@ -400,9 +409,12 @@ func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, ow
 			c.etcdError("write")
 			c.log.Warn("cannot forget a deleted job yet", "job", job, "err", err)
 		case r.Succeeded:
-			delete(v.desired, job)
+			v.dropDesired(job)
 			delete(v.statuses, job)
-			delete(v.finished, job)
+			if _, ok := v.finished[job]; ok {
+				delete(v.finished, job)
+				v.stale.jobs = true
+			}
 			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
 		}
 	}
@@ -415,7 +427,7 @@ func (c *Coordinator) housekeeping(ctx context.Context, leader clientv3.Cmp) {
 	if c.view == nil {
 		return
 	}
-	owned := c.view.ownedSpecs()
+	_, owned := c.view.state(time.Time{}, c.cfg.Engine)
 	c.forgetDeleted(ctx, leader, owned)
 	c.expireFinished(ctx, leader, owned)
 	c.compact(ctx)
@@ -475,10 +487,11 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 			delete(v.specs, c.store.Keys.Spec(team, job))
 		}
 		delete(v.finished, job)
-		delete(v.desired, job)
+		v.dropDesired(job)
 		delete(v.statuses, job)
 		delete(v.assigned, job)
 		v.events.drop(job)
+		v.stale.jobs = true
 		v.changed++
 		c.log.Info("finished job's records removed after the retention period", "job", job, "retention", c.cfg.FinishedRetention)
 	}

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"log/slog"
-	"sort"
 	"strings"
 	"time"
 
@@ -43,6 +42,14 @@ type view struct {
 
 	// changed counts input changes: a cycle runs only when it moved.
 	changed uint64
+	// The engine's input, rebuilt only where it changed (the engine
+	// orders its input itself and does not modify it).
+	cNodes  []policy.Node
+	cTeams  []policy.Team
+	cJobs   []policy.Job
+	cAllocs []policy.Allocation
+	cOwned  map[string]specRec
+	stale   struct{ nodes, teams, jobs, allocs bool }
 	// refresh are the jobs whose desired record and status must be read
 	// again before the next cycle: a new spec of that name may have
 	// deleted what an earlier job of that name left (fleet.SubmitJob).
@@ -78,6 +85,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
 	v.usage = nil
+	v.stale.nodes, v.stale.teams, v.stale.jobs, v.stale.allocs = true, true, true, true
 	for _, kv := range snap.Nodes {
 		v.putNode(kv)
 	}
@@ -199,11 +207,14 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 				_, had := v.nodes[node]
 				delete(v.nodes, node)
 				changed = changed || had
+				v.stale.nodes = v.stale.nodes || had
 			} else if v.putNode(e.Kv) {
 				changed = true
+				v.stale.nodes = true
 			}
 		case strings.HasPrefix(key, k.TeamsPrefix()):
 			name := strings.TrimPrefix(key, k.TeamsPrefix())
+			v.stale.teams = true
 			if del {
 				delete(v.teams, name)
 				changed = true
@@ -217,6 +228,7 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			v.teams[t.Name] = *t
 			changed = true
 		case strings.HasPrefix(key, k.SpecsPrefix()):
+			v.stale.jobs = true
 			if del {
 				delete(v.specs, key)
 				changed = true
@@ -233,6 +245,7 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			v.specs[key] = specRec{spec: *spec, createRev: e.Kv.CreateRevision}
 			changed = true
 		case strings.HasPrefix(key, k.FinishedPrefix()):
+			v.stale.jobs = true
 			job := strings.TrimPrefix(key, k.FinishedPrefix())
 			if del {
 				_, had := v.finished[job]
@@ -261,34 +274,54 @@ func (v *view) ownedSpecs() map[string]specRec {
 	return out
 }
 
-// state is the engine's input, in a stable order (the engine's
-// decisions must not depend on map order, or they would flap).
+// state is the engine's input; each part is rebuilt only when it changed.
 func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string]specRec) {
-	st := policy.State{Now: now, Config: cfg}
-	st.Nodes = make([]policy.Node, 0, len(v.nodes))
-	for _, inv := range v.nodes {
-		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
-	}
-	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].Name < st.Nodes[j].Name })
-	st.Teams = make([]policy.Team, 0, len(v.teams))
-	for _, t := range v.teams {
-		st.Teams = append(st.Teams, t)
-	}
-	sort.Slice(st.Teams, func(i, j int) bool { return st.Teams[i].Name < st.Teams[j].Name })
-	owned := v.ownedSpecs()
-	st.Jobs = make([]policy.Job, 0, len(owned))
-	for name, s := range owned {
-		if _, done := v.finished[name]; done {
-			continue // succeeded or failed: its capacity is released
+	if v.stale.nodes {
+		v.cNodes = v.cNodes[:0]
+		for _, inv := range v.nodes {
+			v.cNodes = append(v.cNodes, NodeFromInventory(inv))
 		}
-		st.Jobs = append(st.Jobs, s.spec.Job)
+		v.stale.nodes = false
 	}
-	sort.Slice(st.Jobs, func(i, j int) bool { return st.Jobs[i].Name < st.Jobs[j].Name })
-	for _, d := range v.desired {
-		if d.Running() {
-			st.Allocations = append(st.Allocations, d.Allocation)
+	if v.stale.teams {
+		v.cTeams = v.cTeams[:0]
+		for _, t := range v.teams {
+			v.cTeams = append(v.cTeams, t)
 		}
+		v.stale.teams = false
 	}
-	sort.Slice(st.Allocations, func(i, j int) bool { return st.Allocations[i].Job < st.Allocations[j].Job })
-	return st, owned
+	if v.stale.jobs || v.cOwned == nil {
+		v.cOwned = v.ownedSpecs()
+		v.cJobs = v.cJobs[:0]
+		for name, s := range v.cOwned {
+			if _, done := v.finished[name]; done {
+				continue // succeeded or failed: its capacity is released
+			}
+			v.cJobs = append(v.cJobs, s.spec.Job)
+		}
+		v.stale.jobs = false
+	}
+	if v.stale.allocs {
+		v.cAllocs = v.cAllocs[:0]
+		for _, d := range v.desired {
+			if d.Running() {
+				v.cAllocs = append(v.cAllocs, d.Allocation)
+			}
+		}
+		v.stale.allocs = false
+	}
+	return policy.State{Now: now, Config: cfg, Nodes: v.cNodes, Teams: v.cTeams, Jobs: v.cJobs, Allocations: v.cAllocs}, v.cOwned
+}
+
+// setDesired and dropDesired change a desired record in the view.
+func (v *view) setDesired(d fleet.Desired) {
+	v.desired[d.Job] = d
+	v.stale.allocs = true
+}
+
+func (v *view) dropDesired(job string) {
+	if _, ok := v.desired[job]; ok {
+		delete(v.desired, job)
+		v.stale.allocs = true
+	}
 }
