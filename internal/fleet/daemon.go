@@ -215,3 +215,11 @@ func (s *Store) Place(ctx context.Context, d Desired) error {
 	}
 	return nil
 }
+
+// TraceParentOrEmpty is the record's traceparent ("" for a nil record).
+func (d *Desired) TraceParentOrEmpty() string {
+	if d == nil {
+		return ""
+	}
+	return d.TraceParent
+}

@@ -13,9 +13,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -344,4 +348,47 @@ func TestFinishedRetentionAndCompaction(t *testing.T) {
 	// Still scheduling after its own compactions.
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "next", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
 	waitTarget(t, ctx, cli, "next", "1")
+}
+
+// The decision that changes a job's size is the root span of that scale
+// event's trace, and its traceparent travels in the desired record for the
+// agents to parent their spans on.
+func TestDecisionIsTheRootSpanOfTheScaleTrace(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(context.Background())
+	c := New(cli, Config{Debounce: 10 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1}, Tracer: tp})
+	runCoordinator(t, ctx, c)
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "traced", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 2, Elastic: true}})
+	waitTarget(t, ctx, cli, "traced", "2")
+	d, err := st.Desired(ctx, "traced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, ok := telemetry.FromTraceParent(d.TraceParent)
+	if !ok {
+		t.Fatalf("desired record %+v carries no valid traceparent", d)
+	}
+	want := trace.SpanContextFromContext(parent)
+	var found bool
+	for _, s := range rec.Ended() {
+		if s.SpanContext().TraceID() == want.TraceID() && s.SpanContext().SpanID() == want.SpanID() {
+			found = true
+			if s.Name() != "coordinator.decision" || s.Parent().IsValid() {
+				t.Errorf("span %q (parent %v), want the root span coordinator.decision", s.Name(), s.Parent())
+			}
+			attrs := map[string]string{}
+			for _, a := range s.Attributes() {
+				attrs[string(a.Key)] = a.Value.Emit()
+			}
+			if attrs["job"] != "traced" || attrs["to_size"] != "2" || attrs["kind"] != string(policy.KindAdmitted) {
+				t.Errorf("decision span attributes %v", attrs)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no recorded span matches the desired record's traceparent %s", d.TraceParent)
+	}
 }
