@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -100,6 +101,13 @@ func runDaemon(st policy.State, wls []*workload, totalNominal int, moves bool) e
 			ops = ops[n:]
 		}
 		return nil
+	}
+	if p := os.Getenv("KUEUE_CPUPROFILE"); p != "" {
+		f, err := os.Create(p)
+		if err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
 	}
 	start := time.Now()
 	epoch := start

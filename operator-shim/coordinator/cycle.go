@@ -411,10 +411,7 @@ func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, ow
 		case r.Succeeded:
 			v.dropDesired(job)
 			delete(v.statuses, job)
-			if _, ok := v.finished[job]; ok {
-				delete(v.finished, job)
-				v.stale.jobs = true
-			}
+			v.delFinished(job)
 			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
 		}
 	}
@@ -484,9 +481,9 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 		}
 		c.observeRev(r.Header.Revision)
 		if team != "" {
-			delete(v.specs, c.store.Keys.Spec(team, job))
+			v.delSpec(c.store.Keys.Spec(team, job))
 		}
-		delete(v.finished, job)
+		v.delFinished(job)
 		v.dropDesired(job)
 		delete(v.statuses, job)
 		delete(v.assigned, job)

@@ -32,6 +32,13 @@ type view struct {
 	teams    map[string]api.Team          // by team
 	specs    map[string]specRec           // by spec key
 	finished map[string]finishRec         // by job
+	// names are the spec keys of each job name; owned the spec that owns
+	// each name; active the owned jobs that have not finished: kept as
+	// specs and finish records change, so a cycle's cost follows the
+	// active jobs, not every spec kept for the retention period.
+	names  map[string][]string
+	owned  map[string]specRec
+	active map[string]bool
 
 	// The coordinator's own records, as they are in etcd.
 	desired  map[string]fleet.Desired
@@ -80,6 +87,9 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.teams = map[string]api.Team{}
 	v.specs = map[string]specRec{}
 	v.finished = map[string]finishRec{}
+	v.names = map[string][]string{}
+	v.owned = map[string]specRec{}
+	v.active = map[string]bool{}
 	v.desired = map[string]fleet.Desired{}
 	v.statuses = map[string]fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
@@ -97,7 +107,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	for _, kv := range snap.Specs {
 		spec := decodeOrLastGood(ctx, cli, v.log, "job", kv, func(k string, b []byte) (*fleet.JobSpec, error) { return fleet.DecodeSpec(v.keys, k, b) })
 		if spec != nil {
-			v.specs[string(kv.Key)] = specRec{spec: *spec, createRev: kv.CreateRevision}
+			v.setSpec(string(kv.Key), specRec{spec: *spec, createRev: kv.CreateRevision})
 		}
 	}
 	for _, kv := range snap.Finished {
@@ -189,7 +199,73 @@ func (v *view) putFinish(kv *mvccpb.KeyValue, now time.Time) bool {
 	}
 	_, had := v.finished[job]
 	v.finished[job] = finishRec{f: *f, seen: now}
+	v.reindex(job)
 	return !had
+}
+
+// setSpec and delSpec change a spec in the view; setFinished... keep the
+// name indexes.
+func (v *view) setSpec(key string, s specRec) {
+	if _, had := v.specs[key]; !had {
+		v.names[s.spec.Name] = append(v.names[s.spec.Name], key)
+	}
+	v.specs[key] = s
+	v.reindex(s.spec.Name)
+}
+
+func (v *view) delSpec(key string) {
+	s, had := v.specs[key]
+	if !had {
+		return
+	}
+	delete(v.specs, key)
+	name := s.spec.Name
+	keys := v.names[name]
+	for i, k := range keys {
+		if k == key {
+			keys = append(keys[:i:i], keys[i+1:]...)
+			break
+		}
+	}
+	if len(keys) == 0 {
+		delete(v.names, name)
+	} else {
+		v.names[name] = keys
+	}
+	v.reindex(name)
+}
+
+func (v *view) delFinished(job string) bool {
+	if _, had := v.finished[job]; !had {
+		return false
+	}
+	delete(v.finished, job)
+	v.reindex(job)
+	return true
+}
+
+// reindex recomputes which spec owns name (the oldest, lowest create
+// revision, of the teams' specs of that name) and whether it is active.
+func (v *view) reindex(name string) {
+	var own specRec
+	found := false
+	for _, k := range v.names[name] {
+		if s := v.specs[k]; !found || s.createRev < own.createRev {
+			own, found = s, true
+		}
+	}
+	if found {
+		v.owned[name] = own
+	} else {
+		delete(v.owned, name)
+	}
+	_, done := v.finished[name]
+	if found && !done {
+		v.active[name] = true
+	} else {
+		delete(v.active, name)
+	}
+	v.stale.jobs = true
 }
 
 // apply updates the view with watch events; it reports whether anything
@@ -230,7 +306,7 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 		case strings.HasPrefix(key, k.SpecsPrefix()):
 			v.stale.jobs = true
 			if del {
-				delete(v.specs, key)
+				v.delSpec(key)
 				changed = true
 				continue
 			}
@@ -242,15 +318,13 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			if e.IsCreate() {
 				v.refresh[spec.Name] = true
 			}
-			v.specs[key] = specRec{spec: *spec, createRev: e.Kv.CreateRevision}
+			v.setSpec(key, specRec{spec: *spec, createRev: e.Kv.CreateRevision})
 			changed = true
 		case strings.HasPrefix(key, k.FinishedPrefix()):
 			v.stale.jobs = true
 			job := strings.TrimPrefix(key, k.FinishedPrefix())
 			if del {
-				_, had := v.finished[job]
-				delete(v.finished, job)
-				changed = changed || had
+				changed = v.delFinished(job) || changed
 			} else if v.putFinish(e.Kv, now) {
 				changed = true
 			}
@@ -260,18 +334,6 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 		v.changed++
 	}
 	return changed
-}
-
-// ownedSpecs returns, for every job name, the spec that owns it: the
-// oldest (lowest create revision) of the teams' specs of that name.
-func (v *view) ownedSpecs() map[string]specRec {
-	out := make(map[string]specRec, len(v.specs))
-	for _, s := range v.specs {
-		if cur, seen := out[s.spec.Name]; !seen || s.createRev < cur.createRev {
-			out[s.spec.Name] = s
-		}
-	}
-	return out
 }
 
 // state is the engine's input; each part is rebuilt only when it changed.
@@ -290,14 +352,11 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		}
 		v.stale.teams = false
 	}
-	if v.stale.jobs || v.cOwned == nil {
-		v.cOwned = v.ownedSpecs()
+	if v.stale.jobs {
+		// Finished jobs are not active: their capacity is released.
 		v.cJobs = v.cJobs[:0]
-		for name, s := range v.cOwned {
-			if _, done := v.finished[name]; done {
-				continue // succeeded or failed: its capacity is released
-			}
-			v.cJobs = append(v.cJobs, s.spec.Job)
+		for name := range v.active {
+			v.cJobs = append(v.cJobs, v.owned[name].spec.Job)
 		}
 		v.stale.jobs = false
 	}
@@ -310,7 +369,7 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		}
 		v.stale.allocs = false
 	}
-	return policy.State{Now: now, Config: cfg, Nodes: v.cNodes, Teams: v.cTeams, Jobs: v.cJobs, Allocations: v.cAllocs}, v.cOwned
+	return policy.State{Now: now, Config: cfg, Nodes: v.cNodes, Teams: v.cTeams, Jobs: v.cJobs, Allocations: v.cAllocs}, v.owned
 }
 
 // setDesired and dropDesired change a desired record in the view.
