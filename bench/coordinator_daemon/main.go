@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -297,6 +298,7 @@ type tally struct {
 	mu       sync.Mutex
 	puts     int
 	deletes  int
+	byKind   map[string]int // puts by record: desired, status, assign, events, usage
 	jobs     map[string]bool // jobs whose desired record, status or assignment changed
 	last     time.Time       // the coordinator's last write
 	statusAt map[string]chan struct{}
@@ -307,8 +309,14 @@ func (t *tally) reset() (puts, deletes, jobs int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	puts, deletes, jobs = t.puts, t.deletes, len(t.jobs)
-	t.puts, t.deletes, t.jobs = 0, 0, map[string]bool{}
+	t.puts, t.deletes, t.jobs, t.byKind = 0, 0, map[string]bool{}, map[string]int{}
 	return
+}
+
+func (t *tally) kinds() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps.Clone(t.byKind)
 }
 
 func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, rev int64) {
@@ -319,10 +327,10 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 			t.mu.Lock()
 			for _, e := range w.Events {
 				key := string(e.Kv.Key)
-				var job string
+				var job, kind string
 				switch {
 				case strings.HasPrefix(key, k.DesiredPrefix()):
-					job = strings.TrimPrefix(key, k.DesiredPrefix())
+					job, kind = strings.TrimPrefix(key, k.DesiredPrefix()), "desired"
 					if e.Type == clientv3.EventTypePut {
 						d, err := fleet.DecodeDesired(key, e.Kv.Value)
 						t.running[job] = err == nil && d.Running()
@@ -330,14 +338,18 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 						delete(t.running, job)
 					}
 				case strings.HasPrefix(key, k.StatusPrefix()):
-					job = strings.TrimPrefix(key, k.StatusPrefix())
+					job, kind = strings.TrimPrefix(key, k.StatusPrefix()), "status"
 					if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut {
 						close(ch)
 						delete(t.statusAt, job)
 					}
 				case strings.HasPrefix(key, k.AssignPrefix()):
 					_, job, _ = k.AssignmentOwner(key)
-				case strings.HasPrefix(key, k.EventsPrefix()), key == k.Usage():
+					kind = "assign"
+				case strings.HasPrefix(key, k.EventsPrefix()):
+					kind = "events"
+				case key == k.Usage():
+					kind = "usage"
 				default:
 					continue // not the coordinator's
 				}
@@ -346,6 +358,7 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 				}
 				if e.Type == clientv3.EventTypePut {
 					t.puts++
+					t.byKind[kind]++
 				} else {
 					t.deletes++
 				}
@@ -495,7 +508,7 @@ func bench(o options, z size, tmp string) error {
 	if err != nil {
 		return err
 	}
-	t := &tally{jobs: map[string]bool{}, statusAt: map[string]chan struct{}{}, running: map[string]bool{}}
+	t := &tally{jobs: map[string]bool{}, byKind: map[string]int{}, statusAt: map[string]chan struct{}{}, running: map[string]bool{}}
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
 	t.watch(wctx, cli, k, r0.Header.Revision+1)
@@ -601,6 +614,7 @@ func bench(o options, z size, tmp string) error {
 	}
 	agentEvents.Store(0)
 	var puts, dels, changed, events []int
+	var kinds []map[string]int
 	churnStart := time.Now()
 	for r := 0; r < o.rounds; r++ {
 		n := z.jobs / 100
@@ -627,6 +641,7 @@ func bench(o options, z size, tmp string) error {
 			return err
 		}
 		t.quiet(time.Second, 30*time.Second)
+		kinds = append(kinds, t.kinds())
 		p, d, c := t.reset()
 		puts, dels, changed = append(puts, p), append(dels, d), append(changed, c)
 		events = append(events, int(agentEvents.Load()))
@@ -645,8 +660,8 @@ func bench(o options, z size, tmp string) error {
 	growthPerRound := float64(s1.DbSize-s0.DbSize) / float64(o.rounds) / 1e6
 	fmt.Printf("# %s: cold start %.1fs (%d puts, %d deletes); idle %s: coordinator CPU %s, %d coordinator writes, etcd sent %.0f bytes to all clients (incl. the bench's lease keep-alives)\n",
 		z, cold.Seconds(), coldPuts, coldDels, o.idle, idleCPU, idlePuts, sent)
-	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
-		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events,
+	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; puts by record %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
+		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events, kinds,
 		float64(s0.DbSize)/1e6, float64(s1.DbSize)/1e6, float64(s0.DbSizeInUse)/1e6, float64(s1.DbSizeInUse)/1e6)
 	if cc1 > cc0 {
 		fmt.Printf("# %s: during the submits, %.0f cycles of %.1f ms on average, %.1f ms of it the engine (policy.Schedule), the rest the diff and etcd writes\n",

@@ -433,12 +433,18 @@ func NodeFromInventory(inv devices.Inventory) policy.Node {
 }
 
 // event says whether a decision is worth an event: every change of size or
-// kind, and pending reasons when their cause changes.
+// kind, and a suspended or invalid job's cause when it changes. A pending
+// job's cause (its code) moves with everyone else's usage: the status has
+// the current one, and the history records when the job started waiting,
+// not each shift (at fleet scale one cohort filling up shifted a thousand
+// pending jobs at once, two writes each).
 func event(r, prev policy.Reason, had bool) bool {
 	switch r.Kind {
 	case policy.KindRunning:
 		return false
-	case policy.KindPending, policy.KindSuspended, policy.KindInvalid:
+	case policy.KindPending:
+		return !had || prev.Kind != r.Kind
+	case policy.KindSuspended, policy.KindInvalid:
 		return !had || prev.Kind != r.Kind || prev.Code != r.Code
 	}
 	return true
