@@ -61,6 +61,8 @@ bench: build
 	@for b in rdzvscale elastic engine kueue fairshare coordinator_daemon; do \
 		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
 	done
+	@# Kueue's baseline through the coordinator daemon and etcd, real time.
+	@$(GO) run ./bench/kueue -daemon
 
 ## soak: the chaos soak of issue 10 (real etcd, 2 coordinators, 3 node agents,
 ## a DDP job and a bundled-worker job; seeded faults; invariants checked all
