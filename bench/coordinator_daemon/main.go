@@ -298,7 +298,7 @@ type tally struct {
 	mu       sync.Mutex
 	puts     int
 	deletes  int
-	byKind   map[string]int // puts by record: desired, status, assign, events, usage
+	byKind   map[string]int  // puts by record: desired, status, assign, events, usage
 	jobs     map[string]bool // jobs whose desired record, status or assignment changed
 	last     time.Time       // the coordinator's last write
 	statusAt map[string]chan struct{}
