@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -391,4 +392,42 @@ func TestDecisionIsTheRootSpanOfTheScaleTrace(t *testing.T) {
 	if !found {
 		t.Errorf("no recorded span matches the desired record's traceparent %s", d.TraceParent)
 	}
+}
+
+// A watch that fell behind a compaction ends the watch loop with a
+// re-read of the whole view (as after any broken watch), and the
+// coordinator then decides what it missed.
+func TestWatchBehindACompactionReadsTheFleetAgain(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	c := New(cli, Config{Debounce: 10 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1}, CompactRetention: -1})
+	if err := c.reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A job arrives after the view was read, and etcd compacts past it.
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "missed", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	r, err := cli.Put(ctx, st.Keys.Prefix()+"-marker", "x") // the spec's revision is history now
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, r.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	el := concurrency.NewElection(sess, st.Keys.Leader())
+	if err := el.Campaign(ctx, "test"); err != nil {
+		t.Fatal(err)
+	}
+	lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := c.watchLoop(lctx, sess, clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())); !errors.Is(err, errRelist) {
+		t.Fatalf("watch loop behind a compaction returned %v, want errRelist", err)
+	}
+	el.Resign(ctx)
+	runCoordinator(t, ctx, c)
+	waitTarget(t, ctx, cli, "missed", "1")
 }
