@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,16 +34,18 @@ type view struct {
 	specs    map[string]specRec           // by spec key
 	finished map[string]finishRec         // by job
 	// names are the spec keys of each job name; owned the spec that owns
-	// each name; active the owned jobs that have not finished: kept as
-	// specs and finish records change, so a cycle's cost follows the
-	// active jobs, not every spec kept for the retention period.
+	// each name; active the names of the owned jobs that have not
+	// finished, in order: kept as specs and finish records change, so a
+	// cycle's cost follows the active jobs, not every spec kept for the
+	// retention period, and the engine's job list comes in name order,
+	// which spares the engine its sort.
 	names  map[string][]string
 	owned  map[string]specRec
-	active map[string]bool
+	active []string
 
 	// The coordinator's own records, as they are in etcd.
 	desired  map[string]fleet.Desired
-	statuses map[string]fleet.Status
+	statuses map[string]*fleet.Status
 	assigned map[string]map[string]int64 // job -> node -> generation
 	usage    []api.TeamUsage
 	events   *eventIndex
@@ -89,9 +92,9 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.finished = map[string]finishRec{}
 	v.names = map[string][]string{}
 	v.owned = map[string]specRec{}
-	v.active = map[string]bool{}
+	v.active = nil
 	v.desired = map[string]fleet.Desired{}
-	v.statuses = map[string]fleet.Status{}
+	v.statuses = map[string]*fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
 	v.usage = nil
@@ -120,7 +123,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	}
 	for _, kv := range snap.Statuses {
 		if s := decodeOrLastGood(ctx, cli, v.log, "status", kv, fleet.DecodeStatus); s != nil {
-			v.statuses[s.Job] = *s
+			v.statuses[s.Job] = s
 		}
 	}
 	for _, kv := range snap.Assigned {
@@ -260,10 +263,12 @@ func (v *view) reindex(name string) {
 		delete(v.owned, name)
 	}
 	_, done := v.finished[name]
-	if found && !done {
-		v.active[name] = true
-	} else {
-		delete(v.active, name)
+	i, listed := slices.BinarySearch(v.active, name)
+	switch {
+	case found && !done && !listed:
+		v.active = slices.Insert(v.active, i, name)
+	case (!found || done) && listed:
+		v.active = slices.Delete(v.active, i, i+1)
 	}
 	v.stale.jobs = true
 }
@@ -336,13 +341,15 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 	return changed
 }
 
-// state is the engine's input; each part is rebuilt only when it changed.
+// state is the engine's input; each part is rebuilt only when it changed,
+// in name order (the engine then need not sort it).
 func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string]specRec) {
 	if v.stale.nodes {
 		v.cNodes = v.cNodes[:0]
 		for _, inv := range v.nodes {
 			v.cNodes = append(v.cNodes, NodeFromInventory(inv))
 		}
+		slices.SortFunc(v.cNodes, func(a, b policy.Node) int { return strings.Compare(a.Name, b.Name) })
 		v.stale.nodes = false
 	}
 	if v.stale.teams {
@@ -350,12 +357,13 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		for _, t := range v.teams {
 			v.cTeams = append(v.cTeams, t)
 		}
+		slices.SortFunc(v.cTeams, func(a, b policy.Team) int { return strings.Compare(a.Name, b.Name) })
 		v.stale.teams = false
 	}
 	if v.stale.jobs {
 		// Finished jobs are not active: their capacity is released.
 		v.cJobs = v.cJobs[:0]
-		for name := range v.active {
+		for _, name := range v.active {
 			v.cJobs = append(v.cJobs, v.owned[name].spec.Job)
 		}
 		v.stale.jobs = false
