@@ -137,9 +137,17 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 		unit[job] = append(unit[job], op)
 	}
-	reasons := make(map[string]policy.Reason, len(d.Reasons))
-	for _, r := range d.Reasons {
-		reasons[r.Job] = r
+	// The reasons by job, as indexes (a Reason is too big to copy into a
+	// map for every job every cycle).
+	reasonIdx := make(map[string]int, len(d.Reasons))
+	for i := range d.Reasons {
+		reasonIdx[d.Reasons[i].Job] = i
+	}
+	reason := func(job string) (policy.Reason, bool) {
+		if i, ok := reasonIdx[job]; ok {
+			return d.Reasons[i], true
+		}
+		return policy.Reason{}, false
 	}
 	running := make(map[string]bool, len(d.Allocations))
 	for _, a := range d.Allocations {
@@ -148,13 +156,15 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
 			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
 			if !prev.Running() || prev.Size != a.Size {
-				nd.TraceParent = c.decisionSpan(d.Now, reasons[a.Job], prev.Target(), a.Size)
+				r, _ := reason(a.Job)
+				nd.TraceParent = c.decisionSpan(d.Now, r, prev.Target(), a.Size)
 			}
 			op, err := c.store.PutDesiredOp(nd)
 			add(a.Job, op, err)
 			if err == nil {
 				v.setDesired(nd)
-				changed[reasons[a.Job].Kind]++
+				r, _ := reason(a.Job)
+				changed[r.Kind]++
 			}
 		}
 		gen := v.desired[a.Job].Generation
@@ -189,7 +199,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		// rather than "drain": the stop travels in the same record that
 		// takes the nodes away.
 		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
-		r, ok := reasons[job]
+		r, ok := reason(job)
 		if ok {
 			stop.Reason = r.Message
 			if r.Kind == policy.KindPreempted {
@@ -230,25 +240,30 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 	}
 	now := d.Now
-	for _, r := range d.Reasons {
+	var none fleet.Status
+	for i := range d.Reasons {
+		r := &d.Reasons[i]
 		prev, had := v.statuses[r.Job]
+		if !had {
+			prev = &none
+		}
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			c.waited = append(c.waited, now.Sub(prev.Since))
 		}
-		if !had || !stable(prev.Reason, r) {
-			s := fleet.Status{Reason: r, Time: now, Since: now}
+		if !had || !stable(&prev.Reason, r) {
+			s := &fleet.Status{Reason: *r, Time: now, Since: now}
 			if had && prev.Kind == r.Kind && prev.Code == r.Code {
 				s.Since = prev.Since
 			}
-			op, err := c.store.PutStatusOp(s)
+			op, err := c.store.PutStatusOp(*s)
 			add(r.Job, op, err)
 			if err == nil {
 				v.statuses[r.Job] = s
 			}
 		}
 		again = again || r.Kind == policy.KindPreempted
-		if event(r, prev.Reason, had) {
-			key, e := v.events.record(r, now, c.cfg.EventDedupWindow)
+		if event(*r, prev.Reason, had) {
+			key, e := v.events.record(*r, now, c.cfg.EventDedupWindow)
 			op, err := c.store.PutEventAtOp(key, e)
 			add(r.Job, op, err)
 		}
@@ -290,7 +305,7 @@ func sameAllocation(a, b api.Allocation) bool {
 // code, sizes and beneficiaries. The message alone (its usage figures,
 // who holds the capacity now) is no reason to write: the team usage record
 // has the figures.
-func stable(prev, r policy.Reason) bool {
+func stable(prev, r *policy.Reason) bool {
 	return prev.Kind == r.Kind && prev.Code == r.Code && prev.FromSize == r.FromSize && prev.ToSize == r.ToSize &&
 		prev.ForTeam == r.ForTeam && slices.Equal(prev.For, r.For) && prev.Team == r.Team
 }
@@ -383,7 +398,7 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 			if kvs := r.Responses[2*i+1].GetResponseRange().Kvs; len(kvs) == 0 {
 				delete(v.statuses, j)
 			} else if s, err := fleet.DecodeStatus(string(kvs[0].Key), kvs[0].Value); err == nil {
-				v.statuses[j] = *s
+				v.statuses[j] = s
 			}
 		}
 		jobs = jobs[n:]
