@@ -48,7 +48,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		return false, err
 	}
 	c.waited = c.waited[:0]
-	units, changed, again := c.writes(d)
+	units, changed, running, again := c.writes(d)
 	ops, err := c.commit(ctx, leader, units)
 	if err != nil {
 		c.stale = true
@@ -58,10 +58,6 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	c.wake = c.nextWake(d, now)
 	if c.cfg.OnDecision != nil {
 		c.cfg.OnDecision(d)
-	}
-	running := make(map[string]bool, len(d.Allocations))
-	for _, a := range d.Allocations {
-		running[a.Job] = true
 	}
 	c.revokeEnded(ctx, running)
 	if c.cfg.OnCycle != nil {
@@ -122,7 +118,7 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 // stable field changed (not the message's usage figures), a deduplicated
 // event, the usage only when it changed. changed counts the desired
 // records written by kind.
-func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, again bool) {
+func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
 	v := c.view
 	changed = map[policy.ReasonKind]int{}
 	unit := map[string][]clientv3.Op{}
@@ -137,19 +133,30 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 		unit[job] = append(unit[job], op)
 	}
-	// The reasons by job, as indexes (a Reason is too big to copy into a
-	// map for every job every cycle).
-	reasonIdx := make(map[string]int, len(d.Reasons))
-	for i := range d.Reasons {
-		reasonIdx[d.Reasons[i].Job] = i
+	// The reasons by job: the engine lists them in name order, so a
+	// binary search finds one (a map of every job's reason each cycle cost
+	// more than the few lookups); a map if they ever come unordered.
+	var reasonIdx map[string]int
+	if !slices.IsSortedFunc(d.Reasons, func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }) {
+		reasonIdx = make(map[string]int, len(d.Reasons))
+		for i := range d.Reasons {
+			reasonIdx[d.Reasons[i].Job] = i
+		}
 	}
 	reason := func(job string) (policy.Reason, bool) {
-		if i, ok := reasonIdx[job]; ok {
+		if reasonIdx != nil {
+			if i, ok := reasonIdx[job]; ok {
+				return d.Reasons[i], true
+			}
+			return policy.Reason{}, false
+		}
+		i, ok := slices.BinarySearchFunc(d.Reasons, job, func(r policy.Reason, job string) int { return strings.Compare(r.Job, job) })
+		if ok {
 			return d.Reasons[i], true
 		}
 		return policy.Reason{}, false
 	}
-	running := make(map[string]bool, len(d.Allocations))
+	running = make(map[string]bool, len(d.Allocations))
 	for _, a := range d.Allocations {
 		running[a.Job] = true
 		prev, had := v.desired[a.Job]
@@ -291,7 +298,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		units = append(units, prune[:n])
 		prune = prune[n:]
 	}
-	return units, changed, again
+	return units, changed, running, again
 }
 
 // sameAllocation reports whether two allocations are equal.
@@ -411,7 +418,8 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 // left: a job submitted again under the same name starts afresh.
 func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, owned map[string]specRec) {
 	v := c.view
-	for job, d := range v.desired {
+	for job := range v.stopped {
+		d := v.desired[job]
 		if _, has := owned[job]; has || d.Stop == nil || ctx.Err() != nil {
 			continue
 		}

@@ -45,6 +45,7 @@ type view struct {
 
 	// The coordinator's own records, as they are in etcd.
 	desired  map[string]fleet.Desired
+	stopped  map[string]bool // the desired records that stop their job
 	statuses map[string]*fleet.Status
 	assigned map[string]map[string]int64 // job -> node -> generation
 	usage    []api.TeamUsage
@@ -94,6 +95,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.owned = map[string]specRec{}
 	v.active = nil
 	v.desired = map[string]fleet.Desired{}
+	v.stopped = map[string]bool{}
 	v.statuses = map[string]*fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
@@ -118,7 +120,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	}
 	for _, kv := range snap.Desired {
 		if d := decodeOrLastGood(ctx, cli, v.log, "desired record", kv, fleet.DecodeDesired); d != nil {
-			v.desired[d.Job] = *d
+			v.setDesired(*d)
 		}
 	}
 	for _, kv := range snap.Statuses {
@@ -381,14 +383,21 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 }
 
 // setDesired and dropDesired change a desired record in the view.
+// They keep stopped, the jobs whose desired record stops them.
 func (v *view) setDesired(d fleet.Desired) {
 	v.desired[d.Job] = d
+	if d.Stop != nil {
+		v.stopped[d.Job] = true
+	} else {
+		delete(v.stopped, d.Job)
+	}
 	v.stale.allocs = true
 }
 
 func (v *view) dropDesired(job string) {
 	if _, ok := v.desired[job]; ok {
 		delete(v.desired, job)
+		delete(v.stopped, job)
 		v.stale.allocs = true
 	}
 }
