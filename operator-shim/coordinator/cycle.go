@@ -418,7 +418,7 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 // left: a job submitted again under the same name starts afresh.
 func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, owned map[string]specRec) {
 	v := c.view
-	for job := range v.stopped {
+	for job := range v.deleted {
 		d := v.desired[job]
 		if _, has := owned[job]; has || d.Stop == nil || ctx.Err() != nil {
 			continue

@@ -45,7 +45,7 @@ type view struct {
 
 	// The coordinator's own records, as they are in etcd.
 	desired  map[string]fleet.Desired
-	stopped  map[string]bool // the desired records that stop their job
+	deleted  map[string]bool // stopped jobs no spec owns (recheckDeleted)
 	statuses map[string]*fleet.Status
 	assigned map[string]map[string]int64 // job -> node -> generation
 	usage    []api.TeamUsage
@@ -95,7 +95,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.owned = map[string]specRec{}
 	v.active = nil
 	v.desired = map[string]fleet.Desired{}
-	v.stopped = map[string]bool{}
+	v.deleted = map[string]bool{}
 	v.statuses = map[string]*fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
@@ -264,6 +264,7 @@ func (v *view) reindex(name string) {
 	} else {
 		delete(v.owned, name)
 	}
+	v.recheckDeleted(name)
 	_, done := v.finished[name]
 	i, listed := slices.BinarySearch(v.active, name)
 	switch {
@@ -383,21 +384,27 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 }
 
 // setDesired and dropDesired change a desired record in the view.
-// They keep stopped, the jobs whose desired record stops them.
 func (v *view) setDesired(d fleet.Desired) {
 	v.desired[d.Job] = d
-	if d.Stop != nil {
-		v.stopped[d.Job] = true
-	} else {
-		delete(v.stopped, d.Job)
-	}
+	v.recheckDeleted(d.Job)
 	v.stale.allocs = true
 }
 
 func (v *view) dropDesired(job string) {
 	if _, ok := v.desired[job]; ok {
 		delete(v.desired, job)
-		delete(v.stopped, job)
+		delete(v.deleted, job)
 		v.stale.allocs = true
+	}
+}
+
+// recheckDeleted keeps deleted: the jobs whose desired record stops them
+// and that no spec owns any more.
+func (v *view) recheckDeleted(job string) {
+	_, owned := v.owned[job]
+	if d, ok := v.desired[job]; ok && d.Stop != nil && !owned {
+		v.deleted[job] = true
+	} else {
+		delete(v.deleted, job)
 	}
 }
