@@ -268,7 +268,18 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 		if cname == "" {
 			cname = "(default)"
 		}
+		// The same for every pending job of the team needing as much (a
+		// long message when the borrowers are many): written once.
+		k := exhaustedKey{tf, j.flavor, need, usage}
+		if m, ok := s.exhaustedTexts[k]; ok {
+			r.Message = m
+			return
+		}
 		r.Message = fmt.Sprintf("no idle quota to borrow: cohort %s lends %d accelerators on %s and all are in use or reserved (%s, needs %d); borrowers: %s", cname, co.pool, j.flavor, usage, need, s.holderNames(hs))
+		if s.exhaustedTexts == nil {
+			s.exhaustedTexts = map[exhaustedKey]string{}
+		}
+		s.exhaustedTexts[k] = r.Message
 		return
 	case CodeReserved:
 		r.Code = c
@@ -338,4 +349,13 @@ func (s *sched) holderNames(hs []Holder) string {
 type holderList struct {
 	first *Holder
 	n     int
+}
+
+// exhaustedKey names a CohortExhausted message: the rest of what it says
+// (the cohort's pool and borrowers) is the same for the whole decision.
+type exhaustedKey struct {
+	tf     *teamFlavor
+	flavor string
+	need   int
+	usage  string
 }

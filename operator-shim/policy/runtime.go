@@ -144,4 +144,6 @@ type sched struct {
 	scratch     []*nodeRT
 	usageTexts  map[*teamFlavor]usageText // pending reasons' usage phrase
 	holderTexts map[holderList]string     // pending reasons' holder lists
+	// CohortExhausted messages by team, flavor, need and usage phrase.
+	exhaustedTexts map[exhaustedKey]string
 }
