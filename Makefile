@@ -55,9 +55,14 @@ bench: build
 	@# The containerd runtime (issue 12): start-to-first-step against the
 	@# process runtime, and a 200 MB pull (skips where containerd cannot run).
 	@$(GO) test -run '^$$' -bench BenchmarkContainerRuntime -benchtime=1x ./agent/jobrunner | grep -E '^BENCH|SKIP|skip' || true
-	@for b in rdzvscale elastic engine kueue fairshare; do \
+	@# coordinator_daemon (issue 15): the coordinator binary on Debian's etcd
+	@# at 500/2,000/5,000 nodes: submit->decision, idle cost, writes and
+	@# agent watch events per churn round, DB growth, RSS.
+	@for b in rdzvscale elastic engine kueue fairshare coordinator_daemon; do \
 		if ls bench/$$b/*.go >/dev/null 2>&1; then $(GO) run ./bench/$$b || exit 1; fi; \
 	done
+	@# Kueue's baseline through the coordinator daemon and etcd, real time.
+	@$(GO) run ./bench/kueue -daemon
 
 ## soak: the chaos soak of issue 10 (real etcd, 2 coordinators, 3 node agents,
 ## a DDP job and a bundled-worker job; seeded faults; invariants checked all

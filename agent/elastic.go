@@ -1006,7 +1006,13 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 // stopped at once and resume from the last committed checkpoint.
 func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.Round, c rendezvous.Change) *scaleEvent {
 	o := e.o
-	ectx, span := e.tracer.Start(changeTrace(e.cfg.JobID, c.Round, c.ID), "scale_event",
+	parent := changeTrace(e.cfg.JobID, c.Round, c.ID)
+	if c.Reason == rendezvous.TargetChanged { // under the coordinator's decision span (issue 15)
+		if p, ok := telemetry.FromTraceParent(e.desired(ctx).TraceParentOrEmpty()); ok {
+			parent = p
+		}
+	}
+	ectx, span := e.tracer.Start(parent, "scale_event",
 		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(c.Reason)),
 			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
 	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))

@@ -64,12 +64,8 @@ func BenchmarkContainerRuntime(b *testing.B) {
 		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: name, Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}, Run: run}); err != nil {
 			b.Fatal(err)
 		}
-		op, err := st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: name, Size: 1, Nodes: []string{"n"}}, Generation: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
 		start := time.Now()
-		if _, err := cli.Do(ctx, op); err != nil {
+		if err := st.Place(ctx, fleet.Desired{Allocation: policy.Allocation{Job: name, Size: 1, Nodes: []string{"n"}}, Generation: 1}); err != nil {
 			b.Fatal(err)
 		}
 		want := "n/" + name + " step=1 "

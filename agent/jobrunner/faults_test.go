@@ -105,11 +105,7 @@ func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent strin
 		close(done)
 	}()
 	t.Cleanup(func() { stop(); <-done })
-	op, err := f.st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 1, Nodes: []string{"node-a"}}, Generation: 1})
-	if err == nil {
-		_, err = cli.Do(ctx, op)
-	}
-	if err != nil {
+	if err := f.st.Place(ctx, fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 1, Nodes: []string{"node-a"}}, Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -345,8 +341,7 @@ if [ "$HYPERPODRUN_NODE_ID" = node-b ]; then while [ ! -f "$OUT/finish" ]; do sl
 		go func() { r.Run(rctx, nodeagent.Node{Name: node, Prefix: "/hyperpodrun", Client: cli}); close(done) }()
 		t.Cleanup(func() { stop(); <-done })
 	}
-	op, _ := st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 2, Nodes: []string{"node-a", "node-b"}}, Generation: 1})
-	if _, err := cli.Do(ctx, op); err != nil {
+	if err := st.Place(ctx, fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 2, Nodes: []string{"node-a", "node-b"}}, Generation: 1}); err != nil {
 		t.Fatal(err)
 	}
 	runs := func(node string) int {

@@ -136,11 +136,7 @@ env > "$OUT/env.tmp"; id -u >> "$OUT/env.tmp"; mv "$OUT/env.tmp" "$OUT/env"
 	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()
 	defer func() { stop(); <-done }()
 	for i, job := range []string{"j", "evil"} {
-		op, err := st.PutDesiredOp(fleet.Desired{Allocation: policy.Allocation{Job: job, Size: 1, Nodes: []string{"node-a"}}, Generation: int64(i + 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Do(ctx, op); err != nil {
+		if err := st.Place(ctx, fleet.Desired{Allocation: policy.Allocation{Job: job, Size: 1, Nodes: []string{"node-a"}}, Generation: int64(i + 1)}); err != nil {
 			t.Fatal(err)
 		}
 	}

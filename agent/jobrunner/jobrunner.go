@@ -1,6 +1,7 @@
 // Package jobrunner is the node agent's workload runtime: it starts a job's
-// hyperpodrun on this node when the coordinator's desired record places the
-// job here, and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
+// hyperpodrun on this node when the coordinator assigns the job to it (the
+// node's own assignments, fleet.Keys.NodeAssignments, are all it watches),
+// and drains it (SIGUSR2: checkpoint, leave, exit 0) when the job is
 // moved off the node. Jobs run as plain processes (the process runtime).
 //
 // A job fails only when the job fails: a hyperpodrun that dies any other
@@ -20,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -235,7 +235,9 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 			r.log.Warn("cannot list this node's containers to adopt them; container jobs wait for containerd", "err", err)
 		}
 	}
-	prefix := r.st.Keys.DesiredPrefix()
+	// Only this node's assignments: one decision costs this agent a
+	// watch event only when it touches this node.
+	prefix := r.st.Keys.NodeAssignments(node.Name)
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for ctx.Err() == nil {
@@ -243,7 +245,7 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 		resp, err := node.Client.Get(rctx, prefix, clientv3.WithPrefix())
 		cancel()
 		if err != nil {
-			r.log.Warn("read desired records", "err", err)
+			r.log.Warn("read this node's assignments", "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
@@ -301,16 +303,16 @@ func (r *Runner) markers() []string {
 // etcdTimeout bounds every etcd call of the runner.
 const etcdTimeout = 5 * time.Second
 
-// apply records whether a desired record places its job on this node. A
+// apply records that an assignment places its job on this node. A
 // malformed record is logged with its key and leaves the job as it was.
 func (r *Runner) apply(placed map[string]bool, key, value []byte) {
-	d, err := fleet.DecodeDesired(string(key), value)
+	a, err := fleet.DecodeAssignment(string(key), value)
 	if err != nil {
-		r.log.Warn("ignoring malformed desired record", "key", string(key), "err", err)
+		r.log.Warn("ignoring malformed assignment", "key", string(key), "err", err)
 		return
 	}
-	placed[d.Job] = d.Running() && slices.Contains(d.Nodes, r.node.Name)
-	r.gens[d.Job] = d.Generation
+	placed[a.Job] = true
+	r.gens[a.Job] = a.Generation
 }
 
 // reconcile starts jobs placed here (a failed one once its backoff is
@@ -471,14 +473,14 @@ func credsConf(conf string, creds *fleet.JobCreds, dir string) (string, error) {
 func (r *Runner) start(ctx context.Context, job string) error {
 	rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
-	fin, bad, err := r.st.Finished(rctx)
+	fin, problem, err := r.st.FinishOf(rctx, job)
 	if err != nil {
 		return err
 	}
-	for _, b := range bad {
-		r.log.Warn("ignoring malformed finish record", "err", b)
+	if problem != nil {
+		r.log.Warn("ignoring malformed finish record", "err", problem)
 	}
-	if _, done := fin[job]; done {
+	if fin != nil {
 		return nil // finished: the coordinator releases it
 	}
 	spec, err := r.st.Job(rctx, job)

@@ -46,11 +46,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 		t.Helper()
 		gen++
 		d.Job, d.Generation = "j", gen
-		op, err := st.PutDesiredOp(d)
-		if err == nil {
-			_, err = cli.Do(ctx, op)
-		}
-		if err != nil {
+		if err := st.Place(ctx, d); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,7 +21,10 @@
 // quotas); every workload is a single-node job asking for its size in units
 // (bin-packed). Kueue priorities 50/100/200 map to 20/50/80.
 //
-//	go run ./bench/kueue [-scale 1.0]
+// With -daemon the scenario runs through the coordinator daemon and etcd
+// instead (see runDaemon).
+//
+//	go run ./bench/kueue [-scale 1.0] [-daemon]
 package main
 
 import (
@@ -70,6 +73,7 @@ func main() {
 	nodeSize := flag.Int("node-size", 120, "units per node")
 	scale := flag.Float64("scale", 1.0, "fraction of each class's workload count (for quick runs)")
 	moves := flag.Bool("moves", true, "let the engine move workloads to defragment")
+	daemon := flag.Bool("daemon", false, "run the scenario through the coordinator daemon and etcd (real time), not the engine alone")
 	flag.Parse()
 
 	st := policy.State{Config: policy.Config{DisableMoves: !*moves}}
@@ -105,6 +109,12 @@ func main() {
 		byName[w.spec.Name] = w
 	}
 
+	if *daemon {
+		if err := runDaemon(st, wls, totalNominal, *moves); err != nil {
+			fail(err)
+		}
+		return
+	}
 	runtime.GC()
 	start := time.Now()
 	epoch := start

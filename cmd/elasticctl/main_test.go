@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,9 +254,14 @@ func startFleet(t *testing.T, n int) (string, *clientv3.Client) {
 }
 
 // startCoordinator runs a coordinator until the test ends.
+// coordCycles counts the cycles of the coordinators startCoordinator runs
+// (a steady coordinator writes nothing to etcd to count them by).
+var coordCycles atomic.Int64
+
 func startCoordinator(t *testing.T, cli *clientv3.Client) {
 	t.Helper()
-	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 100 * time.Millisecond})
+	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 100 * time.Millisecond,
+		OnCycle: func(coordinator.CycleStats) { coordCycles.Add(1) }})
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { coord.Run(ctx); close(done) }()

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
@@ -18,11 +19,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -45,7 +46,11 @@ func run(args []string, stderr io.Writer) int {
 			&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password (mode 0600); else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
-			&cli.DurationFlag{Name: "resync", Value: 2 * time.Second, Usage: "run a scheduling cycle at least this often"},
+			&cli.DurationFlag{Name: "resync", Value: 10 * time.Minute, Usage: "run a scheduling cycle at least this often even without a change (a safety net: changes arrive by watch, and the stable period wakes a cycle when due)"},
+			&cli.DurationFlag{Name: "debounce", Value: 10 * time.Millisecond, Usage: "batch a burst of changes into one cycle after this long"},
+			&cli.DurationFlag{Name: "finished-retention", Value: 24 * time.Hour, Usage: "delete a finished job's records (spec, status, events, ...) this long after it finished (0: keep them)"},
+			&cli.DurationFlag{Name: "compact-retention", Value: 10 * time.Minute, Usage: "compact etcd's history to this age (0: never, for an etcd run with --auto-compaction-retention; needs etcd's root role with auth on)"},
+			&cli.DurationFlag{Name: "event-dedup-window", Value: time.Hour, Usage: "the same decision about a job again within this window counts in its last event instead of adding one"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9401", Usage: "address for /healthz and /metrics (empty: none)"},
 			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
@@ -78,8 +83,19 @@ func serve(c *cli.Context) error {
 	if d := c.Duration("min-stable-period"); d < 0 || d > 24*time.Hour {
 		return usageError{fmt.Errorf("--min-stable-period %s: must be between 0 and 24h", d)}
 	}
-	if d := c.Duration("resync"); d < 100*time.Millisecond || d > time.Hour {
-		return usageError{fmt.Errorf("--resync %s: must be between 100ms and 1h", d)}
+	if d := c.Duration("resync"); d < 100*time.Millisecond || d > 24*time.Hour {
+		return usageError{fmt.Errorf("--resync %s: must be between 100ms and 24h", d)}
+	}
+	if d := c.Duration("debounce"); d < time.Millisecond || d > 10*time.Second {
+		return usageError{fmt.Errorf("--debounce %s: must be between 1ms and 10s", d)}
+	}
+	for _, f := range []string{"finished-retention", "compact-retention"} {
+		if d := c.Duration(f); d < 0 || (d > 0 && d < time.Second) {
+			return usageError{fmt.Errorf("--%s %s: must be 0 (off) or at least 1s", f, d)}
+		}
+	}
+	if d := c.Duration("event-dedup-window"); d < time.Second {
+		return usageError{fmt.Errorf("--event-dedup-window %s: must be at least 1s", d)}
 	}
 	endpoints := strings.Split(c.String("etcd-endpoints"), ",")
 	if c.Bool("embedded-etcd") {
@@ -109,12 +125,17 @@ func serve(c *cli.Context) error {
 		log.Warn(etcdconn.SimpleTokenWarning)
 	}
 
-	reg := prometheus.NewRegistry()
-	cycles := prometheus.NewCounter(prometheus.CounterOpts{Name: "hyperpod_coordinator_cycles_total", Help: "Scheduling cycles run."})
-	running := prometheus.NewGauge(prometheus.GaugeOpts{Name: "hyperpod_coordinator_running_jobs", Help: "Jobs holding an allocation."})
-	pending := prometheus.NewGauge(prometheus.GaugeOpts{Name: "hyperpod_coordinator_pending_jobs", Help: "Jobs waiting for capacity."})
-	used := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hyperpod_coordinator_team_used_accelerators", Help: "Accelerators held by a team's jobs."}, []string{"team", "flavor"})
-	reg.MustRegister(cycles, running, pending, used)
+	tp, shutdown, err := telemetry.Setup(ctx, "hyperpod-coordinator")
+	if err != nil {
+		return usageError{err}
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = shutdown(sctx)
+	}()
+	m := newMetrics()
+	reg := m.reg
 	if addr := c.String("listen"); addr != "" {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -127,25 +148,21 @@ func serve(c *cli.Context) error {
 		go hs.Serve(l)
 		defer hs.Close()
 	}
+	off := func(d time.Duration) time.Duration {
+		if d == 0 {
+			return -1
+		}
+		return d
+	}
 	co := coordinator.New(cli, coordinator.Config{
-		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Logger: log,
+		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Debounce: c.Duration("debounce"), Logger: log,
 		JobCredentials:  opts.User != "" && c.Bool("job-credentials"),
 		Engine:          policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
-		OnDecision: func(d policy.Decision) {
-			cycles.Inc()
-			running.Set(float64(len(d.Allocations)))
-			n := 0
-			for _, r := range d.Reasons {
-				if r.Kind == policy.KindPending {
-					n++
-				}
-			}
-			pending.Set(float64(n))
-			for _, u := range d.Teams {
-				used.WithLabelValues(u.Team, u.Flavor).Set(float64(u.Used))
-			}
-		},
+		FinishedRetention: off(c.Duration("finished-retention")), CompactRetention: off(c.Duration("compact-retention")),
+		EventDedupWindow: c.Duration("event-dedup-window"),
+		Tracer:           tp,
+		OnCycle:          m.cycle, OnLeader: m.setLeader, OnEtcdError: m.etcdError,
 	})
 	return co.Run(ctx)
 }

@@ -119,12 +119,13 @@ func FleetRoles(k fleet.Keys) []Role {
 		},
 		{
 			Name: AgentRole,
-			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish and problem records, the per-job credentials it hands to the jobs it runs; reads the rest",
+			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish and problem records, the per-job credentials it hands to the jobs it runs; reads the assignments (its runner watches only its own node's) and the rest",
 			Perms: merge(append([]Perm{
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
 				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
 				{Prefix: k.ProblemsPrefix(), Access: ReadWrite},
 				{Prefix: k.CredsPrefix(), Access: Read},
+				{Prefix: k.AssignPrefix(), Access: Read},
 			}, public(k)...)),
 		},
 	}

@@ -162,10 +162,24 @@ type Status struct {
 }
 
 // Event is one decision that changed a job's state (for describe/events).
+// Like a Kubernetes Event it is deduplicated: the same decision about the
+// same job again (same kind, code, sizes and beneficiaries) updates the
+// existing record, counting it, rather than adding one. Records written
+// before deduplication have no Count (read it as 1).
 type Event struct {
+	// Time is when the event was first seen (the key's time).
 	Time time.Time `json:"time" yaml:"time"`
 	api.Reason
+	// Count is how often the decision was made (omitted: once).
+	Count int `json:"count,omitempty" yaml:"count,omitempty"`
+	// FirstSeen and LastSeen are the first and latest time it was made
+	// (omitted: Time).
+	FirstSeen time.Time `json:"firstSeen,omitzero" yaml:"firstSeen,omitempty"`
+	LastSeen  time.Time `json:"lastSeen,omitzero" yaml:"lastSeen,omitempty"`
 }
+
+// Times is how often the event was seen (at least 1).
+func (e Event) Times() int { return max(1, e.Count) }
 
 // Concerns reports whether the event is about job ("" means every job):
 // its own, or one that names job as the job capacity was taken for.
@@ -216,6 +230,10 @@ type Desired struct {
 	Generation int64 `json:"generation"`
 	// Stop is set when the job holds no allocation any more.
 	Stop *Stop `json:"stop,omitempty"`
+	// TraceParent is the W3C traceparent of the coordinator's decision
+	// span that wrote this record: the root of the scale event's trace,
+	// under which the agents' spans hang. "" when tracing is off.
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // Target is the node count the rendezvous should size the job to. 0 means

@@ -93,6 +93,33 @@ func (k Keys) DesiredPrefix() string { return k.under("desired") }
 // Desired (size, nodes, stop, generation).
 func (k Keys) Desired(job string) string { return k.DesiredPrefix() + job }
 
+// AssignPrefix is the prefix of every per-node assignment.
+func (k Keys) AssignPrefix() string { return k.under("assign") }
+
+// NodeAssignments is the prefix of one node's assignments: its agent
+// watches this prefix and nothing else of the coordinator's, so a decision
+// costs one watch event per node it touches.
+func (k Keys) NodeAssignments(node string) string { return k.AssignPrefix() + node + "/" }
+
+// Assignment says job is placed on node: Assignment. The coordinator
+// writes it in the transaction that writes the job's desired record, and
+// deletes it in the one that takes the node away.
+func (k Keys) Assignment(node, job string) string { return k.NodeAssignments(node) + job }
+
+// AssignmentOwner splits an assignment key into its node and job; ok is
+// false for any other key.
+func (k Keys) AssignmentOwner(key string) (node, job string, ok bool) {
+	rest, ok := strings.CutPrefix(key, k.AssignPrefix())
+	if !ok {
+		return "", "", false
+	}
+	node, job, ok = strings.Cut(rest, "/")
+	if !ok || node == "" || job == "" || strings.Contains(job, "/") {
+		return "", "", false
+	}
+	return node, job, true
+}
+
 // StatusPrefix is the prefix of every status record.
 func (k Keys) StatusPrefix() string { return k.under("status") }
 
@@ -270,6 +297,7 @@ func (k Keys) Documented() []string {
 		k.ReadyPrefix("<job>") + "<round>/<node>",
 		k.Running("<job>", "<node>"),
 		k.Desired("<job>"),
+		k.Assignment("<node>", "<job>"),
 		k.Finish("<job>"),
 		k.Problem("<job>", "<node>"),
 		k.Node("<node>"),

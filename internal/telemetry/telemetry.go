@@ -73,3 +73,12 @@ func TraceParent(ctx context.Context) string {
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	return carrier["traceparent"]
 }
+
+// FromTraceParent returns a context whose remote parent is the span a W3C
+// traceparent names (the coordinator's decision span, carried in a job's
+// desired record), and whether tp was valid; with an invalid one the
+// context has no parent.
+func FromTraceParent(tp string) (context.Context, bool) {
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	return ctx, trace.SpanContextFromContext(ctx).IsValid()
+}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 func TestNothingExportedWithoutConfiguration(t *testing.T) {
@@ -71,5 +73,23 @@ func TestBadExporterSettings(t *testing.T) {
 	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
 	if _, _, err := Setup(context.Background(), "test"); err == nil || !strings.Contains(err.Error(), "OTEL_EXPORTER_OTLP_PROTOCOL") {
 		t.Errorf("bad protocol: %v", err)
+	}
+}
+
+// A traceparent rendered by TraceParent parents a span in another process.
+func TestFromTraceParentRoundTrip(t *testing.T) {
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled})
+	tp := TraceParent(trace.ContextWithSpanContext(context.Background(), sc))
+	ctx, ok := FromTraceParent(tp)
+	got := trace.SpanContextFromContext(ctx)
+	if !ok || got.TraceID() != tid || got.SpanID() != sid || !got.IsRemote() {
+		t.Errorf("FromTraceParent(%q) = %v %v, want trace %s span %s, remote", tp, got, ok, tid, sid)
+	}
+	for _, bad := range []string{"", "00-zz-00f067aa0ba902b7-01", "garbage"} {
+		if _, ok := FromTraceParent(bad); ok {
+			t.Errorf("FromTraceParent(%q) is valid", bad)
+		}
 	}
 }

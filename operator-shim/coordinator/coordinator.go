@@ -1,9 +1,14 @@
-// Package coordinator is the daemon around the policy engine: it watches
-// the fleet, teams and jobs in etcd, runs policy.Schedule, and writes each
-// job's desired record (size, placement, or why it was stopped: one record,
-// one put), a status and an event for every decision. Two coordinators
-// can run for HA: leadership is an etcd election, and every write is a
-// transaction that only succeeds while this coordinator is the leader.
+// Package coordinator is the daemon around the policy engine: it keeps an
+// in-memory view of the fleet, teams and jobs fed by etcd watches (read
+// whole only at start-up, after a compaction or a broken watch), runs
+// policy.Schedule when an input changed or a time-based rule is due, and
+// writes only what changed: each job's desired record (size, placement, or
+// why it was stopped: one record, one put) with its per-node assignments
+// in the same transaction, a status when its stable fields change, a
+// deduplicated event, and the teams' usage when it changes. Two
+// coordinators can run for HA: leadership is an etcd election, and every
+// write is a transaction that only succeeds while this coordinator is the
+// leader.
 package coordinator
 
 import (
@@ -11,15 +16,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
-	"sort"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
-	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -31,10 +34,14 @@ type Config struct {
 	Prefix string
 	// Identity names this coordinator in the election (default: hostname-pid).
 	Identity string
-	// Resync runs a cycle at least this often even without changes, for the
-	// time-based rules (default 2s).
+	// Resync runs a scheduling cycle at least this often even without a
+	// change (default 10m): a safety net only. Input changes trigger a
+	// cycle through the watch, and the time-based rules (the stable
+	// period) wake one when they are due; a cycle without a change reads
+	// nothing and writes nothing.
 	Resync time.Duration
-	// Debounce batches bursts of changes into one cycle (default 50ms).
+	// Debounce batches bursts of changes into one cycle (default 10ms;
+	// changes that arrive while a cycle runs wait for the next anyway).
 	Debounce time.Duration
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
@@ -43,8 +50,34 @@ type Config struct {
 	// MaxEventsPerJob and MaxEvents bound the decision history kept in etcd
 	// (defaults 200 and 20,000); the oldest events go first.
 	MaxEventsPerJob, MaxEvents int
-	// PruneInterval is how often the history is pruned (default 30s).
+	// PruneInterval is how often housekeeping runs (default 10s): the
+	// retention of finished jobs, forgetting deleted jobs whose nodes
+	// have left, and compaction. It reads nothing while nothing is due.
 	PruneInterval time.Duration
+	// EventDedupWindow: the same decision about a job again within it
+	// updates the job's latest event (count, last seen) instead of adding
+	// one (default 1h).
+	EventDedupWindow time.Duration
+	// FinishedRetention is how long a finished job's records (spec, finish
+	// record, desired record, status, events, rendezvous) are kept after it
+	// finished (default 24h; negative: forever).
+	FinishedRetention time.Duration
+	// CompactRetention: the coordinator compacts etcd's history to the
+	// revision it saw this long ago (default 10m; negative: never, for an
+	// etcd that runs its own --auto-compaction). Needs etcd's root role
+	// when auth is on; without it the coordinator says so once and stops
+	// compacting.
+	CompactRetention time.Duration
+	// Tracer makes the decision spans (default: otel's global provider).
+	Tracer trace.TracerProvider
+	// OnCycle, when set, sees every cycle's figures (metrics).
+	OnCycle func(CycleStats)
+	// OnLeader, when set, is told when this coordinator becomes leader and
+	// when it stops being leader.
+	OnLeader func(bool)
+	// OnEtcdError, when set, counts failed etcd operations by kind
+	// ("read", "write", "watch", "compact").
+	OnEtcdError func(op string)
 	// Now is the clock (default time.Now); the engine itself never reads it.
 	Now    func() time.Time
 	Logger *slog.Logger
@@ -57,24 +90,64 @@ type Config struct {
 	JobCredentials bool
 }
 
+// CycleStats are one scheduling cycle's figures.
+type CycleStats struct {
+	// Duration is the whole cycle: engine, diff and writes.
+	Duration time.Duration
+	// Engine is the part of it policy.Schedule took.
+	Engine time.Duration
+	// Decision is the engine's output.
+	Decision policy.Decision
+	// Changed counts the jobs whose desired record was written, by the
+	// kind of their decision.
+	Changed map[policy.ReasonKind]int
+	// Ops is the etcd operations written (puts and deletes).
+	Ops int
+	// Waited is how long each job admitted in this cycle was pending.
+	Waited []time.Duration
+}
+
 // Coordinator is one coordinator instance.
 type Coordinator struct {
-	cfg   Config
-	cli   *clientv3.Client
-	store *fleet.Store
-	log   *slog.Logger
+	cfg    Config
+	cli    *clientv3.Client
+	store  *fleet.Store
+	log    *slog.Logger
+	tracer trace.Tracer
 	// minted are the jobs holding etcd credentials (JobCredentials); nil
 	// until read.
 	minted map[string]bool
+	// view is the in-memory copy of etcd; nil until loaded. stale says it
+	// must be loaded again (a write failed half-way).
+	view  *view
+	stale bool
+	// ran is the view's change count at the last cycle; lastCycle its
+	// time; wake when a time-based rule is next due (zero: none).
+	ran       uint64
+	lastCycle time.Time
+	wake      time.Time
+	// waited collects the pending times of the jobs a cycle admits.
+	waited []time.Duration
+	// problems are the invalid inputs logged last cycle (logged once).
+	problems map[string]bool
+	// compaction: revisions seen and when, and the last compacted.
+	revs          []revAt
+	compacted     int64
+	compactDenied bool
+}
+
+type revAt struct {
+	t   time.Time
+	rev int64
 }
 
 // New returns a coordinator; Run starts it.
 func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	if cfg.Resync <= 0 {
-		cfg.Resync = 2 * time.Second
+		cfg.Resync = 10 * time.Minute
 	}
 	if cfg.Debounce <= 0 {
-		cfg.Debounce = 50 * time.Millisecond
+		cfg.Debounce = 10 * time.Millisecond
 	}
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 5
@@ -89,7 +162,16 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 		cfg.MaxEvents = 20000
 	}
 	if cfg.PruneInterval <= 0 {
-		cfg.PruneInterval = 30 * time.Second
+		cfg.PruneInterval = 10 * time.Second
+	}
+	if cfg.EventDedupWindow <= 0 {
+		cfg.EventDedupWindow = time.Hour
+	}
+	if cfg.FinishedRetention == 0 {
+		cfg.FinishedRetention = 24 * time.Hour
+	}
+	if cfg.CompactRetention == 0 {
+		cfg.CompactRetention = 10 * time.Minute
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -97,9 +179,13 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	if cfg.Identity == "" {
 		cfg.Identity = defaultIdentity()
 	}
+	if cfg.Tracer == nil {
+		cfg.Tracer = otel.GetTracerProvider()
+	}
 	st := fleet.New(cli, cfg.Prefix)
 	cfg.Prefix = st.Keys.Prefix()
-	return &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity)}
+	return &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity),
+		tracer: cfg.Tracer.Tracer("hyperpodrun/coordinator")}
 }
 
 // Run campaigns for leadership and, while leader, schedules on every
@@ -119,9 +205,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 }
 
+// errRelist ends a watch loop whose view must be read again.
+var errRelist = errors.New("the view must be read again")
+
 func (c *Coordinator) lead(ctx context.Context) error {
 	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
+		c.etcdError("session")
 		return fmt.Errorf("coordinator session: %w", err)
 	}
 	defer sess.Close()
@@ -130,6 +220,10 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	c.log.Info("elected leader")
+	if c.cfg.OnLeader != nil {
+		c.cfg.OnLeader(true)
+		defer c.cfg.OnLeader(false)
+	}
 	c.minted = nil // another leader may have minted and revoked meanwhile
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -139,69 +233,184 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
+	backoff := 100 * time.Millisecond
+	for {
+		// Another leader may have written meanwhile: read everything.
+		if err := c.reload(lctx); err != nil {
+			if lctx.Err() != nil {
+				return lctx.Err()
+			}
+			c.log.Warn("cannot read the fleet; retrying", "err", err, "in", backoff)
+			select {
+			case <-lctx.Done():
+				return lctx.Err()
+			case <-sess.Done():
+				return errors.New("leader session expired")
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		err := c.watchLoop(lctx, sess, leader)
+		if !errors.Is(err, errRelist) {
+			return err
+		}
+	}
+}
 
-	// Watch what the engine reads: nodes, teams, job specs.
-	wch := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.store.Keys.Root(), clientv3.WithPrefix(), clientv3.WithFilterDelete())
-	del := c.cli.Watch(clientv3.WithRequireLeader(lctx), c.store.Keys.Root(), clientv3.WithPrefix(), clientv3.WithFilterPut())
-	tick := time.NewTicker(c.cfg.Resync)
-	defer tick.Stop()
-	prune := time.NewTicker(c.cfg.PruneInterval)
-	defer prune.Stop()
-	dirty := true
+// reload reads the whole view (start-up, compaction, a broken watch).
+func (c *Coordinator) reload(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	snap, err := c.store.ReadSnapshot(rctx)
+	if err != nil {
+		c.etcdError("read")
+		return err
+	}
+	v := newView(c.store.Keys, c.log)
+	v.load(rctx, c.cli, snap, c.cfg.Now())
+	c.view, c.stale = v, false
+	c.observeRev(snap.Rev)
+	c.log.Info("read the fleet", "revision", snap.Rev, "nodes", len(v.nodes), "teams", len(v.teams), "jobs", len(v.specs))
+	return nil
+}
+
+// watched are the prefixes the view is fed from: what others write.
+func (c *Coordinator) watched() []string {
+	k := c.store.Keys
+	return []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix()}
+}
+
+type watchMsg struct {
+	resp   clientv3.WatchResponse
+	closed bool
+}
+
+// watchLoop watches the inputs from the view's revision and runs a cycle
+// after each burst of changes; it returns errRelist when the view must be
+// read again (compaction, a broken watch, a failed write).
+func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, leader clientv3.Cmp) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	msgs := make(chan watchMsg)
+	for _, p := range c.watched() {
+		wch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(c.view.rev+1))
+		go func() {
+			for w := range wch {
+				select {
+				case msgs <- watchMsg{resp: w}:
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case msgs <- watchMsg{closed: true}:
+			case <-wctx.Done():
+			}
+		}()
+	}
+	resync := time.NewTicker(min(c.cfg.Resync, time.Minute))
+	defer resync.Stop()
+	house := time.NewTicker(c.cfg.PruneInterval)
+	defer house.Stop()
+	var wakeT *time.Timer
+	var wakeC <-chan time.Time
+	defer func() {
+		if wakeT != nil {
+			wakeT.Stop()
+		}
+	}()
+	dirty := true // the first cycle after a read (writes only what differs)
 	var debounce <-chan time.Time
 	for {
+		if c.stale {
+			return errRelist
+		}
+		if wakeT == nil && !c.wake.IsZero() {
+			wakeT = time.NewTimer(max(0, c.wake.Sub(c.cfg.Now())))
+			wakeC = wakeT.C
+		}
 		if dirty && debounce == nil {
 			debounce = time.After(c.cfg.Debounce)
 		}
 		select {
-		case <-lctx.Done():
-			return lctx.Err()
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-sess.Done():
 			return errors.New("leader session expired")
-		case w, ok := <-wch:
-			if !ok || w.Err() != nil {
-				return fmt.Errorf("watch: %v", w.Err())
+		case m := <-msgs:
+			if m.closed || m.resp.Canceled || m.resp.Err() != nil {
+				c.etcdError("watch")
+				if m.resp.CompactRevision > 0 {
+					c.log.Info("watch fell behind a compaction; reading the fleet again", "compacted", m.resp.CompactRevision)
+				} else {
+					c.log.Warn("watch ended; reading the fleet again", "err", m.resp.Err())
+				}
+				return errRelist
 			}
-			dirty = dirty || c.relevant(w.Events)
-		case w, ok := <-del:
-			if !ok || w.Err() != nil {
-				return fmt.Errorf("watch: %v", w.Err())
+			c.observeRev(m.resp.Header.Revision)
+			if c.view.apply(m.resp.Events, c.cfg.Now()) {
+				dirty = true
 			}
-			dirty = dirty || c.relevant(w.Events)
-		case <-tick.C:
+		case <-wakeC:
+			wakeT, wakeC = nil, nil
+			c.wake = time.Time{}
 			dirty = true
-		case <-prune.C:
-			c.pruneEvents(lctx)
+		case <-resync.C:
+			if c.cfg.Now().Sub(c.lastCycle) >= c.cfg.Resync {
+				dirty = true
+			}
+		case <-house.C:
+			c.housekeeping(ctx, leader)
 		case <-debounce:
 			debounce = nil
 			dirty = false
-			again, err := c.cycle(lctx, leader)
+			if wakeT != nil { // the cycle computes the next wake
+				wakeT.Stop()
+				wakeT, wakeC = nil, nil
+			}
+			again, err := c.cycle(ctx, leader)
 			if err != nil {
 				if errors.Is(err, errNotLeader) {
 					return err
 				}
-				c.log.Warn("cycle failed; retrying", "err", err)
+				c.log.Warn("cycle failed; reading the fleet again", "err", err)
+				return errRelist
 			}
 			// Preempted jobs are reconsidered by the next cycle (the engine
 			// readmits them a cycle later): run it now, not at the resync.
-			dirty = err != nil || again
+			dirty = again
 		}
 	}
-}
-
-func (c *Coordinator) relevant(evs []*clientv3.Event) bool {
-	for _, e := range evs {
-		k := string(e.Kv.Key)
-		for _, p := range []string{c.store.Keys.NodesPrefix(), c.store.Keys.TeamsPrefix(), c.store.Keys.SpecsPrefix(), c.store.Keys.FinishedPrefix()} {
-			if strings.HasPrefix(k, p) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 var errNotLeader = errors.New("not the leader any more")
+
+func (c *Coordinator) etcdError(op string) {
+	if c.cfg.OnEtcdError != nil {
+		c.cfg.OnEtcdError(op)
+	}
+}
+
+// State reads the engine's input from etcd.
+func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
+	if err := c.reload(ctx); err != nil {
+		return policy.State{}, err
+	}
+	st, _ := c.view.state(c.cfg.Now(), c.cfg.Engine)
+	return st, nil
+}
+
+// Cycle reads the fleet, runs the engine once and writes what changed,
+// guarded by leader.
+func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
+	if err := c.reload(ctx); err != nil {
+		return err
+	}
+	_, err := c.cycle(ctx, leader)
+	return err
+}
 
 // NodeFromInventory is how the engine sees a registered node.
 func NodeFromInventory(inv devices.Inventory) policy.Node {
@@ -223,233 +432,19 @@ func NodeFromInventory(inv devices.Inventory) policy.Node {
 	return n
 }
 
-// State reads the engine's input from etcd.
-func (c *Coordinator) State(ctx context.Context) (policy.State, error) {
-	st, _, _, err := c.read(ctx)
-	return st, err
-}
-
-// read is State plus every job's desired record, by job, and the names of
-// the jobs that have a spec.
-func (c *Coordinator) read(ctx context.Context) (policy.State, map[string]fleet.Desired, map[string]bool, error) {
-	st := policy.State{Now: c.cfg.Now(), Config: c.cfg.Engine}
-	invs, bad, err := c.store.Nodes(ctx)
-	if err != nil {
-		return st, nil, nil, err
-	}
-	c.logBad("node", bad)
-	for _, inv := range invs {
-		st.Nodes = append(st.Nodes, NodeFromInventory(inv))
-	}
-	if st.Teams, bad, err = c.store.Teams(ctx); err != nil {
-		return st, nil, nil, err
-	}
-	c.logBad("team", bad)
-	specs, bad, err := c.store.Jobs(ctx)
-	if err != nil {
-		return st, nil, nil, err
-	}
-	c.logBad("job", bad)
-	finished, bad, err := c.store.Finished(ctx)
-	if err != nil {
-		return st, nil, nil, err
-	}
-	c.logBad("finish record", bad)
-	names := make(map[string]bool, len(specs))
-	for _, s := range specs {
-		names[s.Name] = true
-		if _, done := finished[s.Name]; done {
-			continue // succeeded or failed: its capacity is released
-		}
-		st.Jobs = append(st.Jobs, s.Job)
-	}
-	ds, bad, err := c.store.DesiredAll(ctx)
-	if err != nil {
-		return st, nil, nil, err
-	}
-	c.logBad("desired record", bad)
-	desired := make(map[string]fleet.Desired, len(ds))
-	for _, d := range ds {
-		desired[d.Job] = d
-		if d.Running() {
-			st.Allocations = append(st.Allocations, d.Allocation)
-		}
-	}
-	return st, desired, names, nil
-}
-
-// forgetDeleted removes what deleted jobs left behind (rendezvous, restart
-// count, checkpoint record, desired record, status) once their nodes have
-// left: a job submitted again under the same name starts afresh.
-func (c *Coordinator) forgetDeleted(ctx context.Context, desired map[string]fleet.Desired, specs map[string]bool) {
-	for job, d := range desired {
-		if specs[job] || d.Stop == nil || ctx.Err() != nil {
-			continue
-		}
-		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		done, err := c.store.Forget(fctx, job)
-		cancel()
-		switch {
-		case err != nil:
-			c.log.Warn("cannot forget a deleted job yet", "job", job, "err", err)
-		case done:
-			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
-		}
-	}
-}
-
-// pruneEvents bounds the decision history.
-func (c *Coordinator) pruneEvents(ctx context.Context) {
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	n, err := c.store.PruneEvents(pctx, c.cfg.MaxEventsPerJob, c.cfg.MaxEvents)
-	if err != nil {
-		c.log.Warn("prune events", "err", err)
-	} else if n > 0 {
-		c.log.Info("pruned old events", "deleted", n)
-	}
-}
-
-func (c *Coordinator) logBad(what string, bad []error) {
-	for _, b := range bad {
-		c.log.Warn("ignoring malformed "+what, "err", b)
-	}
-}
-
-// Cycle runs the engine once and writes what changed, guarded by leader.
-func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
-	_, err := c.cycle(ctx, leader)
-	return err
-}
-
-// cycle is Cycle; again says a follow-up cycle is due (a job was preempted).
-func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
-	st, desired, specs, err := c.read(ctx)
-	if err != nil {
-		return false, err
-	}
-	d := policy.Schedule(st)
-	for _, p := range d.Problems {
-		c.log.Warn("invalid input ignored", "object", p.Object, "name", p.Name, "err", p.Error)
-	}
-	statuses, bad, err := c.store.Statuses(ctx)
-	if err != nil {
-		return false, err
-	}
-	c.logBad("status", bad)
-	ops, again, err := c.writes(d, desired, statuses)
-	if err != nil {
-		return false, err
-	}
-	if err := c.mintFor(ctx, d.Allocations); err != nil {
-		return false, err
-	}
-	if c.cfg.OnDecision != nil {
-		c.cfg.OnDecision(d)
-	}
-	// etcd caps a transaction at 128 operations by default; write in
-	// chunks, each guarded by leadership. Each job's desired record is one
-	// put, so a job never sees half a decision.
-	for len(ops) > 0 {
-		n := min(len(ops), 100)
-		r, err := c.cli.Txn(ctx).If(leader).Then(ops[:n]...).Commit()
-		if err != nil {
-			return false, fmt.Errorf("write decision: %w", err)
-		}
-		if !r.Succeeded {
-			return false, errNotLeader
-		}
-		ops = ops[n:]
-	}
-	c.forgetDeleted(ctx, desired, specs)
-	running := make(map[string]bool, len(d.Allocations))
-	for _, a := range d.Allocations {
-		running[a.Job] = true
-	}
-	c.revokeEnded(ctx, running)
-	return again, nil
-}
-
-// writes turns a decision into the etcd writes it needs: a job's desired
-// record only when it changed, statuses when they changed, events, usage.
-func (c *Coordinator) writes(d policy.Decision, desired map[string]fleet.Desired, statuses map[string]fleet.Status) (ops []clientv3.Op, again bool, err error) {
-	add := func(op clientv3.Op, e error) {
-		if e != nil && err == nil {
-			err = e
-		}
-		ops = append(ops, op)
-	}
-	running := make(map[string]bool, len(d.Allocations))
-	for _, a := range d.Allocations {
-		running[a.Job] = true
-		prev, had := desired[a.Job]
-		if had && prev.Running() && reflect.DeepEqual(prev.Allocation, a) {
-			continue
-		}
-		add(c.store.PutDesiredOp(fleet.Desired{Allocation: a, Generation: prev.Generation + 1}))
-	}
-	reasons := map[string]policy.Reason{}
-	for _, r := range d.Reasons {
-		reasons[r.Job] = r
-	}
-	jobs := make([]string, 0, len(desired))
-	for job := range desired {
-		jobs = append(jobs, job)
-	}
-	sort.Strings(jobs)
-	for _, job := range jobs { // preempted, suspended or deleted
-		prev := desired[job]
-		if running[job] || !prev.Running() {
-			continue
-		}
-		// The workers are told "preemption" or "shutdown", with the reason,
-		// rather than "drain": the stop travels in the same record that
-		// takes the nodes away.
-		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
-		if r, ok := reasons[job]; ok {
-			stop.Reason = r.Message
-			if r.Kind == policy.KindPreempted {
-				stop.Kind = fleet.StopPreemption
-			}
-		}
-		add(c.store.PutDesiredOp(fleet.Desired{
-			Allocation: api.Allocation{Job: job, Team: prev.Team, Flavor: prev.Flavor},
-			Generation: prev.Generation + 1, Stop: &stop,
-		}))
-	}
-	for _, job := range d.Released {
-		ops = append(ops, c.store.DeleteStatusOp(job))
-	}
-	now := d.Now
-	for _, r := range d.Reasons {
-		prev, had := statuses[r.Job]
-		s := fleet.Status{Reason: r, Time: now, Since: now}
-		changed := !had || prev.Kind != r.Kind || prev.Code != r.Code || prev.FromSize != r.FromSize || prev.ToSize != r.ToSize || prev.Message != r.Message
-		if had && prev.Kind == r.Kind && prev.Code == r.Code {
-			s.Since = prev.Since
-		}
-		if changed {
-			add(c.store.PutStatusOp(s))
-		}
-		again = again || r.Kind == policy.KindPreempted
-		if event(r, prev.Reason, had) {
-			add(c.store.PutEventOp(fleet.Event{Time: now, Reason: r}))
-		}
-	}
-	add(c.store.PutUsageOp(d.Teams))
-	if err != nil {
-		return nil, false, fmt.Errorf("encode decision: %w", err)
-	}
-	return ops, again, nil
-}
-
 // event says whether a decision is worth an event: every change of size or
-// kind, and pending reasons when their cause changes.
+// kind, and a suspended or invalid job's cause when it changes. A pending
+// job's cause (its code) moves with everyone else's usage: the status has
+// the current one, and the history records when the job started waiting,
+// not each shift (at fleet scale one cohort filling up shifted a thousand
+// pending jobs at once, two writes each).
 func event(r, prev policy.Reason, had bool) bool {
 	switch r.Kind {
 	case policy.KindRunning:
 		return false
-	case policy.KindPending, policy.KindSuspended, policy.KindInvalid:
+	case policy.KindPending:
+		return !had || prev.Kind != r.Kind
+	case policy.KindSuspended, policy.KindInvalid:
 		return !had || prev.Kind != r.Kind || prev.Code != r.Code
 	}
 	return true

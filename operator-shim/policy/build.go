@@ -16,7 +16,7 @@ func (s *sched) build(st State) {
 	for i := range order {
 		order[i] = i
 	}
-	sort.SliceStable(order, func(a, b int) bool { return st.Nodes[order[a]].Name < st.Nodes[order[b]].Name })
+	sortByName(order, len(st.Nodes), func(i int) string { return st.Nodes[i].Name })
 	s.nodes = make([]nodeRT, 0, len(st.Nodes))
 	s.nodeByName = make(map[string]*nodeRT, len(st.Nodes))
 	for _, i := range order {
@@ -77,7 +77,7 @@ func (s *sched) build(st State) {
 	for i := range st.Teams {
 		order = append(order, i)
 	}
-	sort.SliceStable(order, func(a, b int) bool { return st.Teams[order[a]].Name < st.Teams[order[b]].Name })
+	sortByName(order, len(st.Teams), func(i int) string { return st.Teams[i].Name })
 	s.teams = make([]teamRT, 0, len(st.Teams))
 	s.teamByName = make(map[string]*teamRT, len(st.Teams))
 	for _, i := range order {
@@ -141,7 +141,7 @@ func (s *sched) build(st State) {
 	for i := range st.Jobs {
 		order = append(order, i)
 	}
-	sort.SliceStable(order, func(a, b int) bool { return st.Jobs[order[a]].Name < st.Jobs[order[b]].Name })
+	sortByName(order, len(st.Jobs), func(i int) string { return st.Jobs[i].Name })
 	s.jobs = make([]jobRT, 0, len(st.Jobs))
 	s.jobByName = make(map[string]*jobRT, len(st.Jobs))
 	for _, i := range order {
@@ -221,4 +221,22 @@ func flavorList(t *teamRT) string {
 		return "none"
 	}
 	return strings.Join(names, ", ")
+}
+
+// sortByName orders the indexes 0..n-1 in order (which holds them in that
+// order) stably by name(i). Input already in name order (as the
+// coordinator keeps it) is left as it is without sorting: a stable sort
+// would not move it either.
+func sortByName(order []int, n int, name func(int) string) {
+	sorted := true
+	for i := 1; i < n; i++ {
+		if name(i-1) > name(i) {
+			sorted = false
+			break
+		}
+	}
+	if sorted {
+		return
+	}
+	sort.SliceStable(order, func(a, b int) bool { return name(order[a]) < name(order[b]) })
 }

@@ -212,10 +212,12 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 	tf, f := j.tf, j.fl
 	need := j.per * j.sp.min
 	vcpu, mem := j.vcpu*j.sp.min, j.mem*int64(j.sp.min)
-	usage := fmt.Sprintf("team %s uses %d of nominal %d on %s", tf.team.name, tf.used, tf.nominal, j.flavor)
-	shape := fmt.Sprintf("%d accelerators on one node", j.per)
-	if j.exclusive {
-		shape = fmt.Sprintf("%s with %d accelerators", plural(j.sp.min, "whole node"), j.per)
+	usage := s.usageText(tf, j.flavor)
+	shape := func() string {
+		if j.exclusive {
+			return fmt.Sprintf("%s with %d accelerators", plural(j.sp.min, "whole node"), j.per)
+		}
+		return fmt.Sprintf("%d accelerators on one node", j.per)
 	}
 	if s.strict {
 		for k := tf.head; k < len(tf.queue); k++ {
@@ -253,7 +255,7 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 	case j.stuck:
 		r.Code = CodeNoCapacity
 		r.Holders = s.holdersOf(f, cache).all
-		r.Message = fmt.Sprintf("within the team's nominal quota (%s, needs %d) but no capacity could be freed: needs %s, %s free; capacity reserved for it; held by %s", usage, need, shape, plural(f.freeAccel, "accelerator"), holderNames(r.Holders))
+		r.Message = fmt.Sprintf("within the team's nominal quota (%s, needs %d) but no capacity could be freed: needs %s, %s free; capacity reserved for it; held by %s", usage, need, shape(), plural(f.freeAccel, "accelerator"), s.holderNames(r.Holders))
 		return
 	}
 	switch c := s.quotaCheck(tf, need, vcpu, mem, false); c {
@@ -266,7 +268,18 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 		if cname == "" {
 			cname = "(default)"
 		}
-		r.Message = fmt.Sprintf("no idle quota to borrow: cohort %s lends %d accelerators on %s and all are in use or reserved (%s, needs %d); borrowers: %s", cname, co.pool, j.flavor, usage, need, holderNames(hs))
+		// The same for every pending job of the team needing as much (a
+		// long message when the borrowers are many): written once.
+		k := exhaustedKey{tf, j.flavor, need, usage}
+		if m, ok := s.exhaustedTexts[k]; ok {
+			r.Message = m
+			return
+		}
+		r.Message = fmt.Sprintf("no idle quota to borrow: cohort %s lends %d accelerators on %s and all are in use or reserved (%s, needs %d); borrowers: %s", cname, co.pool, j.flavor, usage, need, s.holderNames(hs))
+		if s.exhaustedTexts == nil {
+			s.exhaustedTexts = map[exhaustedKey]string{}
+		}
+		s.exhaustedTexts[k] = r.Message
 		return
 	case CodeReserved:
 		r.Code = c
@@ -290,5 +303,59 @@ func (s *sched) pendingReason(j *jobRT, r *Reason, cache map[*flavorRT]*holders)
 		return
 	}
 	r.Message = fmt.Sprintf("quota allows it (%s, needs %d) but no nodes are free: needs %s, %s and %s free; held by %s",
-		usage, need, shape, plural(f.wholeFree, "whole node"), plural(f.freeAccel, "accelerator"), holderNames(r.Holders))
+		usage, need, shape(), plural(f.wholeFree, "whole node"), plural(f.freeAccel, "accelerator"), s.holderNames(r.Holders))
+}
+
+// usageText is "team T uses U of nominal N on F", written once per team
+// and flavor for all its pending jobs (it is in most of their messages).
+func (s *sched) usageText(tf *teamFlavor, flavor string) string {
+	m, ok := s.usageTexts[tf]
+	if ok && m.used == tf.used && m.nominal == tf.nominal && m.flavor == flavor {
+		return m.text
+	}
+	m = usageText{used: tf.used, nominal: tf.nominal, flavor: flavor,
+		text: fmt.Sprintf("team %s uses %d of nominal %d on %s", tf.team.name, tf.used, tf.nominal, flavor)}
+	if s.usageTexts == nil {
+		s.usageTexts = map[*teamFlavor]usageText{}
+	}
+	s.usageTexts[tf] = m
+	return m.text
+}
+
+type usageText struct {
+	used, nominal int
+	flavor, text  string
+}
+
+// holderNames is holderNames(hs) for a list of holdersOf's cache, written
+// once per list for all the pending jobs whose message names it (the lists
+// are not changed once built, and live as long as the cache).
+func (s *sched) holderNames(hs []Holder) string {
+	if len(hs) == 0 {
+		return holderNames(hs)
+	}
+	k := holderList{&hs[0], len(hs)}
+	if t, ok := s.holderTexts[k]; ok {
+		return t
+	}
+	t := holderNames(hs)
+	if s.holderTexts == nil {
+		s.holderTexts = map[holderList]string{}
+	}
+	s.holderTexts[k] = t
+	return t
+}
+
+type holderList struct {
+	first *Holder
+	n     int
+}
+
+// exhaustedKey names a CohortExhausted message: the rest of what it says
+// (the cohort's pool and borrowers) is the same for the whole decision.
+type exhaustedKey struct {
+	tf     *teamFlavor
+	flavor string
+	need   int
+	usage  string
 }

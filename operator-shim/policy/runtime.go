@@ -127,19 +127,23 @@ type jobRT struct {
 // sched is one engine cycle: the indexed input, the runtime records, and
 // the problems and released jobs to report.
 type sched struct {
-	now        time.Time
-	cfg        Config
-	stable     time.Duration
-	strict     bool
-	nodes      []nodeRT
-	nodeByName map[string]*nodeRT
-	teams      []teamRT
-	teamByName map[string]*teamRT
-	jobs       []jobRT
-	jobByName  map[string]*jobRT
-	flavors    []*flavorRT
-	flavorByNm map[string]*flavorRT
-	problems   []Problem
-	released   []string
-	scratch    []*nodeRT
+	now         time.Time
+	cfg         Config
+	stable      time.Duration
+	strict      bool
+	nodes       []nodeRT
+	nodeByName  map[string]*nodeRT
+	teams       []teamRT
+	teamByName  map[string]*teamRT
+	jobs        []jobRT
+	jobByName   map[string]*jobRT
+	flavors     []*flavorRT
+	flavorByNm  map[string]*flavorRT
+	problems    []Problem
+	released    []string
+	scratch     []*nodeRT
+	usageTexts  map[*teamFlavor]usageText // pending reasons' usage phrase
+	holderTexts map[holderList]string     // pending reasons' holder lists
+	// CohortExhausted messages by team, flavor, need and usage phrase.
+	exhaustedTexts map[exhaustedKey]string
 }

@@ -1,0 +1,686 @@
+// Command coordinator_daemon measures the real hyperpod-coordinator binary
+// on a real etcd (Debian's etcd binary, fsync on; the embedded etcd with
+// fsync on where that is missing) at fleet sizes, with node records under
+// leases and one watch per simulated node agent on its own assignments:
+//
+//   - submit -> decision written (the job's status record), median and max;
+//   - idle CPU per 2 s (what one resync cycle cost before) and the bytes
+//     etcd sends per idle minute;
+//   - per churn round (1% of the jobs finish, 1% are submitted): the
+//     coordinator's etcd puts and deletes, the watch events delivered to
+//     the agents' watches, against the jobs changed;
+//   - etcd's database growth per minute under churn (one round per 10 s,
+//     extrapolated from the rounds run), with the coordinator compacting;
+//   - the coordinator's RSS.
+//
+// Windows are short (a 2-core machine runs the whole bench in minutes): the
+// per-minute figures are extrapolated, and the output says so.
+//
+//	go run ./bench/coordinator_daemon [-sizes 500x1000x10,2000x5000x50,5000x10000x100]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+const flavor = "nvidia-h100-80gb"
+
+type size struct{ nodes, jobs, teams int }
+
+func (s size) String() string { return fmt.Sprintf("%dn_%dj_%dt", s.nodes, s.jobs, s.teams) }
+
+type options struct {
+	coordinator, etcdBin string
+	idle                 time.Duration
+	rounds, submits      int
+	agents               int
+	seed                 uint64
+	keep                 bool
+}
+
+func main() {
+	var o options
+	sizes := flag.String("sizes", "500x1000x10,2000x5000x50,5000x10000x100", "nodes x jobs x teams, comma-separated")
+	flag.StringVar(&o.coordinator, "coordinator", "bin/hyperpod-coordinator", "the hyperpod-coordinator binary (built into a temporary directory when missing)")
+	flag.StringVar(&o.etcdBin, "etcd", "/usr/bin/etcd", "etcd binary (Debian's etcd-server); when missing, the embedded etcd with fsync on")
+	flag.DurationVar(&o.idle, "idle", 12*time.Second, "idle window (extrapolated per minute)")
+	flag.IntVar(&o.rounds, "rounds", 4, "churn rounds")
+	flag.IntVar(&o.submits, "submits", 15, "single submits timed for submit -> decision")
+	flag.IntVar(&o.agents, "agents", 5000, "simulated agent watches (one per node, at most this many)")
+	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
+	flag.BoolVar(&o.keep, "keep", false, "keep the etcd data and the coordinator's log (the directory is printed)")
+	flag.Parse()
+	if err := run(o, *sizes); err != nil {
+		fmt.Fprintln(os.Stderr, "coordinator_daemon:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options, sizes string) error {
+	var ss []size
+	for _, s := range strings.Split(sizes, ",") {
+		var z size
+		if _, err := fmt.Sscanf(s, "%dx%dx%d", &z.nodes, &z.jobs, &z.teams); err != nil || z.nodes < 1 || z.jobs < 1 || z.teams < 1 {
+			return fmt.Errorf("-sizes %q: want NODESxJOBSxTEAMS, e.g. 500x1000x10", s)
+		}
+		ss = append(ss, z)
+	}
+	tmp, err := os.MkdirTemp("", "coordinator-daemon-bench-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Println("# keeping", tmp)
+	} else {
+		defer os.RemoveAll(tmp)
+	}
+	if _, err := os.Stat(o.coordinator); err != nil {
+		o.coordinator = filepath.Join(tmp, "hyperpod-coordinator")
+		b := exec.Command("go", "build", "-o", o.coordinator, "./cmd/hyperpod-coordinator")
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("build hyperpod-coordinator: %w", err)
+		}
+	}
+	fmt.Printf("# coordinator_daemon: the hyperpod-coordinator binary on %s; node records under leases (one per 100 nodes); one watch per simulated agent on its node's assignments; windows shortened (idle %s, %d churn rounds) and extrapolated per minute; machine load now: %s\n",
+		etcdKind(o.etcdBin), o.idle, o.rounds, loadavg())
+	for _, z := range ss {
+		if err := bench(o, z, tmp); err != nil {
+			return fmt.Errorf("%s: %w", z, err)
+		}
+	}
+	return nil
+}
+
+func etcdKind(bin string) string {
+	if _, err := os.Stat(bin); err == nil {
+		return "Debian's etcd (" + bin + ", fsync on)"
+	}
+	return "the embedded etcd (fsync on)"
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// etcdServer is a running etcd: a child process or the embedded one.
+type etcdServer struct {
+	endpoint string
+	cmd      *exec.Cmd
+	emb      *etcdembed.Server
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func startEtcd(ctx context.Context, bin, dir string) (*etcdServer, error) {
+	if _, err := os.Stat(bin); err != nil {
+		emb, err := etcdembed.Start(ctx, etcdembed.Options{Dir: filepath.Join(dir, "etcd")})
+		if err != nil {
+			return nil, err
+		}
+		return &etcdServer{endpoint: emb.Endpoints[0], emb: emb}, nil
+	}
+	client := fmt.Sprintf("http://127.0.0.1:%d", freePort())
+	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort())
+	cmd := exec.Command(bin, "--name", "bench", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "bench="+peer, "--initial-cluster-state", "new",
+		"--quota-backend-bytes", strconv.Itoa(4<<30), "--logger", "zap", "--log-level", "error")
+	logf, err := os.Create(filepath.Join(dir, "etcd.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	s := &etcdServer{endpoint: client, cmd: cmd}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: time.Second, Logger: zap.NewNop()})
+		if err == nil {
+			c, cancel := context.WithTimeout(ctx, time.Second)
+			_, err = cli.Get(c, "health")
+			cancel()
+			cli.Close()
+			if err == nil {
+				return s, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("etcd did not answer in 30s (log: %s)", logf.Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *etcdServer) stop() {
+	if s.emb != nil {
+		s.emb.Close()
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+}
+
+// sentBytes is what etcd sent its clients so far (its own counter; the
+// embedded etcd registers it in this process's default registry, which
+// this bench does not serve: there it is 0 and reported as unknown).
+func (s *etcdServer) sentBytes() float64 {
+	if s.cmd == nil {
+		return -1
+	}
+	resp, err := http.Get(s.endpoint + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.HasPrefix(l, "etcd_network_client_grpc_sent_bytes_total") {
+			f := strings.Fields(l)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// cycleSeconds is the coordinator's cycle-latency histogram's sum and
+// count, and the engine's sum, from its /metrics.
+func cycleSeconds(port int) (sum, count, engine float64) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return 0, 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case "hyperpod_coordinator_cycle_seconds_sum":
+			sum = v
+		case "hyperpod_coordinator_cycle_seconds_count":
+			count = v
+		case "hyperpod_coordinator_engine_seconds_sum":
+			engine = v
+		}
+	}
+	return sum, count, engine
+}
+
+// cpuTime reads a process's CPU time from /proc.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+func rssMB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			kb, _ := strconv.ParseFloat(strings.Fields(l)[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// tally counts the coordinator's writes seen by a watch on the whole
+// prefix, and when each job's status was first written.
+type tally struct {
+	mu       sync.Mutex
+	puts     int
+	deletes  int
+	byKind   map[string]int  // puts by record: desired, status, assign, events, usage
+	jobs     map[string]bool // jobs whose desired record, status or assignment changed
+	last     time.Time       // the coordinator's last write
+	statusAt map[string]chan struct{}
+	running  map[string]bool // jobs whose desired record places them
+}
+
+func (t *tally) reset() (puts, deletes, jobs int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	puts, deletes, jobs = t.puts, t.deletes, len(t.jobs)
+	t.puts, t.deletes, t.jobs, t.byKind = 0, 0, map[string]bool{}, map[string]int{}
+	return
+}
+
+func (t *tally) kinds() map[string]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return maps.Clone(t.byKind)
+}
+
+func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, rev int64) {
+	wch := cli.Watch(ctx, k.Root(), clientv3.WithPrefix(), clientv3.WithRev(rev))
+	go func() {
+		for w := range wch {
+			now := time.Now()
+			t.mu.Lock()
+			for _, e := range w.Events {
+				key := string(e.Kv.Key)
+				var job, kind string
+				switch {
+				case strings.HasPrefix(key, k.DesiredPrefix()):
+					job, kind = strings.TrimPrefix(key, k.DesiredPrefix()), "desired"
+					if e.Type == clientv3.EventTypePut {
+						d, err := fleet.DecodeDesired(key, e.Kv.Value)
+						t.running[job] = err == nil && d.Running()
+					} else {
+						delete(t.running, job)
+					}
+				case strings.HasPrefix(key, k.StatusPrefix()):
+					job, kind = strings.TrimPrefix(key, k.StatusPrefix()), "status"
+					if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut {
+						close(ch)
+						delete(t.statusAt, job)
+					}
+				case strings.HasPrefix(key, k.AssignPrefix()):
+					_, job, _ = k.AssignmentOwner(key)
+					kind = "assign"
+				case strings.HasPrefix(key, k.EventsPrefix()):
+					kind = "events"
+				case key == k.Usage():
+					kind = "usage"
+				default:
+					continue // not the coordinator's
+				}
+				if job != "" {
+					t.jobs[job] = true
+				}
+				if e.Type == clientv3.EventTypePut {
+					t.puts++
+					t.byKind[kind]++
+				} else {
+					t.deletes++
+				}
+				t.last = now
+			}
+			t.mu.Unlock()
+		}
+	}()
+}
+
+// quiet waits until the coordinator wrote nothing for d (at most max).
+func (t *tally) quiet(d, max time.Duration) {
+	start := time.Now()
+	for time.Since(start) < max {
+		t.mu.Lock()
+		last := t.last
+		t.mu.Unlock()
+		if time.Since(last) >= d && time.Since(start) >= d {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type gen struct {
+	rng   *rand.Rand
+	teams int
+	id    int
+}
+
+// job draws a Helios-shaped job (bench/engine's shapes): 1-8 GPUs on one
+// node, or whole nodes, a third of those elastic.
+func (g *gen) job(now time.Time) policy.Job {
+	g.id++
+	u := g.rng.Float64()
+	p := g.rng.IntN(100)
+	j := policy.Job{Name: fmt.Sprintf("job-%06d", g.id), Team: fmt.Sprintf("team-%03d", int(u*u*float64(g.teams))), Priority: &p, SubmitTime: now}
+	x := g.rng.Float64()
+	gpus := 64
+	for _, c := range []struct {
+		p float64
+		g int
+	}{{0.60, 1}, {0.70, 2}, {0.82, 4}, {0.94, 8}, {0.98, 16}, {0.995, 32}} {
+		if x < c.p {
+			gpus = c.g
+			break
+		}
+	}
+	if gpus <= 8 {
+		j.PerNode.Accelerators = gpus
+		return j
+	}
+	n := gpus / 8
+	j.PerNode.Accelerators = 8
+	j.MinNodes, j.MaxNodes = n, n
+	if g.rng.IntN(3) == 0 {
+		j.Elastic = true
+		j.MinNodes, j.MaxNodes = max(1, n/2), n*2
+	}
+	return j
+}
+
+func putAll(ctx context.Context, cli *clientv3.Client, ops []clientv3.Op) error {
+	for len(ops) > 0 {
+		n := min(len(ops), 100)
+		if _, err := cli.Txn(ctx).Then(ops[:n]...).Commit(); err != nil {
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
+}
+
+func specOp(k fleet.Keys, j policy.Job) clientv3.Op {
+	b, _ := json.Marshal(fleet.JobSpec{Job: j, Run: fleet.RunSpec{Script: "train.py"}})
+	return clientv3.OpPut(k.Spec(j.Team, j.Name), string(b))
+}
+
+func bench(o options, z size, tmp string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp(tmp, z.String())
+	if err != nil {
+		return err
+	}
+	etcd, err := startEtcd(ctx, o.etcdBin, dir)
+	if err != nil {
+		return err
+	}
+	defer etcd.stop()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint}, DialTimeout: 5 * time.Second, MaxCallRecvMsgSize: 1 << 30})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	st := fleet.New(cli, "")
+	k := st.Keys
+	// Teams: nominal quotas cover the fleet, 10 cohorts, half preempt.
+	nominal := z.nodes * 8 / z.teams
+	var ops []clientv3.Op
+	for i := 0; i < z.teams; i++ {
+		t := policy.Team{Name: fmt.Sprintf("team-%03d", i), Cohort: fmt.Sprintf("cohort-%d", i%10), Weight: float64(1 + i%3),
+			Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: nominal}}}
+		if i%2 == 0 {
+			t.Preemption = policy.PreemptLowerPriority
+		}
+		b, _ := json.Marshal(t)
+		ops = append(ops, clientv3.OpPut(k.Team(t.Name), string(b)))
+	}
+	// Nodes, under leases (one per 100 nodes), kept alive.
+	var lease clientv3.LeaseID
+	for i := 0; i < z.nodes; i++ {
+		if i%100 == 0 {
+			l, err := cli.Grant(ctx, 120)
+			if err != nil {
+				return err
+			}
+			lease = l.ID
+			ka, err := cli.KeepAlive(ctx, lease)
+			if err != nil {
+				return err
+			}
+			go func() {
+				for range ka {
+				}
+			}()
+		}
+		inv := devices.Inventory{Node: fmt.Sprintf("node-%05d", i), Flavor: flavor, VCPUs: 192, MemoryBytes: 2 << 40, State: devices.StateReady}
+		for a := 0; a < 8; a++ {
+			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: a, Flavor: flavor, Healthy: true})
+		}
+		op, err := st.PutNodeOp(inv, clientv3.WithLease(lease))
+		if err != nil {
+			return err
+		}
+		ops = append(ops, op)
+	}
+	g := &gen{rng: rand.New(rand.NewPCG(o.seed, 7)), teams: z.teams}
+	now := time.Now()
+	for i := 0; i < z.jobs; i++ {
+		ops = append(ops, specOp(k, g.job(now.Add(-time.Duration(z.jobs-i)*time.Millisecond))))
+	}
+	if err := putAll(ctx, cli, ops); err != nil {
+		return fmt.Errorf("write the fleet: %w", err)
+	}
+	r0, err := cli.Get(ctx, "probe")
+	if err != nil {
+		return err
+	}
+	t := &tally{jobs: map[string]bool{}, byKind: map[string]int{}, statusAt: map[string]chan struct{}{}, running: map[string]bool{}}
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	t.watch(wctx, cli, k, r0.Header.Revision+1)
+
+	// The coordinator.
+	port := freePort()
+	cmd := exec.Command(o.coordinator, "--etcd-endpoints", etcd.endpoint, "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--compact-retention", "5s", "--id", "bench")
+	logf, err := os.Create(filepath.Join(dir, "coordinator.log"))
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}()
+	pid := cmd.Process.Pid
+	// Cold start: every job decided, then quiet.
+	for {
+		r, err := cli.Get(ctx, k.StatusPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err == nil && r.Count >= int64(z.jobs) {
+			break
+		}
+		if time.Since(start) > 5*time.Minute {
+			return fmt.Errorf("the coordinator decided %d of %d jobs in 5m (log: %s)", r.Count, z.jobs, logf.Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.quiet(time.Second, time.Minute)
+	cold := time.Since(start)
+	coldPuts, coldDels, _ := t.reset()
+
+	// The agents: one watch per node on its own assignments.
+	acli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer acli.Close()
+	var agentEvents atomic.Int64
+	nAgents := min(z.nodes, o.agents)
+	for i := 0; i < nAgents; i++ {
+		ch := acli.Watch(wctx, k.NodeAssignments(fmt.Sprintf("node-%05d", i)), clientv3.WithPrefix())
+		go func() {
+			for w := range ch {
+				agentEvents.Add(int64(len(w.Events)))
+			}
+		}()
+	}
+	time.Sleep(time.Second) // the watches are registered
+
+	// Idle.
+	cpu0, sent0 := cpuTime(pid), etcd.sentBytes()
+	time.Sleep(o.idle)
+	idleCPU := cpuTime(pid) - cpu0
+	sent := etcd.sentBytes() - sent0
+	perCycle := float64(idleCPU.Microseconds()) / 1000 / (o.idle.Seconds() / 2)
+	idlePuts, _, _ := t.reset()
+
+	// Submit -> decision written.
+	cs0, cc0, ce0 := cycleSeconds(port)
+	var lat []time.Duration
+	for i := 0; i < o.submits; i++ {
+		j := g.job(time.Now())
+		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic = 1, 0, 0, false
+		ch := make(chan struct{})
+		t.mu.Lock()
+		t.statusAt[j.Name] = ch
+		t.mu.Unlock()
+		t0 := time.Now()
+		if _, err := cli.Do(ctx, specOp(k, j)); err != nil {
+			return err
+		}
+		select {
+		case <-ch:
+			lat = append(lat, time.Since(t0))
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("job %s: no status in 30s", j.Name)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	slices.Sort(lat)
+	cs1, cc1, ce1 := cycleSeconds(port)
+	t.quiet(500*time.Millisecond, 10*time.Second)
+	t.reset()
+
+	// Churn rounds.
+	s0, err := cli.Status(ctx, etcd.endpoint)
+	if err != nil {
+		return err
+	}
+	agentEvents.Store(0)
+	var puts, dels, changed, events []int
+	var kinds []map[string]int
+	churnStart := time.Now()
+	for r := 0; r < o.rounds; r++ {
+		n := z.jobs / 100
+		t.mu.Lock()
+		var running []string
+		for j, on := range t.running {
+			if on {
+				running = append(running, j)
+			}
+		}
+		t.mu.Unlock()
+		slices.Sort(running)
+		g.rng.Shuffle(len(running), func(a, b int) { running[a], running[b] = running[b], running[a] })
+		var ops []clientv3.Op
+		for _, j := range running[:min(n, len(running))] {
+			b, _ := json.Marshal(fleet.Finish{Outcome: fleet.Succeeded, Node: "bench", Time: time.Now()})
+			ops = append(ops, clientv3.OpPut(k.Finish(j), string(b)))
+		}
+		for i := 0; i < n; i++ {
+			ops = append(ops, specOp(k, g.job(time.Now())))
+		}
+		agentEvents.Store(0)
+		if err := putAll(ctx, cli, ops); err != nil {
+			return err
+		}
+		t.quiet(time.Second, 30*time.Second)
+		kinds = append(kinds, t.kinds())
+		p, d, c := t.reset()
+		puts, dels, changed = append(puts, p), append(dels, d), append(changed, c)
+		events = append(events, int(agentEvents.Load()))
+	}
+	churnTime := time.Since(churnStart)
+	s1, err := cli.Status(ctx, etcd.endpoint)
+	if err != nil {
+		return err
+	}
+	rss := rssMB(pid)
+	med := func(xs []int) float64 {
+		ys := slices.Clone(xs)
+		slices.Sort(ys)
+		return float64(ys[len(ys)/2])
+	}
+	growthPerRound := float64(s1.DbSize-s0.DbSize) / float64(o.rounds) / 1e6
+	fmt.Printf("# %s: cold start %.1fs (%d puts, %d deletes); idle %s: coordinator CPU %s, %d coordinator writes, etcd sent %.0f bytes to all clients (incl. the bench's lease keep-alives)\n",
+		z, cold.Seconds(), coldPuts, coldDels, o.idle, idleCPU, idlePuts, sent)
+	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; puts by record %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
+		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events, kinds,
+		float64(s0.DbSize)/1e6, float64(s1.DbSize)/1e6, float64(s0.DbSizeInUse)/1e6, float64(s1.DbSizeInUse)/1e6)
+	if cc1 > cc0 {
+		fmt.Printf("# %s: during the submits, %.0f cycles of %.1f ms on average, %.1f ms of it the engine (policy.Schedule), the rest the diff and etcd writes\n",
+			z, cc1-cc0, 1000*(cs1-cs0)/(cc1-cc0), 1000*(ce1-ce0)/(cc1-cc0))
+	}
+	name := "coordinator_daemon_" + z.String()
+	fmt.Printf("BENCH %s_submit_decision_median %.1f ms anchor=780 target=100\n", name, ms(lat[len(lat)/2]))
+	fmt.Printf("BENCH %s_submit_decision_max %.1f ms anchor=1700 target=100\n", name, ms(lat[len(lat)-1]))
+	fmt.Printf("BENCH %s_idle_cpu_per_2s %.2f ms anchor=594 target=5\n", name, perCycle)
+	if sent >= 0 {
+		fmt.Printf("BENCH %s_idle_etcd_bytes_per_min %.0f bytes anchor=650000000\n", name, sent/o.idle.Minutes())
+	}
+	mc := med(changed)
+	fmt.Printf("BENCH %s_puts_per_churn_round %.0f puts target=%.0f\n", name, med(puts), 3*mc)
+	fmt.Printf("BENCH %s_writes_per_churn_round %.0f puts+deletes target=%.0f\n", name, med(puts)+med(dels), 3*mc)
+	fmt.Printf("BENCH %s_agent_watch_events_per_churn_round %.0f events anchor=1000000 target=%.0f\n", name, med(events), 10*mc)
+	fmt.Printf("BENCH %s_db_growth_per_min %.2f MB anchor=36 (one round per 10 s: 6 rounds a minute)\n", name, 6*growthPerRound)
+	fmt.Printf("BENCH %s_coordinator_rss %.0f MB\n", name, rss)
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

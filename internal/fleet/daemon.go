@@ -1,0 +1,225 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+)
+
+// Assignment is the per-node record of a job placed on a node
+// (Keys.Assignment): the job and its desired record's generation. A node
+// agent watches its node's assignments, not every desired record.
+type Assignment struct {
+	Job        string `json:"job"`
+	Generation int64  `json:"generation"`
+}
+
+// DecodeAssignment decodes and checks an assignment read from key.
+func DecodeAssignment(key string, v []byte) (*Assignment, error) {
+	var a Assignment
+	if err := json.Unmarshal(v, &a); err != nil {
+		return nil, fmt.Errorf("malformed assignment at %s: %w (value %q)", key, err, clip(v))
+	}
+	if a.Job == "" || path.Base(key) != a.Job {
+		return nil, fmt.Errorf("malformed assignment at %s: its job name does not match its key (value %q)", key, clip(v))
+	}
+	return &a, nil
+}
+
+// PutAssignmentOp writes that d's job is placed on node, for the
+// transaction that writes d.
+func (s *Store) PutAssignmentOp(node string, d Desired) (clientv3.Op, error) {
+	return putOp(s.Keys.Assignment(node, d.Job), Assignment{Job: d.Job, Generation: d.Generation})
+}
+
+// DeleteAssignmentOp removes job's assignment to node, for a transaction.
+func (s *Store) DeleteAssignmentOp(node, job string) clientv3.Op {
+	return clientv3.OpDelete(s.Keys.Assignment(node, job))
+}
+
+// Assignments lists node's assignments, and the revision they were read
+// at (to watch from the next one); malformed ones are problems.
+func (s *Store) Assignments(ctx context.Context, node string) ([]Assignment, []error, int64, error) {
+	p := s.Keys.NodeAssignments(node)
+	r, err := s.Cli.Get(ctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list %s: %w", p, err)
+	}
+	var out []Assignment
+	var bad []error
+	for _, kv := range r.Kvs {
+		a, err := DecodeAssignment(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, *a)
+	}
+	return out, bad, r.Header.Revision, nil
+}
+
+// CoordinatorSnapshot is everything the coordinator keeps in memory, read in one
+// transaction (one revision) at start-up and after its watch broke: the
+// raw records, decoded by the coordinator as it decodes watch events.
+type CoordinatorSnapshot struct {
+	// Rev is the revision read at: the coordinator watches from Rev+1.
+	Rev                                 int64
+	Nodes, Teams, Specs, Finished       []*mvccpb.KeyValue
+	Desired, Statuses, Assigned, Events []*mvccpb.KeyValue
+	Usage                               []*mvccpb.KeyValue
+}
+
+// ReadSnapshot reads every prefix the coordinator keeps, at one revision.
+func (s *Store) ReadSnapshot(ctx context.Context) (*CoordinatorSnapshot, error) {
+	k := s.Keys
+	prefixes := []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix(), k.DesiredPrefix(),
+		k.StatusPrefix(), k.AssignPrefix(), k.EventsPrefix()}
+	ops := make([]clientv3.Op, 0, len(prefixes)+1)
+	for _, p := range prefixes {
+		ops = append(ops, clientv3.OpGet(p, clientv3.WithPrefix()))
+	}
+	ops = append(ops, clientv3.OpGet(k.Usage()))
+	r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read the coordinator's records: %w", err)
+	}
+	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
+	return &CoordinatorSnapshot{Rev: r.Header.Revision, Nodes: kvs(0), Teams: kvs(1), Specs: kvs(2), Finished: kvs(3),
+		Desired: kvs(4), Statuses: kvs(5), Assigned: kvs(6), Events: kvs(7), Usage: kvs(8)}, nil
+}
+
+// DecodeSpec decodes and checks a job spec read from key (its name and
+// team must match the key).
+func DecodeSpec(k Keys, key string, v []byte) (*JobSpec, error) { return specDecoder(k)(key, v) }
+
+// DecodeTeam decodes and checks a team read from key.
+func DecodeTeam(key string, v []byte) (*api.Team, error) {
+	return jsonNamed(func(t *api.Team) string { return t.Name }, func(t *api.Team) error { return t.Validate() })(key, v)
+}
+
+// DecodeStatus decodes a status read from key.
+func DecodeStatus(key string, v []byte) (*Status, error) {
+	return jsonNamed(func(x *Status) string { return x.Job }, nil)(key, v)
+}
+
+// DecodeFinish decodes a finish record read from key.
+func DecodeFinish(key string, v []byte) (*Finish, error) {
+	var f Finish
+	if err := json.Unmarshal(v, &f); err != nil {
+		return nil, fmt.Errorf("malformed finish record at %s: %w", key, err)
+	}
+	return &f, nil
+}
+
+// LastGood returns the newest earlier version of kv that dec accepts
+// (etcd keeps them until it compacts), for a record that is malformed now.
+func LastGood[T any](ctx context.Context, cli *clientv3.Client, kv *mvccpb.KeyValue, dec func(key string, v []byte) (*T, error)) (*T, int64) {
+	return lastGood(ctx, cli, kv, decoder[T](dec))
+}
+
+// FinishOf reads one job's finish record (nil when it has none); a
+// malformed record is a problem, returned beside a nil record.
+func (s *Store) FinishOf(ctx context.Context, job string) (f *Finish, problem, err error) {
+	key := s.Keys.Finish(job)
+	r, err := s.Cli.Get(ctx, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, nil, nil
+	}
+	f, problem = DecodeFinish(key, r.Kvs[0].Value)
+	return f, problem, nil
+}
+
+// PutEventAtOp writes e at an existing event key (a deduplicated event's
+// new count), for a transaction.
+func (s *Store) PutEventAtOp(key string, e Event) (clientv3.Op, error) { return putOp(key, e) }
+
+// EventJob is the job an event key names ("" for any other key).
+func (k Keys) EventJob(key string) string {
+	rest, ok := strings.CutPrefix(key, k.EventsPrefix())
+	if !ok || len(rest) < 22 {
+		return ""
+	}
+	return rest[21:]
+}
+
+// ForgetJobOps delete a job whose spec the coordinator removed or never
+// had: everything forgetOps deletes, its finish record, its spec (under
+// team) and assignments (nodes), for a transaction.
+func (s *Store) ForgetJobOps(job, team string) []clientv3.Op {
+	ops := append(s.forgetOps(job), clientv3.OpDelete(s.Keys.Finish(job)))
+	if team != "" {
+		ops = append(ops, clientv3.OpDelete(s.Keys.Spec(team, job)))
+	}
+	return ops
+}
+
+// NoMembers holds while no node is in the job's rendezvous, for a
+// transaction's guard.
+func (s *Store) NoMembers(job string) clientv3.Cmp { return s.noMembers(job) }
+
+// SpecAbsent holds while team has no spec of job.
+func (s *Store) SpecAbsent(team, job string) clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(s.Keys.Spec(team, job)), "=", 0)
+}
+
+// Place writes a job's whole desired record and its per-node assignments
+// in one transaction, as the coordinator does: assignments of nodes the
+// previous record placed the job on and d does not are deleted, those of
+// new nodes written (tests, and tools that stand in for the coordinator).
+func (s *Store) Place(ctx context.Context, d Desired) error {
+	prev, err := s.Desired(ctx, d.Job)
+	if err != nil {
+		return err
+	}
+	op, err := s.PutDesiredOp(d)
+	if err != nil {
+		return err
+	}
+	ops := []clientv3.Op{op}
+	was := map[string]bool{}
+	if prev.Running() {
+		for _, n := range prev.Nodes {
+			was[n] = true
+		}
+	}
+	now := map[string]bool{}
+	if d.Running() {
+		for _, n := range d.Nodes {
+			now[n] = true
+			if !was[n] {
+				op, err := s.PutAssignmentOp(n, d)
+				if err != nil {
+					return err
+				}
+				ops = append(ops, op)
+			}
+		}
+	}
+	for n := range was {
+		if !now[n] {
+			ops = append(ops, s.DeleteAssignmentOp(n, d.Job))
+		}
+	}
+	if _, err := s.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		return fmt.Errorf("place job %s: %w", d.Job, err)
+	}
+	return nil
+}
+
+// TraceParentOrEmpty is the record's traceparent ("" for a nil record).
+func (d *Desired) TraceParentOrEmpty() string {
+	if d == nil {
+		return ""
+	}
+	return d.TraceParent
+}

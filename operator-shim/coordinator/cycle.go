@@ -1,0 +1,571 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// maxTxnOps keeps a transaction under etcd's default --max-txn-ops (128).
+const maxTxnOps = 120
+
+// cycle runs the engine on the view and writes what changed; again says a
+// follow-up cycle is due (a job was preempted). On an error the view may
+// be ahead of etcd: the caller reads it again.
+func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
+	start := time.Now()
+	v := c.view
+	if err := c.refreshJobs(ctx); err != nil {
+		c.stale = true
+		return false, err
+	}
+	// Deleted jobs stopped by an earlier cycle go once their nodes left
+	// (one stopped in this cycle keeps its stop record until then).
+	_, owned := v.state(time.Time{}, c.cfg.Engine)
+	c.forgetDeleted(ctx, leader, owned)
+	now := c.cfg.Now()
+	st, _ := v.state(now, c.cfg.Engine)
+	t0 := time.Now()
+	d := policy.Schedule(st)
+	engine := time.Since(t0)
+	c.logProblems(d.Problems)
+	if err := c.mintFor(ctx, d.Allocations); err != nil {
+		return false, err
+	}
+	c.waited = c.waited[:0]
+	units, changed, running, again := c.writes(d)
+	ops, err := c.commit(ctx, leader, units)
+	if err != nil {
+		c.stale = true
+		return false, err
+	}
+	c.ran, c.lastCycle = v.changed, now
+	c.wake = c.nextWake(d, now)
+	if c.cfg.OnDecision != nil {
+		c.cfg.OnDecision(d)
+	}
+	c.revokeEnded(ctx, running)
+	if c.cfg.OnCycle != nil {
+		cs := CycleStats{Duration: time.Since(start), Engine: engine, Decision: d, Changed: changed, Ops: ops}
+		cs.Waited = c.waited
+		c.cfg.OnCycle(cs)
+	}
+	return again, nil
+}
+
+// commit writes units (the ops of one job stay in one transaction), each
+// transaction guarded by leadership; it returns how many ops it wrote.
+func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op) (int, error) {
+	var batch []clientv3.Op
+	written := 0
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		r, err := c.cli.Txn(wctx).If(leader).Then(batch...).Commit()
+		cancel()
+		if err != nil {
+			c.etcdError("write")
+			return fmt.Errorf("write decision: %w", err)
+		}
+		if !r.Succeeded {
+			return errNotLeader
+		}
+		c.observeRev(r.Header.Revision)
+		written += len(batch)
+		batch = batch[:0]
+		return nil
+	}
+	for _, u := range units {
+		if len(batch)+len(u) > maxTxnOps {
+			if err := flush(); err != nil {
+				return written, err
+			}
+		}
+		// A job on more nodes than a transaction holds is split: its
+		// desired record goes first, its assignments after.
+		for len(u) > maxTxnOps {
+			batch = append(batch, u[:maxTxnOps]...)
+			u = u[maxTxnOps:]
+			if err := flush(); err != nil {
+				return written, err
+			}
+		}
+		batch = append(batch, u...)
+	}
+	return written, flush()
+}
+
+// writes turns a decision into the etcd writes it needs, one unit of ops
+// per job, and records them in the view: a job's desired record and its
+// assignments only when its allocation changed, its status only when a
+// stable field changed (not the message's usage figures), a deduplicated
+// event, the usage only when it changed. changed counts the desired
+// records written by kind.
+func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
+	v := c.view
+	changed = map[policy.ReasonKind]int{}
+	unit := map[string][]clientv3.Op{}
+	var order []string
+	add := func(job string, op clientv3.Op, err error) {
+		if err != nil {
+			c.log.Error("cannot encode a record; skipped", "job", job, "err", err)
+			return
+		}
+		if _, ok := unit[job]; !ok {
+			order = append(order, job)
+		}
+		unit[job] = append(unit[job], op)
+	}
+	// The reasons by job: the engine lists them in name order, so a
+	// binary search finds one (a map of every job's reason each cycle cost
+	// more than the few lookups); a map if they ever come unordered.
+	var reasonIdx map[string]int
+	if !slices.IsSortedFunc(d.Reasons, func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }) {
+		reasonIdx = make(map[string]int, len(d.Reasons))
+		for i := range d.Reasons {
+			reasonIdx[d.Reasons[i].Job] = i
+		}
+	}
+	reason := func(job string) (policy.Reason, bool) {
+		if reasonIdx != nil {
+			if i, ok := reasonIdx[job]; ok {
+				return d.Reasons[i], true
+			}
+			return policy.Reason{}, false
+		}
+		i, ok := slices.BinarySearchFunc(d.Reasons, job, func(r policy.Reason, job string) int { return strings.Compare(r.Job, job) })
+		if ok {
+			return d.Reasons[i], true
+		}
+		return policy.Reason{}, false
+	}
+	running = make(map[string]bool, len(d.Allocations))
+	for _, a := range d.Allocations {
+		running[a.Job] = true
+		prev, had := v.desired[a.Job]
+		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
+			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
+			if !prev.Running() || prev.Size != a.Size {
+				r, _ := reason(a.Job)
+				nd.TraceParent = c.decisionSpan(d.Now, r, prev.Target(), a.Size)
+			}
+			op, err := c.store.PutDesiredOp(nd)
+			add(a.Job, op, err)
+			if err == nil {
+				v.setDesired(nd)
+				r, _ := reason(a.Job)
+				changed[r.Kind]++
+			}
+		}
+		gen := v.desired[a.Job].Generation
+		have := v.assigned[a.Job]
+		for _, n := range a.Nodes {
+			if g, ok := have[n]; ok && g >= 0 {
+				continue // placed earlier: its generation says when
+			}
+			op, err := c.store.PutAssignmentOp(n, fleet.Desired{Allocation: api.Allocation{Job: a.Job}, Generation: gen})
+			add(a.Job, op, err)
+			if err == nil {
+				v.assign(a.Job, n, gen)
+			}
+		}
+		for n := range have {
+			if !slices.Contains(a.Nodes, n) {
+				add(a.Job, c.store.DeleteAssignmentOp(n, a.Job), nil)
+				delete(have, n)
+			}
+		}
+	}
+	var stopped []string
+	for job, prev := range v.desired {
+		if !running[job] && prev.Running() {
+			stopped = append(stopped, job)
+		}
+	}
+	sort.Strings(stopped)
+	for _, job := range stopped { // preempted, suspended or deleted
+		prev := v.desired[job]
+		// The workers are told "preemption" or "shutdown", with the reason,
+		// rather than "drain": the stop travels in the same record that
+		// takes the nodes away.
+		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
+		r, ok := reason(job)
+		if ok {
+			stop.Reason = r.Message
+			if r.Kind == policy.KindPreempted {
+				stop.Kind = fleet.StopPreemption
+			}
+		}
+		nd := fleet.Desired{
+			Allocation: api.Allocation{Job: job, Team: prev.Team, Flavor: prev.Flavor},
+			Generation: prev.Generation + 1, Stop: &stop,
+		}
+		nd.TraceParent = c.decisionSpan(d.Now, r, prev.Size, 0)
+		op, err := c.store.PutDesiredOp(nd)
+		add(job, op, err)
+		if err == nil {
+			v.setDesired(nd)
+			kind := r.Kind
+			if !ok {
+				kind = "Released"
+			}
+			changed[kind]++
+		}
+	}
+	// Assignments of jobs placed nowhere (stopped, or left by an earlier
+	// coordinator) go.
+	for job, have := range v.assigned {
+		if running[job] {
+			continue
+		}
+		for n := range have {
+			add(job, c.store.DeleteAssignmentOp(n, job), nil)
+		}
+		delete(v.assigned, job)
+	}
+	for _, job := range d.Released {
+		if _, had := v.statuses[job]; had {
+			add(job, c.store.DeleteStatusOp(job), nil)
+			delete(v.statuses, job)
+		}
+	}
+	now := d.Now
+	var none fleet.Status
+	for i := range d.Reasons {
+		r := &d.Reasons[i]
+		prev, had := v.statuses[r.Job]
+		if !had {
+			prev = &none
+		}
+		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
+			c.waited = append(c.waited, now.Sub(prev.Since))
+		}
+		if !had || !stable(&prev.Reason, r) {
+			s := &fleet.Status{Reason: *r, Time: now, Since: now}
+			if had && prev.Kind == r.Kind && prev.Code == r.Code {
+				s.Since = prev.Since
+			}
+			op, err := c.store.PutStatusOp(*s)
+			add(r.Job, op, err)
+			if err == nil {
+				v.statuses[r.Job] = s
+			}
+		}
+		again = again || r.Kind == policy.KindPreempted
+		if event(*r, prev.Reason, had) {
+			key, e := v.events.record(*r, now, c.cfg.EventDedupWindow)
+			op, err := c.store.PutEventAtOp(key, e)
+			add(r.Job, op, err)
+		}
+	}
+	if !reflect.DeepEqual(v.usage, d.Teams) && !(len(v.usage) == 0 && len(d.Teams) == 0 && v.usage != nil) {
+		op, err := c.store.PutUsageOp(d.Teams)
+		add("", op, err)
+		if err == nil {
+			v.usage = slices.Clone(d.Teams)
+			if v.usage == nil {
+				v.usage = []api.TeamUsage{}
+			}
+		}
+	}
+	units = make([][]clientv3.Op, 0, len(order)+1)
+	for _, job := range order {
+		units = append(units, unit[job])
+	}
+	var prune []clientv3.Op
+	for _, key := range v.events.prune(c.cfg.MaxEventsPerJob, c.cfg.MaxEvents) {
+		prune = append(prune, clientv3.OpDelete(key))
+	}
+	for len(prune) > 0 {
+		n := min(len(prune), maxTxnOps)
+		units = append(units, prune[:n])
+		prune = prune[n:]
+	}
+	return units, changed, running, again
+}
+
+// sameAllocation reports whether two allocations are equal.
+func sameAllocation(a, b api.Allocation) bool {
+	return a.Job == b.Job && a.Team == b.Team && a.Flavor == b.Flavor && a.Size == b.Size &&
+		a.AcceleratorsPerNode == b.AcceleratorsPerNode && a.Since.Equal(b.Since) && a.LastResize.Equal(b.LastResize) &&
+		slices.Equal(a.Nodes, b.Nodes) && slices.Equal(a.TookFrom, b.TookFrom)
+}
+
+// stable reports whether a job's status needs no rewrite: the same kind,
+// code, sizes and beneficiaries. The message alone (its usage figures,
+// who holds the capacity now) is no reason to write: the team usage record
+// has the figures.
+func stable(prev, r *policy.Reason) bool {
+	return prev.Kind == r.Kind && prev.Code == r.Code && prev.FromSize == r.FromSize && prev.ToSize == r.ToSize &&
+		prev.ForTeam == r.ForTeam && slices.Equal(prev.For, r.For) && prev.Team == r.Team
+}
+
+// decisionSpan records the decision that changes a job's size as the root
+// span of that scale event's trace and returns its traceparent, which
+// travels in the desired record to the agents ("" when tracing is off).
+func (c *Coordinator) decisionSpan(now time.Time, r policy.Reason, from, to int) string {
+	ctx, span := c.tracer.Start(context.Background(), "coordinator.decision", trace.WithNewRoot(), trace.WithTimestamp(now),
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("job", r.Job), attribute.String("team", r.Team), attribute.String("kind", string(r.Kind)),
+			attribute.String("code", string(r.Code)), attribute.Int("from_size", from), attribute.Int("to_size", to),
+			attribute.String("reason", r.Message)))
+	defer span.End()
+	return telemetry.TraceParent(ctx)
+}
+
+// nextWake is when the engine's time-based rule (the stable period) next
+// lets a job grow or move: the next cycle then.
+func (c *Coordinator) nextWake(d policy.Decision, now time.Time) time.Time {
+	stablePeriod := c.cfg.Engine.StablePeriod()
+	if stablePeriod <= 0 {
+		return time.Time{}
+	}
+	var wake time.Time
+	for _, a := range d.Allocations {
+		t := a.LastResize.Add(stablePeriod)
+		if a.LastResize.IsZero() || !t.After(now) {
+			continue
+		}
+		if wake.IsZero() || t.Before(wake) {
+			wake = t
+		}
+	}
+	if !wake.IsZero() {
+		wake = wake.Add(10 * time.Millisecond)
+	}
+	return wake
+}
+
+// logProblems logs invalid inputs when they appear, not every cycle.
+func (c *Coordinator) logProblems(ps []policy.Problem) {
+	seen := make(map[string]bool, len(ps))
+	for _, p := range ps {
+		k := p.Object + "\x00" + p.Name + "\x00" + p.Error
+		seen[k] = true
+		if !c.problems[k] {
+			c.log.Warn("invalid input ignored", "object", p.Object, "name", p.Name, "err", p.Error)
+		}
+	}
+	c.problems = seen
+}
+
+// refreshJobs reads again the desired record and status of the jobs whose
+// spec was just created: SubmitJob deletes what an earlier job of the
+// same name left, in the transaction that creates the spec.
+func (c *Coordinator) refreshJobs(ctx context.Context) error {
+	v := c.view
+	if len(v.refresh) == 0 {
+		return nil
+	}
+	jobs := make([]string, 0, len(v.refresh))
+	for j := range v.refresh {
+		if _, known := v.desired[j]; known {
+			jobs = append(jobs, j)
+		} else if _, known := v.statuses[j]; known {
+			jobs = append(jobs, j)
+		}
+	}
+	clear(v.refresh)
+	for len(jobs) > 0 {
+		n := min(len(jobs), maxTxnOps/2)
+		var ops []clientv3.Op
+		for _, j := range jobs[:n] {
+			ops = append(ops, clientv3.OpGet(c.store.Keys.Desired(j)), clientv3.OpGet(c.store.Keys.Status(j)))
+		}
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		r, err := c.cli.Txn(rctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			c.etcdError("read")
+			return fmt.Errorf("read resubmitted jobs' records: %w", err)
+		}
+		for i, j := range jobs[:n] {
+			if kvs := r.Responses[2*i].GetResponseRange().Kvs; len(kvs) == 0 {
+				v.dropDesired(j)
+			} else if d, err := fleet.DecodeDesired(string(kvs[0].Key), kvs[0].Value); err == nil {
+				v.setDesired(*d)
+			}
+			if kvs := r.Responses[2*i+1].GetResponseRange().Kvs; len(kvs) == 0 {
+				delete(v.statuses, j)
+			} else if s, err := fleet.DecodeStatus(string(kvs[0].Key), kvs[0].Value); err == nil {
+				v.statuses[j] = s
+			}
+		}
+		jobs = jobs[n:]
+	}
+	return nil
+}
+
+// forgetDeleted removes what deleted jobs left behind (rendezvous, restart
+// count, checkpoint record, desired record, status) once their nodes have
+// left: a job submitted again under the same name starts afresh.
+func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, owned map[string]specRec) {
+	v := c.view
+	for job := range v.deleted {
+		d := v.desired[job]
+		if _, has := owned[job]; has || d.Stop == nil || ctx.Err() != nil {
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := c.cli.Txn(fctx).If(leader, c.store.NoMembers(job), c.store.SpecAbsent(d.Team, job)).
+			Then(c.store.ForgetJobOps(job, "")...).Commit()
+		cancel()
+		switch {
+		case err != nil:
+			c.etcdError("write")
+			c.log.Warn("cannot forget a deleted job yet", "job", job, "err", err)
+		case r.Succeeded:
+			v.dropDesired(job)
+			delete(v.statuses, job)
+			v.delFinished(job)
+			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
+		}
+	}
+}
+
+// housekeeping runs what is due: forgetting deleted jobs whose nodes have
+// left, cleaning up finished jobs past their retention, and compaction.
+// It reads and writes nothing when nothing is due.
+func (c *Coordinator) housekeeping(ctx context.Context, leader clientv3.Cmp) {
+	if c.view == nil {
+		return
+	}
+	_, owned := c.view.state(time.Time{}, c.cfg.Engine)
+	c.forgetDeleted(ctx, leader, owned)
+	c.expireFinished(ctx, leader, owned)
+	c.compact(ctx)
+}
+
+// expireFinished deletes every record of the jobs that finished longer
+// than FinishedRetention ago (once their nodes have left the rendezvous).
+func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, owned map[string]specRec) {
+	if c.cfg.FinishedRetention < 0 {
+		return
+	}
+	v := c.view
+	now := c.cfg.Now()
+	var due []string
+	for job, f := range v.finished {
+		t := f.f.Time
+		if t.IsZero() || t.After(f.seen) {
+			t = f.seen
+		}
+		if now.Sub(t) >= c.cfg.FinishedRetention {
+			due = append(due, job)
+		}
+	}
+	sort.Strings(due)
+	for _, job := range due {
+		if ctx.Err() != nil {
+			return
+		}
+		team := v.desired[job].Team
+		if s, ok := owned[job]; ok {
+			team = s.spec.Team
+		}
+		ops := c.store.ForgetJobOps(job, team)
+		for n := range v.assigned[job] {
+			ops = append(ops, c.store.DeleteAssignmentOp(n, job))
+		}
+		evs := v.events.byJob[job]
+		for _, e := range evs {
+			if len(ops) >= maxTxnOps {
+				break // the rest age out with the history
+			}
+			ops = append(ops, clientv3.OpDelete(e.key))
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := c.cli.Txn(fctx).If(leader, c.store.NoMembers(job)).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			c.etcdError("write")
+			c.log.Warn("cannot clean up a finished job yet", "job", job, "err", err)
+			continue
+		}
+		if !r.Succeeded {
+			continue // nodes still in its rendezvous, or not the leader
+		}
+		c.observeRev(r.Header.Revision)
+		if team != "" {
+			v.delSpec(c.store.Keys.Spec(team, job))
+		}
+		v.delFinished(job)
+		v.dropDesired(job)
+		delete(v.statuses, job)
+		delete(v.assigned, job)
+		v.events.drop(job)
+		v.stale.jobs = true
+		v.changed++
+		c.log.Info("finished job's records removed after the retention period", "job", job, "retention", c.cfg.FinishedRetention)
+	}
+}
+
+// observeRev notes a revision etcd reported, for compaction.
+func (c *Coordinator) observeRev(rev int64) {
+	if c.cfg.CompactRetention < 0 || rev == 0 {
+		return
+	}
+	now := c.cfg.Now()
+	if n := len(c.revs); n > 0 && (rev <= c.revs[n-1].rev || now.Sub(c.revs[n-1].t) < c.cfg.CompactRetention/20) {
+		return
+	}
+	c.revs = append(c.revs, revAt{now, rev})
+}
+
+// compact compacts etcd's history to the newest revision seen at least
+// CompactRetention ago. It probes the revision (a one-key count) when it
+// has seen none for a while: rendezvous traffic, which it does not watch,
+// moves it too.
+func (c *Coordinator) compact(ctx context.Context) {
+	if c.cfg.CompactRetention < 0 || c.compactDenied {
+		return
+	}
+	now := c.cfg.Now()
+	if n := len(c.revs); n == 0 || now.Sub(c.revs[n-1].t) >= c.cfg.CompactRetention/10 {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		r, err := c.cli.Get(pctx, c.store.Keys.Usage(), clientv3.WithCountOnly())
+		cancel()
+		if err == nil {
+			c.observeRev(r.Header.Revision)
+		}
+	}
+	i := sort.Search(len(c.revs), func(i int) bool { return now.Sub(c.revs[i].t) < c.cfg.CompactRetention }) - 1
+	if i < 0 || c.revs[i].rev <= c.compacted {
+		return
+	}
+	rev := c.revs[i].rev
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err := c.cli.Compact(cctx, rev)
+	cancel()
+	switch {
+	case err == nil, errors.Is(err, rpctypes.ErrCompacted):
+		c.compacted = rev
+		c.revs = slices.Clone(c.revs[i+1:])
+		c.log.Debug("compacted etcd's history", "revision", rev)
+	case fleet.IsPermissionDenied(err):
+		c.compactDenied = true
+		c.log.Warn("cannot compact etcd (its root role is needed): run etcd with --auto-compaction-retention instead", "err", err)
+	default:
+		c.etcdError("compact")
+		if !strings.Contains(err.Error(), "context canceled") {
+			c.log.Warn("compact etcd", "err", err)
+		}
+	}
+}

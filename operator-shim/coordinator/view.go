@@ -1,0 +1,410 @@
+package coordinator
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// view is the coordinator's in-memory copy of etcd, like a Kubernetes
+// informer's cache: read whole once (load) and then kept by one watch per
+// input prefix from the revision after that read (apply). The inputs are
+// what others write (nodes, teams, specs, finish records); what the
+// coordinator writes itself (desired, status, assignments, events, usage)
+// it records here when its transaction commits, and never watches: its
+// own writes never come back as triggers.
+type view struct {
+	keys fleet.Keys
+	log  *slog.Logger
+	rev  int64 // the revision the view was loaded at
+
+	// Inputs.
+	nodes    map[string]devices.Inventory // by node
+	teams    map[string]api.Team          // by team
+	specs    map[string]specRec           // by spec key
+	finished map[string]finishRec         // by job
+	// names are the spec keys of each job name; owned the spec that owns
+	// each name; active the names of the owned jobs that have not
+	// finished, in order: kept as specs and finish records change, so a
+	// cycle's cost follows the active jobs, not every spec kept for the
+	// retention period, and the engine's job list comes in name order,
+	// which spares the engine its sort.
+	names  map[string][]string
+	owned  map[string]specRec
+	active []string
+
+	// The coordinator's own records, as they are in etcd.
+	desired  map[string]fleet.Desired
+	deleted  map[string]bool // stopped jobs no spec owns (recheckDeleted)
+	statuses map[string]*fleet.Status
+	assigned map[string]map[string]int64 // job -> node -> generation
+	usage    []api.TeamUsage
+	events   *eventIndex
+
+	// changed counts input changes: a cycle runs only when it moved.
+	changed uint64
+	// The engine's input, rebuilt only where it changed (the engine
+	// orders its input itself and does not modify it).
+	cNodes  []policy.Node
+	cTeams  []policy.Team
+	cJobs   []policy.Job
+	cAllocs []policy.Allocation
+	cOwned  map[string]specRec
+	stale   struct{ nodes, teams, jobs, allocs bool }
+	// refresh are the jobs whose desired record and status must be read
+	// again before the next cycle: a new spec of that name may have
+	// deleted what an earlier job of that name left (fleet.SubmitJob).
+	refresh map[string]bool
+}
+
+type specRec struct {
+	spec      fleet.JobSpec
+	createRev int64
+}
+
+type finishRec struct {
+	f fleet.Finish
+	// seen is when the coordinator first saw it (the retention clock when
+	// the record has no time).
+	seen time.Time
+}
+
+func newView(keys fleet.Keys, log *slog.Logger) *view {
+	return &view{keys: keys, log: log}
+}
+
+// load replaces the view with a snapshot. Malformed records fall back to
+// their last good value where etcd still holds one.
+func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.CoordinatorSnapshot, now time.Time) {
+	v.rev = snap.Rev
+	v.nodes = map[string]devices.Inventory{}
+	v.teams = map[string]api.Team{}
+	v.specs = map[string]specRec{}
+	v.finished = map[string]finishRec{}
+	v.names = map[string][]string{}
+	v.owned = map[string]specRec{}
+	v.active = nil
+	v.desired = map[string]fleet.Desired{}
+	v.deleted = map[string]bool{}
+	v.statuses = map[string]*fleet.Status{}
+	v.assigned = map[string]map[string]int64{}
+	v.refresh = map[string]bool{}
+	v.usage = nil
+	v.stale.nodes, v.stale.teams, v.stale.jobs, v.stale.allocs = true, true, true, true
+	for _, kv := range snap.Nodes {
+		v.putNode(kv)
+	}
+	for _, kv := range snap.Teams {
+		if t := decodeOrLastGood(ctx, cli, v.log, "team", kv, fleet.DecodeTeam); t != nil {
+			v.teams[t.Name] = *t
+		}
+	}
+	for _, kv := range snap.Specs {
+		spec := decodeOrLastGood(ctx, cli, v.log, "job", kv, func(k string, b []byte) (*fleet.JobSpec, error) { return fleet.DecodeSpec(v.keys, k, b) })
+		if spec != nil {
+			v.setSpec(string(kv.Key), specRec{spec: *spec, createRev: kv.CreateRevision})
+		}
+	}
+	for _, kv := range snap.Finished {
+		v.putFinish(kv, now)
+	}
+	for _, kv := range snap.Desired {
+		if d := decodeOrLastGood(ctx, cli, v.log, "desired record", kv, fleet.DecodeDesired); d != nil {
+			v.setDesired(*d)
+		}
+	}
+	for _, kv := range snap.Statuses {
+		if s := decodeOrLastGood(ctx, cli, v.log, "status", kv, fleet.DecodeStatus); s != nil {
+			v.statuses[s.Job] = s
+		}
+	}
+	for _, kv := range snap.Assigned {
+		node, job, ok := v.keys.AssignmentOwner(string(kv.Key))
+		if !ok {
+			continue
+		}
+		a, err := fleet.DecodeAssignment(string(kv.Key), kv.Value)
+		gen := int64(-1) // rewritten by the next cycle
+		if err == nil {
+			gen = a.Generation
+		}
+		v.assign(job, node, gen)
+	}
+	v.events = loadEvents(v.keys, snap.Events, v.log)
+	if len(snap.Usage) > 0 {
+		if u, err := decodeUsage(snap.Usage[0].Value); err == nil {
+			v.usage = u
+		}
+	}
+	v.changed++
+}
+
+func (v *view) assign(job, node string, gen int64) {
+	m := v.assigned[job]
+	if m == nil {
+		m = map[string]int64{}
+		v.assigned[job] = m
+	}
+	m[node] = gen
+}
+
+// decodeOrLastGood decodes kv, or falls back on its last good value.
+func decodeOrLastGood[T any](ctx context.Context, cli *clientv3.Client, log *slog.Logger, what string, kv *mvccpb.KeyValue, dec func(string, []byte) (*T, error)) *T {
+	x, err := dec(string(kv.Key), kv.Value)
+	if err == nil {
+		return x
+	}
+	if good, rev := fleet.LastGood(ctx, cli, kv, dec); good != nil {
+		log.Warn("malformed "+what+"; using its last good value", "err", err, "revision", rev)
+		return good
+	}
+	log.Warn("ignoring malformed "+what, "err", err)
+	return nil
+}
+
+func (v *view) putNode(kv *mvccpb.KeyValue) bool {
+	node := strings.TrimPrefix(string(kv.Key), v.keys.NodesPrefix())
+	if kv.Lease == 0 {
+		// An inventory counts only while its agent's lease proves the
+		// agent alive; one without a lease would never expire.
+		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", string(kv.Key))
+		_, had := v.nodes[node]
+		delete(v.nodes, node)
+		return had
+	}
+	inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+	if err != nil {
+		v.log.Warn("ignoring malformed node inventory; keeping its last good value", "err", err)
+		return false
+	}
+	if old, ok := v.nodes[inv.Node]; ok && NodeFromInventory(old) == NodeFromInventory(*inv) {
+		v.nodes[inv.Node] = *inv
+		return false // nothing the engine sees changed (a timestamp, say)
+	}
+	v.nodes[inv.Node] = *inv
+	return true
+}
+
+func (v *view) putFinish(kv *mvccpb.KeyValue, now time.Time) bool {
+	job := strings.TrimPrefix(string(kv.Key), v.keys.FinishedPrefix())
+	f, err := fleet.DecodeFinish(string(kv.Key), kv.Value)
+	if err != nil {
+		v.log.Warn("malformed finish record: the job counts as finished", "err", err)
+		f = &fleet.Finish{}
+	}
+	_, had := v.finished[job]
+	v.finished[job] = finishRec{f: *f, seen: now}
+	v.reindex(job)
+	return !had
+}
+
+// setSpec and delSpec change a spec in the view; setFinished... keep the
+// name indexes.
+func (v *view) setSpec(key string, s specRec) {
+	if _, had := v.specs[key]; !had {
+		v.names[s.spec.Name] = append(v.names[s.spec.Name], key)
+	}
+	v.specs[key] = s
+	v.reindex(s.spec.Name)
+}
+
+func (v *view) delSpec(key string) {
+	s, had := v.specs[key]
+	if !had {
+		return
+	}
+	delete(v.specs, key)
+	name := s.spec.Name
+	keys := v.names[name]
+	for i, k := range keys {
+		if k == key {
+			keys = append(keys[:i:i], keys[i+1:]...)
+			break
+		}
+	}
+	if len(keys) == 0 {
+		delete(v.names, name)
+	} else {
+		v.names[name] = keys
+	}
+	v.reindex(name)
+}
+
+func (v *view) delFinished(job string) bool {
+	if _, had := v.finished[job]; !had {
+		return false
+	}
+	delete(v.finished, job)
+	v.reindex(job)
+	return true
+}
+
+// reindex recomputes which spec owns name (the oldest, lowest create
+// revision, of the teams' specs of that name) and whether it is active.
+func (v *view) reindex(name string) {
+	var own specRec
+	found := false
+	for _, k := range v.names[name] {
+		if s := v.specs[k]; !found || s.createRev < own.createRev {
+			own, found = s, true
+		}
+	}
+	if found {
+		v.owned[name] = own
+	} else {
+		delete(v.owned, name)
+	}
+	v.recheckDeleted(name)
+	_, done := v.finished[name]
+	i, listed := slices.BinarySearch(v.active, name)
+	switch {
+	case found && !done && !listed:
+		v.active = slices.Insert(v.active, i, name)
+	case (!found || done) && listed:
+		v.active = slices.Delete(v.active, i, i+1)
+	}
+	v.stale.jobs = true
+}
+
+// apply updates the view with watch events; it reports whether anything
+// the engine reads changed.
+func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
+	changed := false
+	k := v.keys
+	for _, e := range evs {
+		key := string(e.Kv.Key)
+		del := e.Type == clientv3.EventTypeDelete
+		switch {
+		case strings.HasPrefix(key, k.NodesPrefix()):
+			node := strings.TrimPrefix(key, k.NodesPrefix())
+			if del {
+				_, had := v.nodes[node]
+				delete(v.nodes, node)
+				changed = changed || had
+				v.stale.nodes = v.stale.nodes || had
+			} else if v.putNode(e.Kv) {
+				changed = true
+				v.stale.nodes = true
+			}
+		case strings.HasPrefix(key, k.TeamsPrefix()):
+			name := strings.TrimPrefix(key, k.TeamsPrefix())
+			v.stale.teams = true
+			if del {
+				delete(v.teams, name)
+				changed = true
+				continue
+			}
+			t, err := fleet.DecodeTeam(key, e.Kv.Value)
+			if err != nil {
+				v.log.Warn("ignoring malformed team; keeping its last good value", "err", err)
+				continue
+			}
+			v.teams[t.Name] = *t
+			changed = true
+		case strings.HasPrefix(key, k.SpecsPrefix()):
+			v.stale.jobs = true
+			if del {
+				v.delSpec(key)
+				changed = true
+				continue
+			}
+			spec, err := fleet.DecodeSpec(k, key, e.Kv.Value)
+			if err != nil {
+				v.log.Warn("ignoring malformed job; keeping its last good value", "err", err)
+				continue
+			}
+			if e.IsCreate() {
+				v.refresh[spec.Name] = true
+			}
+			v.setSpec(key, specRec{spec: *spec, createRev: e.Kv.CreateRevision})
+			changed = true
+		case strings.HasPrefix(key, k.FinishedPrefix()):
+			v.stale.jobs = true
+			job := strings.TrimPrefix(key, k.FinishedPrefix())
+			if del {
+				changed = v.delFinished(job) || changed
+			} else if v.putFinish(e.Kv, now) {
+				changed = true
+			}
+		}
+	}
+	if changed {
+		v.changed++
+	}
+	return changed
+}
+
+// state is the engine's input; each part is rebuilt only when it changed,
+// in name order (the engine then need not sort it).
+func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string]specRec) {
+	if v.stale.nodes {
+		v.cNodes = v.cNodes[:0]
+		for _, inv := range v.nodes {
+			v.cNodes = append(v.cNodes, NodeFromInventory(inv))
+		}
+		slices.SortFunc(v.cNodes, func(a, b policy.Node) int { return strings.Compare(a.Name, b.Name) })
+		v.stale.nodes = false
+	}
+	if v.stale.teams {
+		v.cTeams = v.cTeams[:0]
+		for _, t := range v.teams {
+			v.cTeams = append(v.cTeams, t)
+		}
+		slices.SortFunc(v.cTeams, func(a, b policy.Team) int { return strings.Compare(a.Name, b.Name) })
+		v.stale.teams = false
+	}
+	if v.stale.jobs {
+		// Finished jobs are not active: their capacity is released.
+		v.cJobs = v.cJobs[:0]
+		for _, name := range v.active {
+			v.cJobs = append(v.cJobs, v.owned[name].spec.Job)
+		}
+		v.stale.jobs = false
+	}
+	if v.stale.allocs {
+		v.cAllocs = v.cAllocs[:0]
+		for _, d := range v.desired {
+			if d.Running() {
+				v.cAllocs = append(v.cAllocs, d.Allocation)
+			}
+		}
+		v.stale.allocs = false
+	}
+	return policy.State{Now: now, Config: cfg, Nodes: v.cNodes, Teams: v.cTeams, Jobs: v.cJobs, Allocations: v.cAllocs}, v.owned
+}
+
+// setDesired and dropDesired change a desired record in the view.
+func (v *view) setDesired(d fleet.Desired) {
+	v.desired[d.Job] = d
+	v.recheckDeleted(d.Job)
+	v.stale.allocs = true
+}
+
+func (v *view) dropDesired(job string) {
+	if _, ok := v.desired[job]; ok {
+		delete(v.desired, job)
+		delete(v.deleted, job)
+		v.stale.allocs = true
+	}
+}
+
+// recheckDeleted keeps deleted: the jobs whose desired record stops them
+// and that no spec owns any more.
+func (v *view) recheckDeleted(job string) {
+	_, owned := v.owned[job]
+	if d, ok := v.desired[job]; ok && d.Stop != nil && !owned {
+		v.deleted[job] = true
+	} else {
+		delete(v.deleted, job)
+	}
+}
