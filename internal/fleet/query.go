@@ -3,7 +3,6 @@ package fleet
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,19 +14,16 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/encoding"
-	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdraw"
+	"github.com/hyperpodrun/hyperpodrun/internal/jsonscan"
 )
 
 // MaxTxnOps is etcd's default --max-txn-ops: the most operations (and the
@@ -935,7 +931,7 @@ func (s *Store) ApplyJobs(ctx context.Context, jobs []JobSpec, now time.Time) ([
 // suspended flags and submit time; a desired record its job, team, size,
 // nodes, generation and stop; a status its job, team, kind, code,
 // message, size (toSize) and since; a finish record its outcome, node and message. A record the
-// lean reader cannot take (syntax, a listed field of the wrong type, an
+// lean reader (package jsonscan) cannot take (syntax, a listed field of the wrong type, an
 // escaped member name) is decoded whole as JobsSnapshot does, so a
 // malformed record is the same problem with the same words; only a field
 // the listing does not read is not checked for its type (a spec whose
@@ -968,18 +964,15 @@ func desiredOK(key string, d *Desired) bool {
 	return d.Size >= 1 && (len(d.Nodes) == 0 || len(d.Nodes) == d.Size)
 }
 
-// errLean: the lean reader leaves this record to the full decoder.
-var errLean = errors.New("not for the lean reader")
-
 // leanSpec reads a spec's listing fields.
 func leanSpec(v []byte) (*JobSpec, error) {
 	var j JobSpec
-	err := members(v, func(name, raw []byte) error {
+	err := jsonscan.Members(v, func(name, raw []byte) error {
 		switch string(name) {
 		case "name":
-			return leanString(raw, &j.Name)
+			return jsonscan.String(raw, &j.Name)
 		case "team":
-			return leanString(raw, &j.Team)
+			return jsonscan.String(raw, &j.Team)
 		case "priority":
 			if string(raw) == "null" {
 				j.Priority = nil
@@ -987,25 +980,25 @@ func leanSpec(v []byte) (*JobSpec, error) {
 			}
 			p := new(int)
 			j.Priority = p
-			return leanInt(raw, p)
+			return jsonscan.Int(raw, p)
 		case "priorityClass":
-			return leanString(raw, &j.PriorityClass)
+			return jsonscan.String(raw, &j.PriorityClass)
 		case "flavor":
-			return leanString(raw, &j.Flavor)
+			return jsonscan.String(raw, &j.Flavor)
 		case "minNodes":
-			return leanInt(raw, &j.MinNodes)
+			return jsonscan.Int(raw, &j.MinNodes)
 		case "maxNodes":
-			return leanInt(raw, &j.MaxNodes)
+			return jsonscan.Int(raw, &j.MaxNodes)
 		case "sizes":
-			return leanJSON(raw, &j.Sizes)
+			return jsonscan.JSON(raw, &j.Sizes)
 		case "elastic":
-			return leanBool(raw, &j.Elastic)
+			return jsonscan.Bool(raw, &j.Elastic)
 		case "suspended":
-			return leanBool(raw, &j.Suspended)
+			return jsonscan.Bool(raw, &j.Suspended)
 		case "submitTime":
 			return j.SubmitTime.UnmarshalJSON(raw)
 		}
-		return notFolded(name, "name", "team", "priority", "priorityClass", "flavor", "minNodes", "maxNodes", "sizes", "elastic", "suspended", "submitTime")
+		return jsonscan.NotFolded(name, "name", "team", "priority", "priorityClass", "flavor", "minNodes", "maxNodes", "sizes", "elastic", "suspended", "submitTime")
 	})
 	return &j, err
 }
@@ -1014,25 +1007,25 @@ func leanSpec(v []byte) (*JobSpec, error) {
 // checks need).
 func leanDesired(v []byte) (*Desired, error) {
 	var d Desired
-	err := members(v, func(name, raw []byte) error {
+	err := jsonscan.Members(v, func(name, raw []byte) error {
 		switch string(name) {
 		case "job":
-			return leanString(raw, &d.Job)
+			return jsonscan.String(raw, &d.Job)
 		case "team":
-			return leanString(raw, &d.Team)
+			return jsonscan.String(raw, &d.Team)
 		case "size":
-			return leanInt(raw, &d.Size)
+			return jsonscan.Int(raw, &d.Size)
 		case "nodes":
-			return leanStrings(raw, &d.Nodes)
+			return jsonscan.Strings(raw, &d.Nodes)
 		case "generation":
 			var g int
-			err := leanInt(raw, &g)
+			err := jsonscan.Int(raw, &g)
 			d.Generation = int64(g)
 			return err
 		case "stop":
-			return leanJSON(raw, &d.Stop)
+			return jsonscan.JSON(raw, &d.Stop)
 		}
-		return notFolded(name, "job", "team", "size", "nodes", "generation", "stop")
+		return jsonscan.NotFolded(name, "job", "team", "size", "nodes", "generation", "stop")
 	})
 	return &d, err
 }
@@ -1040,24 +1033,24 @@ func leanDesired(v []byte) (*Desired, error) {
 // leanStatus reads a status's listing fields.
 func leanStatus(v []byte) (*Status, error) {
 	var st Status
-	err := members(v, func(name, raw []byte) error {
+	err := jsonscan.Members(v, func(name, raw []byte) error {
 		switch string(name) {
 		case "job":
-			return leanString(raw, &st.Job)
+			return jsonscan.String(raw, &st.Job)
 		case "team":
-			return leanString(raw, &st.Team)
+			return jsonscan.String(raw, &st.Team)
 		case "kind":
-			return leanString(raw, (*string)(&st.Kind))
+			return jsonscan.String(raw, (*string)(&st.Kind))
 		case "code":
-			return leanString(raw, (*string)(&st.Code))
+			return jsonscan.String(raw, (*string)(&st.Code))
 		case "message":
-			return leanString(raw, &st.Message)
+			return jsonscan.String(raw, &st.Message)
 		case "toSize":
-			return leanInt(raw, &st.ToSize)
+			return jsonscan.Int(raw, &st.ToSize)
 		case "since":
 			return st.Since.UnmarshalJSON(raw)
 		}
-		return notFolded(name, "job", "team", "kind", "code", "message", "toSize", "since")
+		return jsonscan.NotFolded(name, "job", "team", "kind", "code", "message", "toSize", "since")
 	})
 	return &st, err
 }
@@ -1065,492 +1058,27 @@ func leanStatus(v []byte) (*Status, error) {
 // leanFinish reads a finish record's listing fields.
 func leanFinish(v []byte) (*Finish, error) {
 	var f Finish
-	err := members(v, func(name, raw []byte) error {
+	err := jsonscan.Members(v, func(name, raw []byte) error {
 		switch string(name) {
 		case "outcome":
-			return leanString(raw, &f.Outcome)
+			return jsonscan.String(raw, &f.Outcome)
 		case "node":
-			return leanString(raw, &f.Node)
+			return jsonscan.String(raw, &f.Node)
 		case "message":
-			return leanString(raw, &f.Message)
+			return jsonscan.String(raw, &f.Message)
 		}
-		return notFolded(name, "outcome", "node", "message")
+		return jsonscan.NotFolded(name, "outcome", "node", "message")
 	})
 	return &f, err
 }
 
-// notFolded leaves a record to the full decoder when a member name it
-// skipped is a listed field's name in other case (encoding/json matches
-// names case-insensitively).
-func notFolded(name []byte, fields ...string) error {
-	for _, f := range fields {
-		if len(name) == len(f) && strings.EqualFold(string(name), f) {
-			return errLean
-		}
-	}
-	return nil
-}
-
-func leanString(raw []byte, s *string) error {
-	if raw[0] != '"' {
-		if string(raw) == "null" {
-			return nil
-		}
-		return errLean
-	}
-	in := raw[1 : len(raw)-1]
-	if bytes.IndexByte(in, '\\') >= 0 || !utf8.Valid(in) {
-		return leanJSON(raw, s)
-	}
-	*s = string(in)
-	return nil
-}
-
-func leanInt(raw []byte, n *int) error {
-	if string(raw) == "null" {
-		return nil
-	}
-	x, err := strconv.Atoi(string(raw))
-	if err != nil {
-		return errLean
-	}
-	*n = x
-	return nil
-}
-
-func leanBool(raw []byte, b *bool) error {
-	switch string(raw) {
-	case "true":
-		*b = true
-	case "false":
-		*b = false
-	case "null":
-	default:
-		return errLean
-	}
-	return nil
-}
-
-func leanStrings(raw []byte, out *[]string) error {
-	if string(raw) == "null" {
-		*out = nil
-		return nil
-	}
-	if raw[0] != '[' {
-		return errLean
-	}
-	var list []string
-	i := skipSpace(raw, 1)
-	if raw[i] == ']' {
-		*out = []string{}
-		return nil
-	}
-	for {
-		end, err := skipValue(raw, i, 0)
-		if err != nil {
-			return errLean
-		}
-		var s string
-		if raw[i] != '"' {
-			return errLean
-		}
-		if err := leanString(raw[i:end], &s); err != nil {
-			return err
-		}
-		list = append(list, s)
-		i = skipSpace(raw, end)
-		if raw[i] == ']' {
-			*out = list
-			return nil
-		}
-		i = skipSpace(raw, i+1) // a ','
-	}
-}
-
-// leanJSON decodes a rare value (escaped strings, sizes, a stop) with
-// encoding/json.
-func leanJSON(raw []byte, x any) error {
-	if err := json.Unmarshal(raw, x); err != nil {
-		return errLean
-	}
-	return nil
-}
-
-// members calls f with the name and raw value of each member of the JSON
-// object v, in order, checking v's syntax as it goes: the values f does
-// not decode are only stepped over. An error of f ends it.
-func members(v []byte, f func(name, raw []byte) error) error {
-	i := skipSpace(v, 0)
-	if i >= len(v) || v[i] != '{' {
-		return errLean
-	}
-	i = skipSpace(v, i+1)
-	if i < len(v) && v[i] == '}' {
-		return atEnd(v, i+1)
-	}
-	for {
-		if i >= len(v) || v[i] != '"' {
-			return errLean
-		}
-		end, err := skipString(v, i)
-		if err != nil {
-			return err
-		}
-		name := v[i+1 : end-1]
-		if bytes.IndexByte(name, '\\') >= 0 {
-			return errLean
-		}
-		i = skipSpace(v, end)
-		if i >= len(v) || v[i] != ':' {
-			return errLean
-		}
-		i = skipSpace(v, i+1)
-		start := i
-		if i, err = skipValue(v, i, 0); err != nil {
-			return err
-		}
-		if err := f(name, v[start:i]); err != nil {
-			return err
-		}
-		i = skipSpace(v, i)
-		switch {
-		case i < len(v) && v[i] == ',':
-			i = skipSpace(v, i+1)
-		case i < len(v) && v[i] == '}':
-			return atEnd(v, i+1)
-		default:
-			return errLean
-		}
-	}
-}
-
-func atEnd(v []byte, i int) error {
-	if skipSpace(v, i) != len(v) {
-		return errLean
-	}
-	return nil
-}
-
-func skipSpace(v []byte, i int) int {
-	for i < len(v) && (v[i] == ' ' || v[i] == '\t' || v[i] == '\n' || v[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString steps over the string starting at v[i] (a '"'), returning
-// the index after its closing quote. Runs of eight plain bytes are stepped
-// over at once.
-func skipString(v []byte, i int) (int, error) {
-	i++
-	for {
-		for i+8 <= len(v) && !special8(binary.LittleEndian.Uint64(v[i:])) {
-			i += 8
-		}
-		if i >= len(v) {
-			return 0, errLean
-		}
-		switch c := v[i]; {
-		case c == '"':
-			return i + 1, nil
-		case c == '\\':
-			if i+1 >= len(v) {
-				return 0, errLean
-			}
-			switch v[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(v) {
-					return 0, errLean
-				}
-				for _, h := range v[i+2 : i+6] {
-					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
-						return 0, errLean
-					}
-				}
-				i += 6
-			default:
-				return 0, errLean
-			}
-		case c < 0x20:
-			return 0, errLean
-		default:
-			i++
-		}
-	}
-}
-
-// special8 says whether any of the eight bytes of x is a '"', a '\\' or
-// a control character (below 0x20): the bytes a string scan stops at.
-func special8(x uint64) bool {
-	const ones, highs = 0x0101010101010101, 0x8080808080808080
-	zero := func(y uint64) uint64 { return (y - ones) & ^y & highs }
-	return (x-0x20*ones)&^x&highs|zero(x^'"'*ones)|zero(x^'\\'*ones) != 0
-}
-
-// skipValue steps over the JSON value starting at v[i], returning the
-// index after it.
-func skipValue(v []byte, i, depth int) (int, error) {
-	if i >= len(v) || depth > 1000 {
-		return 0, errLean
-	}
-	switch c := v[i]; {
-	case c == '"':
-		return skipString(v, i)
-	case c == '{' || c == '[':
-		closing := byte('}')
-		if c == '[' {
-			closing = ']'
-		}
-		i = skipSpace(v, i+1)
-		if i < len(v) && v[i] == closing {
-			return i + 1, nil
-		}
-		for {
-			if c == '{' {
-				if i >= len(v) || v[i] != '"' {
-					return 0, errLean
-				}
-				end, err := skipString(v, i)
-				if err != nil {
-					return 0, err
-				}
-				i = skipSpace(v, end)
-				if i >= len(v) || v[i] != ':' {
-					return 0, errLean
-				}
-				i = skipSpace(v, i+1)
-			}
-			end, err := skipValue(v, i, depth+1)
-			if err != nil {
-				return 0, err
-			}
-			i = skipSpace(v, end)
-			switch {
-			case i < len(v) && v[i] == ',':
-				i = skipSpace(v, i+1)
-			case i < len(v) && v[i] == closing:
-				return i + 1, nil
-			default:
-				return 0, errLean
-			}
-		}
-	case c == '-' || '0' <= c && c <= '9':
-		return skipNumber(v, i)
-	}
-	for _, lit := range []string{"true", "false", "null"} {
-		if bytes.HasPrefix(v[i:], []byte(lit)) {
-			return i + len(lit), nil
-		}
-	}
-	return 0, errLean
-}
-
-// skipNumber steps over a JSON number (RFC 8259's grammar).
-func skipNumber(v []byte, i int) (int, error) {
-	digits := func() int {
-		n := 0
-		for i < len(v) && '0' <= v[i] && v[i] <= '9' {
-			i++
-			n++
-		}
-		return n
-	}
-	if v[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(v) && v[i] == '0':
-		i++
-	case digits() == 0:
-		return 0, errLean
-	}
-	if i < len(v) && v[i] == '.' {
-		i++
-		if digits() == 0 {
-			return 0, errLean
-		}
-	}
-	if i < len(v) && (v[i] == 'e' || v[i] == 'E') {
-		i++
-		if i < len(v) && (v[i] == '+' || v[i] == '-') {
-			i++
-		}
-		if digits() == 0 {
-			return 0, errLean
-		}
-	}
-	return i, nil
-}
-
 // rangeRaw is Get for the large reads of elasticctl (every job's records,
-// every event key): it decodes etcd's RangeResponse itself, into one slab
-// of KeyValues whose keys and values are slices of the one response buffer,
-// where the generic protobuf decoder allocates and copies every key, value
-// and KeyValue (at 26,000 event keys that decoding was a third of
-// 'describe job'). The call goes through the client's connection, so its
-// interceptors (authentication token, retries) and call options apply.
+// every event key), decoded without copying by package etcdraw. The call
+// goes through the client's connection, so its interceptors
+// (authentication token, retries) and call options apply.
 func (s *Store) rangeRaw(ctx context.Context, key, end string, rev int64, keysOnly bool) ([]*mvccpb.KeyValue, int64, error) {
 	req := &pb.RangeRequest{Key: []byte(key), RangeEnd: []byte(end), Revision: rev, KeysOnly: keysOnly}
-	var out rawRange
-	if err := s.Cli.ActiveConnection().Invoke(ctx, pb.KV_Range_FullMethodName, req, &out, grpc.ForceCodecV2(rawRangeCodec{})); err != nil {
-		return nil, 0, rpctypes.Error(err)
-	}
-	return out.kvs, out.rev, nil
-}
-
-// rawRange is a RangeResponse as rangeRaw decodes it.
-type rawRange struct {
-	kvs []*mvccpb.KeyValue
-	rev int64
-}
-
-// rawRangeCodec encodes requests as gRPC's proto codec does and decodes a
-// RangeResponse into a rawRange.
-type rawRangeCodec struct{}
-
-func (rawRangeCodec) Name() string { return "proto" }
-
-func (rawRangeCodec) Marshal(v any) (mem.BufferSlice, error) {
-	return encoding.GetCodecV2("proto").Marshal(v)
-}
-
-func (rawRangeCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	out, ok := v.(*rawRange)
-	if !ok {
-		return fmt.Errorf("rawRangeCodec: cannot decode into %T", v)
-	}
-	return out.decode(data.Materialize())
-}
-
-var errRangeWire = errors.New("malformed RangeResponse from etcd")
-
-// decode reads RangeResponse's header.revision (1.3) and kvs (2): key (1),
-// create_revision (2), mod_revision (3), version (4), value (5), lease (6).
-// The KeyValues are counted first, so that they fill one slab.
-func (r *rawRange) decode(b []byte) error {
-	n := 0
-	for p := b; len(p) > 0; {
-		num, typ, m := protowire.ConsumeTag(p)
-		if m < 0 {
-			return errRangeWire
-		}
-		p = p[m:]
-		if m = protowire.ConsumeFieldValue(num, typ, p); m < 0 {
-			return errRangeWire
-		}
-		p = p[m:]
-		if num == 2 && typ == protowire.BytesType {
-			n++
-		}
-	}
-	slab := make([]mvccpb.KeyValue, n)
-	r.kvs = make([]*mvccpb.KeyValue, 0, n)
-	for len(b) > 0 {
-		num, typ, m := protowire.ConsumeTag(b)
-		b = b[m:]
-		if typ != protowire.BytesType {
-			b = b[protowire.ConsumeFieldValue(num, typ, b):]
-			continue
-		}
-		v, m := protowire.ConsumeBytes(b)
-		b = b[m:]
-		switch num {
-		case 1:
-			err := wireFields(v, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) error {
-				if num == 3 && typ == protowire.VarintType {
-					r.rev = int64(x)
-				}
-				return nil
-			})
-			if err != nil {
-				return err
-			}
-		case 2:
-			kv := &slab[len(r.kvs)]
-			if err := decodeKV(v, kv); err != nil {
-				return err
-			}
-			r.kvs = append(r.kvs, kv)
-		}
-	}
-	return nil
-}
-
-// decodeKV reads one mvccpb.KeyValue; key and value are slices of m.
-func decodeKV(m []byte, kv *mvccpb.KeyValue) error {
-	for len(m) > 0 {
-		num, typ, n := protowire.ConsumeTag(m)
-		if n < 0 {
-			return errRangeWire
-		}
-		m = m[n:]
-		switch typ {
-		case protowire.BytesType:
-			var v []byte
-			if v, n = protowire.ConsumeBytes(m); n < 0 {
-				return errRangeWire
-			}
-			switch num {
-			case 1:
-				kv.Key = v
-			case 5:
-				kv.Value = v
-			}
-		case protowire.VarintType:
-			var x uint64
-			if x, n = protowire.ConsumeVarint(m); n < 0 {
-				return errRangeWire
-			}
-			switch num {
-			case 2:
-				kv.CreateRevision = int64(x)
-			case 3:
-				kv.ModRevision = int64(x)
-			case 4:
-				kv.Version = int64(x)
-			case 6:
-				kv.Lease = int64(x)
-			}
-		default:
-			if n = protowire.ConsumeFieldValue(num, typ, m); n < 0 {
-				return errRangeWire
-			}
-		}
-		m = m[n:]
-	}
-	return nil
-}
-
-// wireFields calls f with each field of the protobuf message b: a
-// length-delimited field's bytes, or a varint's value.
-func wireFields(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errRangeWire
-		}
-		b = b[n:]
-		var v []byte
-		var x uint64
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(b)
-		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return errRangeWire
-		}
-		b = b[n:]
-		if err := f(num, typ, v, x); err != nil {
-			return err
-		}
-	}
-	return nil
+	return etcdraw.Range(ctx, s.Cli.ActiveConnection(), req)
 }
 
 // QueueState is what finding a pending job's place in the queues reads:

@@ -1,15 +1,10 @@
 package fleet
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
-
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 )
@@ -80,62 +75,4 @@ func FuzzLeanSpec(f *testing.F) {
 			t.Errorf("%q: lean read %s, encoding/json %s", v, a, b)
 		}
 	})
-}
-
-// rawRange decodes a RangeResponse as the protobuf decoder does.
-func FuzzRawRangeDecode(f *testing.F) {
-	resp := &pb.RangeResponse{Header: &pb.ResponseHeader{ClusterId: 9, Revision: 1234, RaftTerm: 3}, More: true, Count: 3,
-		Kvs: []*mvccpb.KeyValue{
-			{Key: []byte("/a/specs/t/x"), Value: []byte(`{"name":"x"}`), CreateRevision: 5, ModRevision: 7, Version: 2, Lease: 99},
-			{Key: []byte("/a/events/1-x"), CreateRevision: 1 << 40, ModRevision: 1 << 41, Version: 1},
-			{Key: []byte{0xff, 0}, Value: []byte{}},
-		}}
-	b, err := proto.Marshal(resp)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add(b)
-	f.Add([]byte{0x12, 0x80})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var want pb.RangeResponse
-		werr := proto.Unmarshal(b, &want)
-		var got rawRange
-		gerr := got.decode(b)
-		if werr != nil {
-			return // the raw decoder may or may not notice; it must not panic
-		}
-		if gerr != nil {
-			t.Fatalf("%x: protobuf decodes it, the raw decoder: %v", b, gerr)
-		}
-		if got.rev != want.GetHeader().GetRevision() || len(got.kvs) != len(want.Kvs) {
-			t.Fatalf("revision %d, %d kvs; want %d, %d", got.rev, len(got.kvs), want.GetHeader().GetRevision(), len(want.Kvs))
-		}
-		for i, kv := range want.Kvs {
-			g := got.kvs[i]
-			if string(g.Key) != string(kv.Key) || string(g.Value) != string(kv.Value) || g.CreateRevision != kv.CreateRevision ||
-				g.ModRevision != kv.ModRevision || g.Version != kv.Version || g.Lease != kv.Lease {
-				t.Fatalf("kv %d: %v, want %v", i, g, kv)
-			}
-		}
-	})
-}
-
-// special8 finds a quote, a backslash or a control character at any of
-// the eight places, and nothing else (other bytes around it included).
-func TestSpecial8(t *testing.T) {
-	for _, fill := range []byte{'a', 0x7f, 0xff, 0x20, 0x21} {
-		for b := range 256 {
-			for p := range 8 {
-				var buf [8]byte
-				for i := range buf {
-					buf[i] = fill
-				}
-				buf[p] = byte(b)
-				want := b == '"' || b == '\\' || b < 0x20
-				if got := special8(binary.LittleEndian.Uint64(buf[:])); got != want {
-					t.Fatalf("byte %#x at %d among %#x: %v, want %v", b, p, fill, got, want)
-				}
-			}
-		}
-	}
 }
