@@ -45,6 +45,27 @@ def _timeout(timeout: Optional[float]) -> float:
         return DEFAULT_REPORT_TIMEOUT
 
 
+def _exchange(path: str, msg: dict, timeout: float):
+    """One round trip on the control socket: msg (with this round's token
+    from the environment) as one JSON line, the agent's one-line JSON reply
+    decoded. Raises OSError or ValueError; the callers decide how loudly."""
+    token = os.environ.get(ENV_CONTROL_TOKEN)
+    if token and "token" not in msg:
+        msg = dict(msg, token=token)
+    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(data)
+        buf = b""
+        while not buf.endswith(b"\n") and len(buf) < _MAX_REPLY:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf.decode() or "null")
+
+
 def send_message(msg: dict, timeout: Optional[float] = None) -> bool:
     """Send one message and wait for the agent's acknowledgement.
 
@@ -60,22 +81,8 @@ def send_message(msg: dict, timeout: Optional[float] = None) -> bool:
             log.warning("hyperpodrun_elastic: %s is not set (not running under hyperpodrun); "
                         "%s report not sent", ENV_CONTROL_SOCKET, msg.get("type"))
         return False
-    token = os.environ.get(ENV_CONTROL_TOKEN)
-    if token and "token" not in msg:
-        msg = dict(msg, token=token)
-    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(_timeout(timeout))
-            s.connect(path)
-            s.sendall(data)
-            buf = b""
-            while not buf.endswith(b"\n") and len(buf) < _MAX_REPLY:
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                buf += chunk
-        reply = json.loads(buf.decode() or "null")
+        reply = _exchange(path, msg, _timeout(timeout))
     except (OSError, ValueError) as e:
         log.warning("hyperpodrun_elastic: %s report to %s failed: %s", msg.get("type"), path, e)
         return False
@@ -96,22 +103,8 @@ def request(msg: dict, timeout: float) -> dict:
     path = os.environ.get(ENV_CONTROL_SOCKET)
     if not path:
         raise RuntimeError("%s is not set (not running under hyperpodrun)" % ENV_CONTROL_SOCKET)
-    token = os.environ.get(ENV_CONTROL_TOKEN)
-    if token and "token" not in msg:
-        msg = dict(msg, token=token)
-    data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(timeout)
-            s.connect(path)
-            s.sendall(data)
-            buf = b""
-            while not buf.endswith(b"\n") and len(buf) < _MAX_REPLY:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        reply = json.loads(buf.decode() or "null")
+        reply = _exchange(path, msg, timeout)
     except (OSError, ValueError) as e:
         raise RuntimeError("hyperpodrun_elastic: %s request to %s failed: %s" % (msg.get("type"), path, e)) from e
     if isinstance(reply, dict) and reply.get("ok") is True:
