@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -310,7 +311,8 @@ func (h *hostProcess) stop() {
 // and a dead node's expires within its TTL), for at most
 // exitBarrierTimeout, or until a signal.
 func waitOthersLeft(ctx context.Context, endpoint string, o Options) {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: etcdconn.DialOptions()})
 	if err != nil {
 		o.Logger.Warn("c10d host: cannot watch the other nodes leave; stopping the rendezvous now", "err", err)
 		return

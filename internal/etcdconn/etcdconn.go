@@ -20,10 +20,36 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
 
 // DefaultDialTimeout bounds the reachability check when Options leaves it zero.
 const DefaultDialTimeout = 5 * time.Second
+
+// ReconnectBackoff is how a client re-dials etcd after its connection
+// broke. gRPC's default grows to 120 s: after a one-minute etcd outage a
+// client could wait 40 s more before it tried again, and a node that came
+// back that late found its job finished without it (its peers had
+// rejoined, re-formed the job and trained to the end). Capped at 2 s with
+// 20 % jitter, every client is back within about 2.4 s of etcd, and 5,000
+// nodes retrying a dead etcd cost it about 2,500 refused dials a second,
+// spread by the jitter.
+var ReconnectBackoff = backoff.Config{
+	BaseDelay:  100 * time.Millisecond,
+	Multiplier: 1.6,
+	Jitter:     0.2,
+	MaxDelay:   2 * time.Second,
+}
+
+// DialOptions are the gRPC options every etcd client of the project
+// uses: the bounded ReconnectBackoff.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           ReconnectBackoff,
+		MinConnectTimeout: 5 * time.Second,
+	})}
+}
 
 // Flags names the caller's flags, for error messages.
 type Flags struct {
@@ -206,6 +232,7 @@ func Connect(ctx context.Context, o Options) (*clientv3.Client, error) {
 		Logger:               lg,
 		MaxCallSendMsgSize:   4 << 20,
 		MaxCallRecvMsgSize:   64 << 20,
+		DialOptions:          DialOptions(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach etcd at %s: %w; check %s", joined, err, f.Endpoints)
