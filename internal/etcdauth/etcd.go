@@ -30,6 +30,8 @@ const (
 	AdminUser       = "hyperpod-admin"
 	CoordinatorUser = "hyperpod-coordinator"
 	AgentUser       = "hyperpod-agent"
+	// KubeControllerUser is hyperpod-kube-controller's user.
+	KubeControllerUser = "hyperpod-kube-controller"
 )
 
 // NewPassword returns a random password (192 bits, URL-safe).
@@ -124,7 +126,8 @@ type BootstrapResult struct {
 }
 
 // Bootstrap creates the fleet's roles (FleetRoles, and one per team) and a
-// user for each (root, admin, coordinator, agent, and hyperpod-team-<team>)
+// user for each (root, admin, coordinator, agent, kube controller, and
+// hyperpod-team-<team>)
 // on the etcd cli talks to, writes each new user's password to
 // <dir>/<user>.password (mode 0600, dir 0700), and turns auth on. It is
 // idempotent: users that exist keep their passwords. cli must be
@@ -169,7 +172,7 @@ func Bootstrap(ctx context.Context, cli *clientv3.Client, k fleet.Keys, teams []
 	if err := save(RootUser, pw); err != nil {
 		return nil, err
 	}
-	users := map[string]string{AdminRole: AdminUser, CoordinatorRole: CoordinatorUser, AgentRole: AgentUser}
+	users := map[string]string{AdminRole: AdminUser, CoordinatorRole: CoordinatorUser, AgentRole: AgentUser, KubeControllerRole: KubeControllerUser}
 	for _, r := range roles {
 		user, ok := users[r.Name]
 		if !ok {

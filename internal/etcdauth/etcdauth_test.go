@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -227,6 +228,52 @@ func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
 			}
 			if r, err := agent.Cli.Get(ctx, k.Checkpoint("b-job")); err != nil || len(r.Kvs) != 0 {
 				t.Errorf("b-job's checkpoint record after the attack: %v, %v", r, err)
+			}
+
+			// The Kubernetes controller does what its bridge does and
+			// nothing the coordinator alone may.
+			ctlCli := mustConnectAs(t, ep, KubeControllerUser, pw(KubeControllerUser))
+			ctl := fleet.New(ctlCli, "")
+			wch := ctlCli.Watch(clientv3.WithRequireLeader(ctx), k.Root(), clientv3.WithPrefix())
+			if err := ctl.PutTeam(ctx, api.Team{Name: "team-c"}); err != nil {
+				t.Errorf("the controller applies an ElasticTeam: %v", err)
+			}
+			if err := ctl.SubmitJob(ctx, spec("k-job", "team-b")); err != nil {
+				t.Errorf("the controller submits an ElasticJob of team b: %v", err)
+			}
+			lease, err := ctlCli.Grant(ctx, 30)
+			if err != nil {
+				t.Fatalf("the controller grants its node lease: %v", err)
+			}
+			op, err := ctl.PutNodeOp(devices.Inventory{Node: "kn1", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ctlCli.Do(ctx, op); err != nil {
+				t.Errorf("the controller writes a Kubernetes Node's record: %v", err)
+			}
+			if err := ctl.MarkFinished(ctx, "k-job", fleet.Finish{Outcome: fleet.Succeeded, Node: "kn1", Time: time.Now()}); err != nil {
+				t.Errorf("the controller writes a finish record: %v", err)
+			}
+			if got, err := ctl.Creds(ctx, "b-job"); err != nil || got == nil || got.User != JobRole("b-job") {
+				t.Errorf("the controller reads the credentials it puts in a Secret: %+v, %v", got, err)
+			}
+			select {
+			case w := <-wch:
+				if w.Err() != nil || len(w.Events) == 0 {
+					t.Errorf("the controller's watch of the whole tree: %v", w.Err())
+				}
+			case <-ctx.Done():
+				t.Error("the controller's watch of the whole tree saw nothing")
+			}
+			for _, key := range []string{k.Desired("b-job"), k.Status("b-job"), k.Assignment("kn1", "b-job"), k.Creds("k-job"),
+				k.Checkpoint("b-job"), k.Event(time.Now(), "b-job")} {
+				if _, err := ctlCli.Put(ctx, key, "x"); !fleet.IsPermissionDenied(err) {
+					t.Errorf("the controller writing %s = %v, want permission denied", key, err)
+				}
+			}
+			if _, err := Mint(ctx, ctlCli, k, "k-job"); err == nil {
+				t.Error("the controller minted a job's etcd user; only the coordinator (root) may")
 			}
 
 			// Revoked when the job ends: the job's user is gone.

@@ -51,8 +51,11 @@ const (
 	AdminRole       = "hyperpod-admin"
 	CoordinatorRole = "hyperpod-coordinator"
 	AgentRole       = "hyperpod-agent"
-	teamRolePrefix  = "hyperpod-team-"
-	jobRolePrefix   = "hyperpod-job-"
+	// KubeControllerRole is hyperpod-kube-controller's: the bridge between
+	// ElasticJob resources and the fleet's records.
+	KubeControllerRole = "hyperpod-kube-controller"
+	teamRolePrefix     = "hyperpod-team-"
+	jobRolePrefix      = "hyperpod-job-"
 )
 
 // TeamRole is the role (and user) name of a team.
@@ -98,8 +101,8 @@ func merge(ps []Perm) []Perm {
 	return out
 }
 
-// FleetRoles are the roles every fleet has: admin, coordinator and node
-// agent.
+// FleetRoles are the roles every fleet has: admin, coordinator, node agent
+// and the Kubernetes controller.
 func FleetRoles(k fleet.Keys) []Role {
 	return []Role{
 		{
@@ -127,6 +130,23 @@ func FleetRoles(k fleet.Keys) []Role {
 				{Prefix: k.CredsPrefix(), Access: Read},
 				{Prefix: k.AssignPrefix(), Access: Read},
 			}, public(k)...)),
+		},
+		{
+			// Not root and no decision of the coordinator's: it cannot
+			// write desired, status, events, assignments, credentials or
+			// any job's rendezvous, nor manage users. It reads the whole
+			// tree because it watches it in one watch (etcd checks a
+			// watch's whole range), which includes the credentials it
+			// hands to pods as Secrets, as the node agent does.
+			Name: KubeControllerRole,
+			Doc:  "hyperpod-kube-controller: ElasticJobs to job specs of every team, ElasticTeams to team records, Kubernetes Nodes to node records (under its lease), finish records; reads the rest, credentials included, for pods' Secrets",
+			Perms: []Perm{
+				{Prefix: k.SpecsPrefix(), Access: ReadWrite},
+				{Prefix: k.TeamsPrefix(), Access: ReadWrite},
+				{Prefix: k.NodesPrefix(), Access: ReadWrite},
+				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
+				{Prefix: k.Root(), Access: Read},
+			},
 		},
 	}
 }

@@ -24,6 +24,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/kubetest"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
@@ -500,6 +503,11 @@ type envOptions struct {
 	// Hyperpodrun: the kubelet runs this hyperpodrun binary as the pods'
 	// command line says, instead of the shell stand-in.
 	Hyperpodrun string
+	// EtcdAuth: the fleet's records live on a second etcd with auth on
+	// (etcdauth.Bootstrap; kube-apiserver cannot log in to one), the
+	// coordinator runs as its user and mints each job's credentials, and
+	// the controller runs as its own least-privilege user.
+	EtcdAuth bool
 }
 
 // env is a real API server with the CRDs, 4 GPU Nodes, the teams research
@@ -541,7 +549,30 @@ func startEnv(t *testing.T, o envOptions) *env {
 	installCRDs(t, s)
 	ctlCfg := controllerIdentity(t, s)
 	s.Namespace(t, "ml")
-	e := &env{t: t, s: s, cs: s.Clientset(t), st: fleet.New(s.Etcd, "")}
+	fleetCli, coordCli, ctlCli, podEPs := s.Etcd, s.Etcd, s.Etcd, s.Endpoints
+	if o.EtcdAuth {
+		srv, open := etcdtest.Start(t)
+		dir := t.TempDir()
+		bctx, bcancel := context.WithTimeout(context.Background(), time.Minute)
+		if _, err := etcdauth.Bootstrap(bctx, open, fleet.NewKeys(""), []string{"research", "prod"}, dir); err != nil {
+			t.Fatalf("etcd auth bootstrap: %v", err)
+		}
+		as := func(user string) *clientv3.Client {
+			pw, err := os.ReadFile(filepath.Join(dir, user+".password"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cli, err := etcdconn.Connect(bctx, etcdconn.Options{Endpoints: srv.Endpoints, User: user, Password: strings.TrimSpace(string(pw))})
+			if err != nil {
+				t.Fatalf("connect as %s: %v", user, err)
+			}
+			t.Cleanup(func() { cli.Close() })
+			return cli
+		}
+		fleetCli, coordCli, ctlCli, podEPs = as(etcdauth.RootUser), as(etcdauth.CoordinatorUser), as(etcdauth.KubeControllerUser), srv.Endpoints
+		bcancel()
+	}
+	e := &env{t: t, s: s, cs: s.Clientset(t), st: fleet.New(fleetCli, "")}
 	var err error
 	if e.cl, err = kube.NewClient(s.Admin()); err != nil {
 		t.Fatal(err)
@@ -555,7 +586,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, cancel := context.WithCancel(context.Background())
 	e.ctx = ctx
-	e.k = newKubelet(t, e.cs, s.Etcd)
+	e.k = newKubelet(t, e.cs, fleetCli)
 	e.k.hyperpodrun = o.Hyperpodrun
 	t.Cleanup(func() {
 		cancel()
@@ -565,15 +596,15 @@ func startEnv(t *testing.T, o envOptions) *env {
 	for i := 1; i <= 4; i++ {
 		gpuNode(t, e.cs, fmt.Sprintf("n%d", i))
 	}
-	co := coordinator.New(s.Etcd, coordinator.Config{Resync: 300 * time.Millisecond, Engine: policy.Config{MinStablePeriod: time.Second}, Logger: log,
-		JobCredentials: false})
+	co := coordinator.New(coordCli, coordinator.Config{Resync: 300 * time.Millisecond, Engine: policy.Config{MinStablePeriod: time.Second}, Logger: log,
+		JobCredentials: o.EtcdAuth})
 	e.bg(func(ctx context.Context) { co.Run(ctx) })
 	n := 1
 	if o.LeaderElection {
 		n = 2
 	}
 	for i := range n {
-		cfg := kube.Config{Kube: ctlCfg, Etcd: s.Etcd, PodEndpoints: s.Endpoints, LauncherImage: "launcher:test", Auth: o.Auth,
+		cfg := kube.Config{Kube: ctlCfg, Etcd: ctlCli, PodEndpoints: podEPs, LauncherImage: "launcher:test", Auth: o.Auth || o.EtcdAuth,
 			Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: time.Second, Logger: log.With("controller", i)}
 		if o.LeaderElection {
 			cfg.LeaderElection = &kube.LeaderElection{Namespace: "hyperpodrun", Name: "hyperpod-kube-controller", Identity: fmt.Sprintf("ctl-%d", i),

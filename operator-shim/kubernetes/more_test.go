@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	kube "github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
@@ -254,5 +256,45 @@ func TestLeaderElection(t *testing.T) {
 	waitFor(t, time.Minute, "sweep suspended by the new leader", func() (bool, string) {
 		_, all := livePods(t, e.cs, "sweep")
 		return all == 0 && e.status("sweep").Phase == v1alpha1.PhaseSuspended, fmt.Sprintf("%d pods", all)
+	})
+}
+
+// With etcd auth on, the controller runs as its own etcd user
+// (hyperpod-kube-controller: specs, teams, node and finish records; not
+// root, no decisions) and the coordinator as its own, minting each job's
+// credentials: ElasticTeams become team records, the ElasticJob's spec is
+// submitted, its pod gets the job's real minted credentials through the
+// Secret and runs, and deleting the job removes the pod, the Secret, the
+// spec and the job's etcd user.
+func TestControllerAsItsOwnEtcdUser(t *testing.T) {
+	e := startEnv(t, envOptions{EtcdAuth: true})
+	if _, err := e.cl.CreateJob(e.ctx, elasticJob("sweep", "research", "", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "sweep running on one pod with its minted credentials", func() (bool, string) {
+		s := e.status("sweep")
+		pods, _ := livePods(t, e.cs, "sweep")
+		creds, err := e.st.Creds(e.ctx, "sweep")
+		if err != nil || creds == nil {
+			return false, fmt.Sprintf("status %+v, credentials %v %v", s, creds, err)
+		}
+		sec, err := e.cs.CoreV1().Secrets("ml").Get(e.ctx, "sweep-etcd", metav1.GetOptions{})
+		if err != nil {
+			return false, fmt.Sprintf("status %+v, Secret %v", s, err)
+		}
+		ok := s.Phase == v1alpha1.PhaseRunning && s.CurrentReplicas == 1 && len(pods) == 1 &&
+			string(sec.Data["user"]) == etcdauth.JobRole("sweep") && strings.TrimSpace(string(sec.Data["password"])) == creds.Password
+		return ok, fmt.Sprintf("status %+v, %d pods, Secret user %q", s, len(pods), sec.Data["user"])
+	})
+	if err := e.cl.DeleteJob(e.ctx, "ml", "sweep"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "sweep's pods, Secret, spec and etcd user gone", func() (bool, string) {
+		_, all := livePods(t, e.cs, "sweep")
+		_, serr := e.cs.CoreV1().Secrets("ml").Get(e.ctx, "sweep-etcd", metav1.GetOptions{})
+		_, jerr := e.st.Job(e.ctx, "sweep")
+		creds, cerr := e.st.Creds(e.ctx, "sweep")
+		return all == 0 && apierrors.IsNotFound(serr) && errors.Is(jerr, fleet.ErrNotFound) && creds == nil && cerr == nil,
+			fmt.Sprintf("%d pods, Secret %v, spec %v, credentials %v %v", all, serr, jerr, creds != nil, cerr)
 	})
 }

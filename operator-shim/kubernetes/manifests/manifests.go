@@ -289,7 +289,7 @@ func Deployment() *appsv1.Deployment {
 							"run",
 							"--etcd-endpoints=https://etcd.hyperpodrun.svc:2379",
 							"--etcd-cacert=/etc/hyperpod/etcd-tls/ca.crt",
-							"--etcd-user=hyperpod-coordinator",
+							"--etcd-user=hyperpod-kube-controller", // its own etcd role (docs/security.md), not the coordinator's root
 							"--etcd-password-file=/etc/hyperpod/etcd-auth/password",
 							"--etcd-prefix=/hyperpodrun",
 							"--leader-elect",
