@@ -88,6 +88,16 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		defer signal.Stop(own)
 		sigs = own
 	}
+	// A pod of a job that is already stopped, or no longer placed on its
+	// node, when it starts (the controller had not deleted it yet, or the
+	// kubelet restarted it): hyperpodrun is not started at all. Started
+	// and then drained at once, it could take the SIGUSR2 before it
+	// handles it, and lose the drain or die of the signal.
+	if why, placed := placedAtStart(ctx, cfg); !placed {
+		log.Info("not starting hyperpodrun: " + why)
+		writeDrained(cfg, log)
+		return 0, nil
+	}
 	if err := cmd.Start(); err != nil {
 		return 127, fmt.Errorf("pod supervisor: start %s: %w", cfg.Argv[0], err)
 	}
@@ -102,10 +112,8 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		select {
 		case err := <-exited:
 			code := exitCode(err)
-			if drained && code == 0 && cfg.TerminationLog != "-" {
-				if werr := os.WriteFile(cfg.TerminationLog, []byte(DrainedMessage), 0o644); werr != nil {
-					log.Warn("cannot write the termination message", "err", werr)
-				}
+			if drained && code == 0 {
+				writeDrained(cfg, log)
 			}
 			log.Info("hyperpodrun exited", "code", code, "drained", drained)
 			return code, nil
@@ -124,21 +132,59 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	}
 }
 
+// writeDrained writes DrainedMessage as the container's termination
+// message.
+func writeDrained(cfg Config, log *slog.Logger) {
+	if cfg.TerminationLog == "-" {
+		return
+	}
+	if err := os.WriteFile(cfg.TerminationLog, []byte(DrainedMessage), 0o644); err != nil {
+		log.Warn("cannot write the termination message", "err", err)
+	}
+}
+
+// placedAtStart reads the desired record once: placed is false, with the
+// reason, when it no longer places the job on this node. An unreadable or
+// malformed record places it (the watch goes on trying).
+func placedAtStart(ctx context.Context, cfg Config) (why string, placed bool) {
+	st := fleet.New(cfg.Etcd, cfg.Prefix)
+	key := st.Keys.Desired(cfg.Job)
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := cfg.Etcd.Get(gctx, key)
+	if err != nil || len(r.Kvs) == 0 {
+		return "", true
+	}
+	d, err := fleet.DecodeDesired(key, r.Kvs[0].Value)
+	if err != nil {
+		return "", true
+	}
+	return leaveReason(d, cfg.Node)
+}
+
+// leaveReason says why d does not place the job on node (placed false),
+// or placed true.
+func leaveReason(d *fleet.Desired, node string) (why string, placed bool) {
+	if Placed(d, node) {
+		return "", true
+	}
+	if d.Stop != nil {
+		return fmt.Sprintf("the coordinator stopped the job (%s): %s", d.Stop.Kind, d.Stop.Reason), false
+	}
+	return fmt.Sprintf("the coordinator's allocation (generation %d) no longer lists node %s", d.Generation, node), false
+}
+
 // watch reports on leave once the desired record no longer places the
 // job on this node; it retries etcd until ctx ends.
 func watch(ctx context.Context, cfg Config, log *slog.Logger, leave chan<- string) {
 	st := fleet.New(cfg.Etcd, cfg.Prefix)
 	key := st.Keys.Desired(cfg.Job)
 	check := func(d *fleet.Desired) bool {
-		if Placed(d, cfg.Node) {
-			return false
+		why, placed := leaveReason(d, cfg.Node)
+		if !placed {
+			leave <- why
 		}
-		why := fmt.Sprintf("the coordinator's allocation (generation %d) no longer lists node %s", d.Generation, cfg.Node)
-		if d.Stop != nil {
-			why = fmt.Sprintf("the coordinator stopped the job (%s): %s", d.Stop.Kind, d.Stop.Reason)
-		}
-		leave <- why
-		return true
+		return !placed
 	}
 	for ctx.Err() == nil {
 		gctx, cancel := context.WithTimeout(ctx, 10*time.Second)

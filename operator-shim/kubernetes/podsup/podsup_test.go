@@ -106,15 +106,48 @@ func TestDrainWhenTheNodeLeavesTheAllocation(t *testing.T) {
 	}
 }
 
-// A stopped job (preempted, suspended, deleted) drains every pod, also
-// when the record already said so before the supervisor started.
+// A stopped job (preempted, suspended, deleted) drains every pod.
 func TestDrainWhenStopped(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	st := fleet.New(cli, "")
+	put(t, st, fleet.Desired{Allocation: api.Allocation{Job: "j", Size: 1, Nodes: []string{"a"}}, Generation: 3})
+	term := filepath.Join(t.TempDir(), "termination-log")
+	_, done := start(t, Config{Etcd: cli, Job: "j", Node: "a", TerminationLog: term})
 	put(t, st, fleet.Desired{Allocation: api.Allocation{Job: "j"}, Generation: 4, Stop: &fleet.Stop{Kind: fleet.StopPreemption, Reason: "team a reclaimed"}})
-	_, done := start(t, Config{Etcd: cli, Job: "j", Node: "a", TerminationLog: "-"})
 	if c := wait(t, done, "stopped"); c != 0 {
 		t.Fatalf("exit %d", c)
+	}
+	if b, err := os.ReadFile(term); err != nil || string(b) != DrainedMessage {
+		t.Fatalf("termination message %q (%v), want %q", b, err, DrainedMessage)
+	}
+}
+
+// A pod that starts when the record already stops the job, or no longer
+// lists its node, does not start hyperpodrun at all: it exits 0 at once,
+// drained. Started and signalled at once, the child could take the
+// SIGUSR2 before it handles it (a shell dies of it, exit 140; hyperpodrun
+// would ignore it and never drain).
+func TestNotStartedWhenAlreadyStoppedOrMoved(t *testing.T) {
+	_, cli := etcdtest.Start(t)
+	st := fleet.New(cli, "")
+	for _, d := range []fleet.Desired{
+		{Allocation: api.Allocation{Job: "j"}, Generation: 4, Stop: &fleet.Stop{Kind: fleet.StopPreemption, Reason: "team a reclaimed"}},
+		{Allocation: api.Allocation{Job: "j", Size: 1, Nodes: []string{"b"}}, Generation: 5},
+	} {
+		put(t, st, d)
+		dir := t.TempDir()
+		ran, term := filepath.Join(dir, "ran"), filepath.Join(dir, "termination-log")
+		code, err := Run(context.Background(), Config{Etcd: cli, Job: "j", Node: "a", TerminationLog: term,
+			Argv: []string{"/bin/sh", "-c", child, "sh", ran}})
+		if err != nil || code != 0 {
+			t.Fatalf("generation %d: code %d err %v, want 0", d.Generation, code, err)
+		}
+		if _, err := os.Stat(ran); err == nil {
+			t.Errorf("generation %d: hyperpodrun was started for a node the job is not on", d.Generation)
+		}
+		if b, err := os.ReadFile(term); err != nil || string(b) != DrainedMessage {
+			t.Errorf("generation %d: termination message %q (%v), want %q", d.Generation, b, err, DrainedMessage)
+		}
 	}
 }
 
