@@ -121,7 +121,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 		pinned, err := ociimage.Push(ctx, img, o.push, ociimage.PushOptions{Insecure: o.insecure})
 		if err != nil {
-			fmt.Fprintf(stderr, "image: %v (log in with `docker login %s`; -insecure for a plain-HTTP registry)\n", err, registryOf(o.push))
+			fmt.Fprintf(stderr, "image: %v%s\n", err, pushHint(err, o.push))
 			return 1
 		}
 		fmt.Fprintf(stdout, "pushed %s\n  = %s\nuse it as the controller Deployment's image and --launcher-image (docs/kubernetes.md)\n", o.push, pinned)
@@ -129,11 +129,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func registryOf(ref string) string {
+// pushHint names the likely fix of a failed push.
+func pushHint(err error, ref string) string {
+	reg := ref
 	if i := strings.IndexByte(ref, '/'); i > 0 {
-		return ref[:i]
+		reg = ref[:i]
 	}
-	return ref
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "UNAUTHORIZED") || strings.Contains(msg, "DENIED") || strings.Contains(msg, "401") || strings.Contains(msg, "403"):
+		return fmt.Sprintf(" (log in first: docker login %s; the credentials in ~/.docker/config.json or $DOCKER_CONFIG are used)", reg)
+	case strings.Contains(msg, "http: server gave HTTP response to HTTPS client"):
+		return " (the registry speaks plain HTTP: add -insecure)"
+	}
+	return ""
 }
 
 // Spec is the image of the two programs: both checked static and of one
