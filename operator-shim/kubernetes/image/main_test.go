@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/base64"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -14,6 +16,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
 )
 
 // cPrograms compiles a tiny C program twice with gcc (the C compiler cgo
@@ -188,5 +192,46 @@ func layerFiles(t *testing.T, img v1.Image) map[string]layerFile {
 		}
 		b, _ := io.ReadAll(tr)
 		m[h.Name] = layerFile{Header: *h, data: b}
+	}
+}
+
+// -push takes the credentials `docker login` stores ($DOCKER_CONFIG's
+// config.json); without them a registry with auth refuses, and the error
+// says to log in.
+func TestPushUsesDockerLogin(t *testing.T) {
+	_, static := cPrograms(t)
+	reg := ctrdtest.StartRegistryWithAuth(t, "builder", "s3cret")
+	ref := reg.Host + "/hyperpodrun/hyperpod-kube-controller:v0.1"
+	args := []string{"-controller", static, "-hyperpodrun", static, "-push", ref}
+
+	t.Setenv("DOCKER_CONFIG", t.TempDir())
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "docker login "+reg.Host) {
+		t.Errorf("without credentials: exit %d, stderr %q; want 1 saying docker login %s", code, stderr.String(), reg.Host)
+	}
+
+	cfg := t.TempDir()
+	auth := base64.StdEncoding.EncodeToString([]byte("builder:s3cret"))
+	if err := os.WriteFile(filepath.Join(cfg, "config.json"), []byte(`{"auths":{"`+reg.Host+`":{"auth":"`+auth+`"}}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("DOCKER_CONFIG", cfg)
+	stdout.Reset()
+	stderr.Reset()
+	if code := run(args, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "pushed "+ref) {
+		t.Fatalf("with docker login's credentials: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+func TestPushHint(t *testing.T) {
+	for _, tc := range []struct{ err, want string }{
+		{"PUT https://r.example.com/v2/x/blobs: UNAUTHORIZED: authentication required", "docker login r.example.com"},
+		{"DENIED: requested access to the resource is denied", "docker login r.example.com"},
+		{`Get "https://10.1.2.3:5000/v2/": http: server gave HTTP response to HTTPS client`, "add -insecure"},
+		{"dial tcp: connection refused", ""},
+	} {
+		if got := pushHint(errors.New(tc.err), "r.example.com/x:v1"); tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+			t.Errorf("%q: hint %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }
