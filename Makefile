@@ -89,6 +89,7 @@ demo-standalone: build
 ## a static hyperpodrun in /usr/local/bin, run as 65532. IMAGE=registry/repo:tag
 ## pushes it (credentials from `docker login`); without IMAGE it is written to
 ## bin/hyperpod-kube-controller-image.tar (docker load -i / ctr images import).
+## IMAGE_FLAGS passes more flags (-insecure: a plain-HTTP registry).
 STATIC_BUILD = CGO_ENABLED=1 $(GO) build -tags osusergo,netgo,no_dynamic_plugins -ldflags '-linkmode external -extldflags "-static"'
 image:
 	@mkdir -p $(BIN)
@@ -98,7 +99,7 @@ image:
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null) $(GO) run ./operator-shim/kubernetes/image \
 		-controller $(BIN)/hyperpod-kube-controller-static -hyperpodrun $(BIN)/hyperpodrun-static \
 		-version "$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -revision "$$(git rev-parse HEAD 2>/dev/null)" \
-		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-kube-controller-image.tar)
+		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-kube-controller-image.tar) $(IMAGE_FLAGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
