@@ -10,7 +10,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
-.PHONY: build test test-python test-short bench soak soak-short demo demo-standalone lint clean
+.PHONY: build test test-python test-short bench soak soak-short demo demo-standalone image lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -83,6 +83,23 @@ demo: build
 ## demo-standalone: hyperpodrun --standalone --nproc-per-node 4 on real DDP.
 demo-standalone: build
 	PYTHON_EXEC=$${PYTHON_EXEC:-/usr/bin/python3} ./$(BIN)/hyperpodrun --standalone --nproc-per-node 4 examples/pytorch/train_ddp.py --steps 40
+
+## image: the ElasticJob controller's image, which is also the job pods'
+## launcher image (docs/kubernetes.md): a static hyperpod-kube-controller and
+## a static hyperpodrun in /usr/local/bin, run as 65532. IMAGE=registry/repo:tag
+## pushes it (credentials from `docker login`); without IMAGE it is written to
+## bin/hyperpod-kube-controller-image.tar (docker load -i / ctr images import).
+## IMAGE_FLAGS passes more flags (-insecure: a plain-HTTP registry).
+STATIC_BUILD = CGO_ENABLED=1 $(GO) build -tags osusergo,netgo,no_dynamic_plugins -ldflags '-linkmode external -extldflags "-static"'
+image:
+	@mkdir -p $(BIN)
+	@rm -f $(BIN)/hyperpodrun-static $(BIN)/hyperpod-kube-controller-static
+	$(STATIC_BUILD) -o $(BIN)/hyperpodrun-static ./cmd/hyperpodrun 2>&1 | grep -v "dlopen\|cgo2.c\|^# " || true
+	$(STATIC_BUILD) -o $(BIN)/hyperpod-kube-controller-static ./cmd/hyperpod-kube-controller 2>&1 | grep -v "dlopen\|cgo2.c\|^# " || true
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null) $(GO) run ./operator-shim/kubernetes/image \
+		-controller $(BIN)/hyperpod-kube-controller-static -hyperpodrun $(BIN)/hyperpodrun-static \
+		-version "$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -revision "$$(git rev-parse HEAD 2>/dev/null)" \
+		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-kube-controller-image.tar) $(IMAGE_FLAGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
