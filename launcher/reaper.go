@@ -128,19 +128,32 @@ func (r *reaper) wait(pid int) <-chan exitInfo {
 
 // KillOrphans SIGKILLs every remaining child of this process that is not in
 // keep: the descendants that outlived their worker (re-parented to us as
-// subreaper), so none survives hyperpodrun. It returns how many it killed.
+// subreaper), so none survives hyperpodrun. It returns once none of them is
+// alive (a SIGKILLed process lives on until the kernel schedules its exit,
+// which on a loaded machine was long enough to be seen running after
+// hyperpodrun had exited) and none was re-parented to us meanwhile (a
+// killed orphan's own children), or after 5 s. It returns how many it
+// killed.
 func KillOrphans(keep map[int]bool) int {
 	self := os.Getpid()
-	n := 0
-	for _, pid := range ChildPIDs(self) {
-		if keep[pid] {
-			continue
+	killed := map[int]bool{}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		live := 0
+		for _, pid := range ChildPIDs(self) {
+			if keep[pid] {
+				continue
+			}
+			live++
+			if !killed[pid] && syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed[pid] = true
+			}
 		}
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
-			n++
+		if live == 0 || time.Now().After(deadline) {
+			return len(killed)
 		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	return n
 }
 
 // ChildPIDs lists the live (non-zombie) children of parent by scanning /proc.
