@@ -20,7 +20,11 @@ losing a step:
   take the next round's assignment, re-form the group), gets the state from a
   surviving rank with ``broadcast_state()`` (fresh workers call it too, right
   after their first init) and re-wraps DDP; a collective broken by a lost
-  node is left the same way (gloo's error, or the group timeout).
+  node is left the same way (gloo's error, or the group timeout);
+* a node that joins a job already training starts its workers before it
+  registers (prewarm): they import torch, then wait in
+  ``wait_for_assignment()`` for their rank, so the survivors stop only once
+  the new workers are ready.
 
 Rank 0 prints one line per optimizer step on stdout, and nothing else there:
 
@@ -141,6 +145,15 @@ def main(argv=None):
         signal.signal(he.parse_signal(os.environ.get("HYPERPODRUN_ELASTIC_SIGNAL")), signal.SIG_IGN)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if he.prewarmed():
+        # Started ahead of the round (this node joins a job that trains):
+        # torch is imported, so ask for the rank now; the node registers,
+        # and the others stop, once every worker of it has asked. (Without
+        # this call the first read of RANK below would ask.)
+        print("[train_elastic prewarmed pid %d] torch imported; asking for the first assignment at %.6f"
+              % (os.getpid(), time.time()), file=sys.stderr, flush=True)
+        a = he.wait_for_assignment()
+        log("prewarmed worker pid %d assigned rank %d of %d (round %d)" % (os.getpid(), a.rank, a.world_size, a.round))
     default_single_process_env()
 
     backend = args.backend
