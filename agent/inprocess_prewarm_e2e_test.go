@@ -105,3 +105,89 @@ func TestInProcessGrowPrewarmsTheJoiningNode(t *testing.T) {
 		t.Error("no change 2 -> 3 between consecutive steps")
 	}
 }
+
+// growPrewarmRun runs real DDP on 2 nodes under --inprocess-resize, adds a
+// third and waits until training at world size 3 progressed; then every
+// node finishes. It checks what must hold whatever became of the prewarm:
+// the survivors kept their workers, every optimizer step ran exactly once
+// with the uninterrupted run's loss, every node exited 0 and no worker is
+// left. It returns node c's log and all the logs.
+func growPrewarmRun(t *testing.T, job string, extra []string, train ...string) (string, string) {
+	t.Helper()
+	py := torchPython(t)
+	const total = 50
+	ref := referenceLosses(t, py, total)
+	srv, _ := startEtcd(t)
+	args := inprocessArgs(srv.Endpoints[0], job, t.TempDir(), total, train...)
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, append(extra, args...)...)
+	c.start("a")
+	c.start("b")
+	t0 := time.Now()
+	c.waitStep(120*time.Second, "training at world size 2", t0, func(s stepLine) bool { return s.World == 2 && s.Step >= 8 })
+	before := map[string][]int{"a": workerPIDs(c.PID("a")), "b": workerPIDs(c.PID("b"))}
+	c.start("c")
+	c.waitStep(90*time.Second, "training at world size 3", t0, func(s stepLine) bool { return s.World == 3 })
+	workersC := workerPIDs(c.PID("c"))
+	for _, n := range []string{"a", "b"} {
+		if now := workerPIDs(c.PID(n)); len(now) != 1 || len(before[n]) != 1 || now[0] != before[n][0] {
+			t.Errorf("node %s has workers %v after the grow, had %v: a survivor was restarted", n, now, before[n])
+		}
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		if code := c.wait(n, 120*time.Second); code != 0 {
+			t.Errorf("node %s exited %d after training finished, want 0", n, code)
+		}
+	}
+	waitGone(t, append(append(before["a"], before["b"]...), workersC...), "workers after the job ended")
+	steps := c.allSteps()
+	sort.SliceStable(steps, func(i, j int) bool { return steps[i].At.Before(steps[j].At) })
+	checkExactlyOnce(t, steps, total, ref)
+	var logC string
+	for name, l := range c.Logs() {
+		if strings.SplitN(name, "#", 2)[0] == "c" {
+			logC += l
+		}
+	}
+	return logC, c.logText()
+}
+
+// A prewarmed worker that exits before asking for its assignment (code
+// that reads RANK without hyperpodrun_elastic) makes its node give the
+// prewarm up: it registers without it and starts its workers after the
+// round, as on the restart path; training goes on at world size 3.
+func TestInProcessPrewarmGivenUpWhenAWorkerExitsBeforeAsking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	logC, logs := growPrewarmRun(t, "inwarmfail", nil, "--fail-if-prewarmed")
+	for _, want := range []string{"RANK is not set; exiting (--fail-if-prewarmed)", "exited before asking for its assignment",
+		`msg="registering with the job's rendezvous"`, "prewarmed_workers=false", `msg="starting workers"`} {
+		if !strings.Contains(logC, want) {
+			t.Errorf("node c did not log %q", want)
+		}
+	}
+	if strings.Contains(logs, "assigning the prewarmed workers their first round") {
+		t.Error("prewarmed workers were assigned although the prewarm was given up")
+	}
+}
+
+// A prewarm that takes longer than --inprocess-prewarm-timeout: the node
+// registers anyway, keeping its workers; when the round forms they are
+// assigned if they all asked by then, else started afresh. Either way no
+// step is lost or repeated and no worker is left.
+func TestInProcessPrewarmTimeoutRegistersAnyway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	// Python and torch take over a second to start: 0.2 s always passes.
+	logC, _ := growPrewarmRun(t, "inwarmslow", []string{"--inprocess-prewarm-timeout", "0.2"})
+	if !strings.Contains(logC, "registering anyway") {
+		t.Error("node c did not log registering anyway after the prewarm timeout")
+	}
+	assigned := strings.Contains(logC, "assigning the prewarmed workers their first round")
+	restarted := strings.Contains(logC, "not every prewarmed worker asked for its assignment by the time the round formed")
+	if assigned == restarted {
+		t.Errorf("node c: prewarmed workers assigned=%v, restarted=%v; want exactly one", assigned, restarted)
+	}
+	t.Logf("prewarmed workers assigned when the round formed: %v", assigned)
+}

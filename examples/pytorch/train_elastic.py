@@ -102,6 +102,10 @@ def parse_args(argv=None):
     p.add_argument("--no-reconfigure-rank", type=int, default=-1,
                    help="under --inprocess-resize, the worker of this global rank exits after the checkpoint "
                         "instead of calling reconfigure() (code that does not know it: the agent falls back)")
+    p.add_argument("--fail-if-prewarmed", action="store_true",
+                   help="a worker started ahead of its round exits 1 instead of asking for its assignment "
+                        "(simulates code that reads RANK without hyperpodrun_elastic: the agent gives the "
+                        "prewarm up and starts the workers after the round)")
     p.add_argument("--no-report-stopping", action="store_true",
                    help="exit after the checkpoint without report_stopping(), as code written for HyperPod does")
     args = p.parse_args(argv)
@@ -145,6 +149,10 @@ def main(argv=None):
         signal.signal(he.parse_signal(os.environ.get("HYPERPODRUN_ELASTIC_SIGNAL")), signal.SIG_IGN)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.fail_if_prewarmed and he.prewarmed():
+        print("[train_elastic prewarmed pid %d] RANK is not set; exiting (--fail-if-prewarmed)" % os.getpid(),
+              file=sys.stderr, flush=True)
+        sys.exit(1)
     if he.prewarmed():
         # Started ahead of the round (this node joins a job that trains):
         # torch is imported, so ask for the rank now; the node registers,
