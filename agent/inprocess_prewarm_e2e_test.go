@@ -9,6 +9,10 @@ import (
 	"time"
 )
 
+// prewarmTotal is the steps of the grow tests: 20 s or more of training at
+// 0.05 s a step, most of it after the grow.
+const prewarmTotal = 400
+
 // askedRE is train_elastic.py's line of a prewarmed worker asking for its
 // first assignment, with its pid and the time (Unix seconds) it asked.
 var askedRE = regexp.MustCompile(`\[train_elastic prewarmed pid (\d+)\] torch imported; asking for the first assignment at ([0-9.]+)`)
@@ -26,7 +30,9 @@ func TestInProcessGrowPrewarmsTheJoiningNode(t *testing.T) {
 		t.Skip("end-to-end with PyTorch")
 	}
 	py := torchPython(t)
-	const total = 60
+	// Long enough that the job is still training when the third node has
+	// started Python and torch, even on a loaded machine (several seconds).
+	const total = prewarmTotal
 	ref := referenceLosses(t, py, total)
 	srv, _ := startEtcd(t)
 	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, inprocessArgs(srv.Endpoints[0], "inwarm", t.TempDir(), total)...)
@@ -61,7 +67,8 @@ func TestInProcessGrowPrewarmsTheJoiningNode(t *testing.T) {
 	if !ok {
 		t.Fatal("node c did not log its registration")
 	}
-	if !asked.Before(registering) {
+	// slog writes milliseconds: compare at that precision.
+	if asked.Truncate(time.Millisecond).After(registering) {
 		t.Errorf("node c's worker asked for its assignment at %s, after the node began registering at %s", asked.Format(time.RFC3339Nano), registering.Format(time.RFC3339Nano))
 	}
 	if !strings.Contains(logC, "prewarmed_workers=true") {
@@ -115,7 +122,7 @@ func TestInProcessGrowPrewarmsTheJoiningNode(t *testing.T) {
 func growPrewarmRun(t *testing.T, job string, extra []string, train ...string) (string, string) {
 	t.Helper()
 	py := torchPython(t)
-	const total = 50
+	const total = prewarmTotal
 	ref := referenceLosses(t, py, total)
 	srv, _ := startEtcd(t)
 	args := inprocessArgs(srv.Endpoints[0], job, t.TempDir(), total, train...)
