@@ -132,6 +132,9 @@ type elastic struct {
 	// group and wait, parked on the control channel, for the next round's
 	// assignment. nil when the next round starts new workers.
 	carry *launcher.Group
+	// prewarmed says carry holds workers started ahead of their first
+	// round (prewarm.go): they hold no rank and no training state.
+	prewarmed bool
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -259,6 +262,23 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	// Workers kept for an in-process resize do not outlive the agent.
 	defer e.dropCarry("hyperpodrun is leaving the job")
 	attempt := 0
+	if o.InProcessResize {
+		view := prewarmView{InProcess: true, Timeout: o.PrewarmTimeout}
+		if view.Timeout > 0 {
+			view.RunningNodes = e.runningNodes(ctx)
+		}
+		if ok, why := shouldPrewarm(view); ok {
+			e.log.Info("joining a job that trains: prewarming this node's workers before registering", "why", why)
+			if sig := e.prewarm(ctx, attempt); sig != 0 {
+				return e.leaveOnSignal(ctx, sig, "while the workers prewarmed")
+			}
+			if e.carry != nil {
+				attempt++
+			}
+		} else {
+			e.log.Debug("workers start after the round (no prewarm)", "why", why)
+		}
+	}
 	for {
 		round, sig, err := e.join(ctx, event)
 		if sig != 0 {
@@ -400,6 +420,11 @@ func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.
 		err error
 	}
 	out := make(chan res, 1)
+	if e.node.Lease() == 0 {
+		// Logged before the member key is written: its time bounds the
+		// registration from below (a prewarmed worker asked before it).
+		e.log.Info("registering with the job's rendezvous", "node", e.node.ID(), "prewarmed_workers", e.prewarmed)
+	}
 	go func() {
 		r, err := e.node.Join(jctx)
 		out <- res{r, err}

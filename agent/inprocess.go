@@ -141,6 +141,15 @@ func (e *elastic) dropCarry(why string) {
 		return
 	}
 	e.carry = nil
+	if e.prewarmed {
+		// Started ahead of their round: no rank, no state to save.
+		e.prewarmed = false
+		e.ch.ForgetPrewarmed()
+		e.log.Info("the prewarmed workers are stopped", "why", why)
+		e.leaveParked(why)
+		g.Stop(e.o.ShutdownSignal, e.o.ShutdownTimeout)
+		return
+	}
 	e.log.Info("the workers kept for the next round leave", "why", why)
 	e.leaveParked(why)
 	select {
@@ -156,6 +165,10 @@ func (e *elastic) killCarry() {
 		e.carry.Stop(syscall.SIGKILL, 0)
 		e.carry = nil
 	}
+	if e.prewarmed {
+		e.prewarmed = false
+		e.ch.ForgetPrewarmed()
+	}
 }
 
 // resume hands round r's assignment to the workers kept from the previous
@@ -164,6 +177,7 @@ func (e *elastic) killCarry() {
 // workers.
 func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts, attempt int, event *scaleEvent) (*launcher.Group, error) {
 	g := e.carry
+	prewarmed := e.prewarmed
 	e.carry = nil
 	parent := ctx
 	if event != nil {
@@ -185,17 +199,26 @@ func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts, att
 		}
 	}
 	if !ok || len(workers) != e.o.Spec.NProcPerNode {
-		e.log.Warn("a kept worker is gone or no longer waits; restarting this node's workers", "round", r.Number)
+		if prewarmed {
+			e.log.Warn("not every prewarmed worker asked for its assignment by the time the round formed; starting this node's workers instead", "round", r.Number)
+		} else {
+			e.log.Warn("a kept worker is gone or no longer waits; restarting this node's workers", "round", r.Number)
+		}
 		e.carry = g
 		e.dropCarry("restarting this node's workers")
 		return nil, nil
 	}
+	e.prewarmed = false
 	by := make(map[int]checkpoint.Assignment, len(workers))
 	for _, w := range workers {
 		e.ch.Admit(r.Number, w.PID, w.Rank)
 		by[w.PID] = checkpoint.Assignment{Round: r.Number, Env: w.Env}
 	}
-	e.log.Info("reassigning workers in process", "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
+	msg := "reassigning workers in process"
+	if prewarmed {
+		msg = "assigning the prewarmed workers their first round"
+	}
+	e.log.Info(msg, "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
 		"world_size", r.WorldSize, "base_rank", r.Self.BaseRank, "restart_count", restarts,
 		"master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "resume_step", resumeStep(rec))
 	if n := e.ch.Release(by); n != len(by) {

@@ -67,6 +67,13 @@ type Options struct {
 	// round's store, instead of exiting and being restarted. Workers that
 	// do not ask within --graceful-timeout are restarted as without it.
 	InProcessResize bool
+	// PrewarmTimeout, with InProcessResize, lets a node that joins a job
+	// already training start its workers before it registers (they import
+	// torch and wait for their first assignment on the control channel),
+	// so the survivors stop only once the new workers are ready; after
+	// PrewarmTimeout the node registers anyway. Zero: no prewarm (the
+	// workers start after the round, as on the restart path).
+	PrewarmTimeout time.Duration
 
 	PreTrain  []string // script and args, run once before the first start
 	PostTrain []string // run after the workers succeed

@@ -295,6 +295,11 @@ type Channel struct {
 	// replaced when the set changes.
 	parked   map[int]*parkedWorker
 	parkedCh chan struct{}
+	// prewarm: process groups started ahead of their round (AdmitPrewarmed),
+	// believed only for a ReportReconfigure carrying prewarmToken, until
+	// Admit gives them a rank or ForgetPrewarmed forgets them.
+	prewarm      map[int]struct{}
+	prewarmToken string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -321,6 +326,7 @@ func NewChannel(dir string, opts ...Option) (*Channel, error) {
 		admitted:  make(chan struct{}),
 		parked:    make(map[int]*parkedWorker),
 		parkedCh:  make(chan struct{}),
+		prewarm:   make(map[int]struct{}),
 	}
 	for _, o := range opts {
 		o(c)
@@ -417,8 +423,63 @@ func (c *Channel) Admit(round int64, pgid, rank int) {
 		return
 	}
 	c.workers[pgid] = rank
+	delete(c.prewarm, pgid)
 	close(c.admitted)
 	c.admitted = make(chan struct{})
+}
+
+// PrewarmEnv returns the variables that tell a worker started ahead of its
+// round where the channel is; its token (a fresh one per call, replacing
+// the previous) is good only for asking for a first assignment.
+func (c *Channel) PrewarmEnv() map[string]string {
+	env := c.Env()
+	c.mu.Lock()
+	c.prewarmToken = newToken()
+	env[EnvControlToken] = c.prewarmToken
+	c.mu.Unlock()
+	return env
+}
+
+// AdmitPrewarmed believes process group pgid as a worker started ahead of
+// its round (in-process resize: a joining node starts its workers before
+// it registers). It holds no rank: the only report believed from it is a
+// ReportReconfigure with PrewarmEnv's token, parked like a kept worker's
+// (its rank in Parked is -1) until Release answers it. Admit, for a round,
+// makes it an ordinary worker of that round.
+func (c *Channel) AdmitPrewarmed(pgid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if pgid <= 1 {
+		return
+	}
+	c.prewarm[pgid] = struct{}{}
+	close(c.admitted)
+	c.admitted = make(chan struct{})
+}
+
+// ForgetPrewarmed stops believing every process group admitted by
+// AdmitPrewarmed and not admitted for a round since.
+func (c *Channel) ForgetPrewarmed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.prewarm)
+	c.prewarmToken = ""
+}
+
+// believePrewarmed checks a report from a prewarmed process group: only a
+// request for its first assignment, with the prewarm token.
+func believePrewarmed(r *Report, token string) error {
+	if r.Type != ReportReconfigure {
+		return fmt.Errorf("%w: process %d was started ahead of its round and holds no rank yet; only a %s request is accepted from it", ErrStaleRound, r.PeerPID, ReportReconfigure)
+	}
+	if token == "" || subtle.ConstantTimeCompare([]byte(r.Token), []byte(token)) != 1 {
+		return fmt.Errorf("%w: the request carries no or a wrong control token (%s of the workers started ahead of their round)", ErrForged, EnvControlToken)
+	}
+	if r.Round != 0 {
+		return fmt.Errorf("%w: a worker started ahead of its round names round %d", ErrStaleRound, r.Round)
+	}
+	r.Rank, r.rankSet = -1, false
+	return nil
 }
 
 // believe checks that r comes from a worker of the current round and sets
@@ -434,8 +495,13 @@ func (c *Channel) believe(r *Report) error {
 		}
 		rank, ok := c.workers[pgid]
 		ok = ok && err == nil && pgid > 1
-		token := c.token
+		_, prewarmed := c.prewarm[pgid]
+		prewarmed = prewarmed && !ok && err == nil && pgid > 1
+		token, ptoken := c.token, c.prewarmToken
 		c.mu.Unlock()
+		if prewarmed {
+			return believePrewarmed(r, ptoken)
+		}
 		if !rounds {
 			return nil
 		}
@@ -906,6 +972,8 @@ func (c *Channel) park(conn *net.UnixConn, r Report) {
 	c.mu.Lock()
 	if w, ok := c.workers[pgid]; ok {
 		p.rank = w
+	} else if _, ok := c.prewarm[pgid]; ok {
+		p.rank = -1
 	}
 	c.parked[pgid] = p
 	c.parkedChangedLocked()
@@ -943,7 +1011,8 @@ func (c *Channel) parkedChangedLocked() {
 }
 
 // Parked returns the process groups of the workers waiting for their next
-// assignment, each with the rank it held when it asked, and a channel
+// assignment, each with the rank it held when it asked (-1: started ahead
+// of its round, AdmitPrewarmed), and a channel
 // closed when that set changes.
 func (c *Channel) Parked() (map[int]int, <-chan struct{}) {
 	c.mu.Lock()

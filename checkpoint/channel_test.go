@@ -684,6 +684,81 @@ func TestReconfigureParksWorkerUntilReleased(t *testing.T) {
 	waitParked(0)
 }
 
+// Issue 14's prewarm: a joining node starts its workers before it
+// registers. Such a worker holds no rank: it is believed for one thing
+// only, asking for its first assignment with the prewarm token (parked
+// with rank -1), nothing else, until the agent admits it for a round and
+// answers it; then it is an ordinary worker of that round. A forgotten
+// prewarm (the agent gave it up) is believed for nothing.
+func TestPrewarmedWorkerAsksOnlyForItsFirstAssignment(t *testing.T) {
+	ch := newTestChannel(t)
+	ch.SetRound(0) // no round yet: the node has not even registered
+	ctx := testCtx(t, 20*time.Second)
+	pg := syscall.Getpgrp()
+	ptoken := ch.PrewarmEnv()[EnvControlToken]
+	if ptoken == "" || ptoken == ch.Token() {
+		t.Fatalf("prewarm token %q: want its own, not the round's %q", ptoken, ch.Token())
+	}
+	ch.AdmitPrewarmed(pg)
+	err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 3, Path: "/c/3", Token: ptoken})
+	if !errors.Is(err, ErrStaleRound) && (err == nil || !strings.Contains(err.Error(), "holds no rank yet")) {
+		t.Fatalf("checkpoint report from a prewarmed worker = %v, want refused: it holds no rank", err)
+	}
+	if _, err := RequestAssignment(ctx, ch.SocketPath(), Report{Token: "guess"}); err == nil || !strings.Contains(err.Error(), "wrong control token") {
+		t.Fatalf("first-assignment request with a wrong token = %v, want refused", err)
+	}
+	type result struct {
+		a   *Assignment
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		a, err := RequestAssignment(ctx, ch.SocketPath(), Report{Rank: 0, Token: ptoken})
+		got <- result{a, err}
+	}()
+	for {
+		p, changed := ch.Parked()
+		if r, ok := p[pg]; ok {
+			if r != -1 {
+				t.Fatalf("prewarmed worker parked with rank %d, want -1 (none)", r)
+			}
+			break
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatal("the prewarmed worker's request was not parked")
+		}
+	}
+	ch.SetRound(4)
+	ch.Admit(4, pg, 2)
+	if n := ch.Release(map[int]Assignment{pg: {Round: 4, Env: map[string]string{"RANK": "2", EnvControlToken: ch.Token()}}}); n != 1 {
+		t.Fatalf("Release answered %d, want 1", n)
+	}
+	r := <-got
+	if r.err != nil || r.a == nil || r.a.Round != 4 || r.a.Env["RANK"] != "2" {
+		t.Fatalf("first assignment %+v (err %v), want round 4 rank 2", r.a, r.err)
+	}
+	// Now a worker of round 4, with the round's token and rank.
+	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 5, Path: "/c/5", Rank: 2, Token: r.a.Env[EnvControlToken]}); err != nil {
+		t.Fatalf("report of the assigned worker: %v", err)
+	}
+	if rep := <-ch.Reports(); rep.Round != 4 || rep.Rank != 2 {
+		t.Fatalf("accepted %+v, want round 4 rank 2", rep)
+	}
+	if _, err := RequestAssignment(ctx, ch.SocketPath(), Report{Rank: 2, Token: ptoken}); err == nil || !strings.Contains(err.Error(), "wrong control token") {
+		t.Fatalf("the prewarm token after admission = %v, want refused", err)
+	}
+	// A prewarm given up is believed for nothing.
+	ch.SetRound(0)
+	ptoken = ch.PrewarmEnv()[EnvControlToken]
+	ch.AdmitPrewarmed(pg)
+	ch.ForgetPrewarmed()
+	if _, err := RequestAssignment(ctx, ch.SocketPath(), Report{Token: ptoken}); !errors.Is(err, ErrStaleRound) && (err == nil || !strings.Contains(err.Error(), "no round is current")) {
+		t.Fatalf("request of a forgotten prewarmed worker = %v, want refused", err)
+	}
+}
+
 func TestEventFileSaysInProcess(t *testing.T) {
 	ch := newTestChannel(t)
 	if err := ch.Announce(Event{Kind: ScaleDown, NewWorldSize: 2, Round: 3, InProcess: true}); err != nil {

@@ -103,6 +103,12 @@ func Start(spec Spec, a Assignment, opts ...StartOption) (*Group, error) {
 	for k, v := range a.Env {
 		base[k] = v
 	}
+	if a.Prewarm {
+		// Not even an inherited RANK: a prewarmed worker holds none.
+		for _, k := range RoundEnv {
+			delete(base, k)
+		}
+	}
 	argv := spec.argv()
 	path, err := lookPath(argv[0])
 	if err != nil {
@@ -153,6 +159,9 @@ func lookPath(name string) (string, error) {
 
 func (g *Group) startWorker(path string, argv []string, base map[string]string, lr int) (*worker, error) {
 	w := &worker{localRank: lr, rank: g.asg.BaseRank + lr, done: make(chan struct{})}
+	if g.asg.Prewarm {
+		w.rank = -1 // none until Reassign
+	}
 	var rankDir string
 	if g.dir != "" {
 		rankDir = filepath.Join(g.dir, strconv.Itoa(lr))

@@ -94,7 +94,19 @@ type Assignment struct {
 	// Env is added to every worker for this attempt only (checkpoint to
 	// resume from, TRACEPARENT, the control channel).
 	Env map[string]string
+	// Prewarm starts workers ahead of their round (in-process resize: a
+	// joining node's workers start Python and import torch before the
+	// node registers): they get no rank, world size, master or restart
+	// count (none of RoundEnv's variables, not even inherited ones) and
+	// wait for their first assignment (Group.Reassign) on the control
+	// channel. The rank fields above are ignored.
+	Prewarm bool
 }
+
+// RoundEnv lists the variables of WorkerEnv that depend on the round
+// (a prewarmed worker has none of them until it is assigned).
+var RoundEnv = []string{"RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE",
+	"ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT"}
 
 // Validate reports a problem with the spec or assignment as a clear error.
 func (s *Spec) validate(a Assignment) error {
@@ -103,6 +115,8 @@ func (s *Spec) validate(a Assignment) error {
 		return fmt.Errorf("no training script given: usage is hyperpodrun [options] script.py [script args]")
 	case s.NProcPerNode < 1:
 		return fmt.Errorf("--nproc-per-node must be at least 1, got %d", s.NProcPerNode)
+	case a.Prewarm:
+		return nil // no ranks yet
 	case a.WorldSize < s.NProcPerNode:
 		return fmt.Errorf("world size %d is smaller than the %d local workers", a.WorldSize, s.NProcPerNode)
 	case a.BaseRank < 0 || a.BaseRank+s.NProcPerNode > a.WorldSize:
@@ -168,6 +182,11 @@ func (s *Spec) WorkerEnv(a Assignment, localRank int, errorFile string) map[stri
 	}
 	if s.VirtualLocalRank {
 		env["LOCAL_RANK"] = "0"
+	}
+	if a.Prewarm {
+		for _, k := range RoundEnv {
+			delete(env, k)
+		}
 	}
 	if _, set := os.LookupEnv("OMP_NUM_THREADS"); !set && s.NProcPerNode > 1 {
 		env["OMP_NUM_THREADS"] = "1"

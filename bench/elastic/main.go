@@ -12,7 +12,10 @@
 //     path measured in the same run (anchor=): planned resize downtime
 //     (target 3 -> 2: the last step at world size 3 to the first at 2),
 //     node SIGKILLed -> survivors stepping again, node added -> first step
-//     at the larger size.
+//     at the larger size, and the survivors' downtime when a node is added
+//     (their last step at 2 to the first at 3): in process the joining node
+//     prewarms its workers (they import torch before it registers), so the
+//     survivors stop only once the new worker is ready.
 package main
 
 import (
@@ -58,6 +61,7 @@ func main() {
 	var rec, up, over []float64
 	var own []float64
 	var down, ipDown, ipRec, ipUp, upDown, ipUpDown []float64
+	prewarmed := 0
 	ep := srv.Endpoints[0]
 	for i := 0; i < *runs; i++ {
 		rec = append(rec, recovery(*hpr, py, script, ep, fmt.Sprintf("rec%d", i)))
@@ -71,6 +75,9 @@ func main() {
 			ipRec = append(ipRec, recovery(*hpr, py, script, ep, fmt.Sprintf("iprec%d", i), inprocessFlag))
 			u, d := scaleUpDowntime(*hpr, py, script, ep, fmt.Sprintf("ipup%d", i), inprocessFlag)
 			ipUp, ipUpDown = append(ipUp, u), append(ipUpDown, d)
+			if lastPrewarmed {
+				prewarmed++
+			}
 		}
 	}
 	recAnchor, upAnchor, source := 39.0, 11.3, "torchrun with its etcd backend, measured here (DESIGN.md)"
@@ -95,12 +102,14 @@ func main() {
 		fmt.Printf("#   planned resize 3->2 downtime: in process %s; restart %s\n", spread(ipDown), spread(down))
 		fmt.Printf("#   node SIGKILLed -> step at ws 2: in process %s; restart %s\n", spread(ipRec), spread(rec))
 		fmt.Printf("#   node added -> step at ws 3: in process %s; restart %s\n", spread(ipUp), spread(up))
-		fmt.Printf("#   node added: survivors' last step at ws 2 -> first at ws 3: in process %s; restart %s\n", spread(ipUpDown), spread(upDown))
+		fmt.Printf("#   node added: survivors' last step at ws 2 -> first at ws 3: in process (joining node prewarmed in %d of %d runs) %s; restart %s\n",
+			prewarmed, *runs, spread(ipUpDown), spread(upDown))
 		fmt.Printf("BENCH inprocess_resize_downtime_ws3_to_ws2 %.2f s anchor=%.2f target=1\n", median(ipDown), median(down))
 		fmt.Printf("BENCH inprocess_recovery_sigkill_to_step_ws2 %.2f s anchor=%.2f target=1.5\n", median(ipRec), median(rec))
 		fmt.Printf("BENCH inprocess_scaleup_start_to_step_ws3 %.2f s anchor=%.2f target=2\n", median(ipUp), median(up))
-		// A scale-up is a planned resize too: its survivors wait for the
-		// new node's workers to start (Python, import torch).
+		// A scale-up is a planned resize too. In process the joining node's
+		// workers start (Python, import torch) before it registers, so the
+		// survivors no longer wait for them; the restart path's do.
 		fmt.Printf("BENCH inprocess_scaleup_downtime_ws2_to_ws3 %.2f s anchor=%.2f target=1\n", median(ipUpDown), median(upDown))
 	}
 }
@@ -234,8 +243,18 @@ func scaleUpDowntime(hpr, py, script, ep, job string, extra ...string) (float64,
 			last = x.At
 		}
 	}
+	lastPrewarmed = false
+	for _, l := range c.Lines() {
+		if l.Node == "c" && strings.Contains(l.Text, `msg="assigning the prewarmed workers their first round"`) {
+			lastPrewarmed = true
+		}
+	}
 	return s.At.Sub(started).Seconds(), s.At.Sub(last).Seconds()
 }
+
+// lastPrewarmed says whether the node added by the last scaleUpDowntime
+// started its workers before it registered (in process: prewarm).
+var lastPrewarmed bool
 
 var tookRE = regexp.MustCompile(`msg="workers stopped for the change".* took_ms=(\d+)`)
 

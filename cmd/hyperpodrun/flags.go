@@ -113,6 +113,7 @@ func flags() []cli.Flag {
 			f.EnvVars = append(f.EnvVars, "HYPERPODRUN_INPROCESS_RESIZE")
 			return f
 		}(),
+		float("inprocess-prewarm-timeout", 60, "with --inprocess-resize, a node joining a job that trains starts its workers before it registers (they import torch and wait for their first assignment), so the others stop only once they are ready; seconds it waits for them before registering anyway (0: no prewarm)"),
 		boolean("pin-devices", "give each local rank its own device: CUDA_VISIBLE_DEVICES (GPUs) or NEURON_RT_VISIBLE_CORES (Neuron), with --nproc-per-node gpu or auto"),
 		// torch 2.x.
 		str("logs-specs", "", "torchrun.logs_specs entry point: only torch's default (DefaultLogsSpecs) is available"),
@@ -330,6 +331,9 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 		return cl, err
 	}
 	if o.MonitorInterval, err = dur("monitor-interval"); err != nil {
+		return cl, err
+	}
+	if o.PrewarmTimeout, err = dur("inprocess-prewarm-timeout"); err != nil {
 		return cl, err
 	}
 

@@ -765,6 +765,8 @@ func TestRdzvIDSignalsAndTimeoutsAreChecked(t *testing.T) {
 		{[]string{"--standalone", "--graceful-timeout", "NaN"}, "--graceful-timeout"},
 		{[]string{"--standalone", "--shutdown-timeout", "Inf"}, "--shutdown-timeout"},
 		{[]string{"--standalone", "--graceful-timeout", "1e12"}, "between 0 and 86400"},
+		{[]string{"--standalone", "--inprocess-prewarm-timeout", "-1"}, "--inprocess-prewarm-timeout -1: must be a number of seconds"},
+		{[]string{"--standalone", "--inprocess-prewarm-timeout", "NaN"}, "--inprocess-prewarm-timeout"},
 	} {
 		r := hpr(t, nil, append(tc.args, "--no-python", w)...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {

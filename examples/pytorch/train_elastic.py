@@ -20,7 +20,11 @@ losing a step:
   take the next round's assignment, re-form the group), gets the state from a
   surviving rank with ``broadcast_state()`` (fresh workers call it too, right
   after their first init) and re-wraps DDP; a collective broken by a lost
-  node is left the same way (gloo's error, or the group timeout).
+  node is left the same way (gloo's error, or the group timeout);
+* a node that joins a job already training starts its workers before it
+  registers (prewarm): they import torch, then wait in
+  ``wait_for_assignment()`` for their rank, so the survivors stop only once
+  the new workers are ready.
 
 Rank 0 prints one line per optimizer step on stdout, and nothing else there:
 
@@ -98,6 +102,10 @@ def parse_args(argv=None):
     p.add_argument("--no-reconfigure-rank", type=int, default=-1,
                    help="under --inprocess-resize, the worker of this global rank exits after the checkpoint "
                         "instead of calling reconfigure() (code that does not know it: the agent falls back)")
+    p.add_argument("--fail-if-prewarmed", action="store_true",
+                   help="a worker started ahead of its round exits 1 instead of asking for its assignment "
+                        "(simulates code that reads RANK without hyperpodrun_elastic: the agent gives the "
+                        "prewarm up and starts the workers after the round)")
     p.add_argument("--no-report-stopping", action="store_true",
                    help="exit after the checkpoint without report_stopping(), as code written for HyperPod does")
     args = p.parse_args(argv)
@@ -141,6 +149,19 @@ def main(argv=None):
         signal.signal(he.parse_signal(os.environ.get("HYPERPODRUN_ELASTIC_SIGNAL")), signal.SIG_IGN)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.fail_if_prewarmed and he.prewarmed():
+        print("[train_elastic prewarmed pid %d] RANK is not set; exiting (--fail-if-prewarmed)" % os.getpid(),
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+    if he.prewarmed():
+        # Started ahead of the round (this node joins a job that trains):
+        # torch is imported, so ask for the rank now; the node registers,
+        # and the others stop, once every worker of it has asked. (Without
+        # this call the first read of RANK below would ask.)
+        print("[train_elastic prewarmed pid %d] torch imported; asking for the first assignment at %.6f"
+              % (os.getpid(), time.time()), file=sys.stderr, flush=True)
+        a = he.wait_for_assignment()
+        log("prewarmed worker pid %d assigned rank %d of %d (round %d)" % (os.getpid(), a.rank, a.world_size, a.round))
     default_single_process_env()
 
     backend = args.backend

@@ -14,7 +14,10 @@ Stdlib only; torch is used only when the training code has imported it.
 
 Under ``hyperpodrun --inprocess-resize`` the workers of nodes that stay do
 not exit on a change: see ``reconfigure()`` and ``broadcast_state()``
-(``_inprocess.py`` shows the pattern).
+(``_inprocess.py`` shows the pattern). A node joining a job that trains
+starts its workers ahead of their round (prewarm): they wait for their first
+assignment in ``wait_for_assignment()``, or at the first read of RANK,
+WORLD_SIZE, MASTER_ADDR/PORT... once this package is imported.
 
 Importing the package installs the elastic signal handler (SIGUSR1, or
 HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
@@ -36,9 +39,12 @@ from ._inprocess import (
     forget_state,
     holds_state,
     inprocess_enabled,
+    prewarmed,
     reconfigure,
     state_source,
+    wait_for_assignment,
 )
+from ._inprocess import _init_prewarm
 from ._save import Checkpoint, atomic_save, latest_checkpoint, save_and_commit
 
 __version__ = "0.1.0"
@@ -50,7 +56,9 @@ __all__ = [
     "holds_state",
     "state_source",
     "inprocess_enabled",
+    "prewarmed",
     "reconfigure",
+    "wait_for_assignment",
     "Checkpoint",
     "CheckpointDiscoverySocketClient",
     "CheckpointType",
@@ -70,3 +78,4 @@ __all__ = [
 ]
 
 install_signal_handler()
+_init_prewarm()

@@ -17,6 +17,23 @@ Fresh workers (a node that joins, a node whose workers were restarted) call
 ``broadcast_state`` once right after their first ``init_process_group``, so
 every rank of a round runs the same collectives.
 
+A node that joins a job already training starts its workers *before* it
+registers (prewarm: ``HYPERPODRUN_PREWARM=1``, and no RANK, WORLD_SIZE or
+MASTER_ADDR/PORT yet), so that the survivors stop only once the new workers
+have started Python and imported torch. Such a worker asks the agent for its
+first assignment and waits for it, either explicitly::
+
+    import torch                                 # the slow part, done ahead
+    a = wait_for_assignment()                    # no-op unless prewarmed
+    dist.init_process_group("gloo")
+
+or, in code that reads the environment and never calls it, at the first read
+of one of the round's variables (``os.environ["RANK"]``, ``os.getenv
+("WORLD_SIZE")``, ``"MASTER_PORT" in os.environ``, torch's ``env://``): the
+package, once imported, makes those reads wait for the assignment. A worker
+that never asks (it does not import this package) is restarted by the agent
+after the round, as without prewarm.
+
 Why a broadcast rather than a checkpoint for new nodes: the survivors hold
 the state in memory at the step they all stopped at; sending it over the new
 process group costs one collective, while a checkpoint costs a write, a
@@ -32,6 +49,7 @@ import datetime
 import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -40,6 +58,16 @@ from . import _control, _events
 log = logging.getLogger("hyperpodrun_elastic")
 
 ENV_INPROCESS = "HYPERPODRUN_INPROCESS"
+# Set by the agent on workers started ahead of their round (prewarm).
+ENV_PREWARM = "HYPERPODRUN_PREWARM"
+# The variables a prewarmed worker gets with its first assignment; reading
+# one of them before waits for it.
+_ROUND_KEYS = frozenset((
+    "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "HYPERPODRUN_ROUND", "HYPERPODRUN_NUM_NODES", "HYPERPODRUN_CHECKPOINT", "HYPERPODRUN_RESUME_STEP",
+    "HYPERPODRUN_CHECKPOINT_WORLD_SIZE", "HYPERPODRUN_CHECKPOINT_ROUND",
+))
 ENV_RECONFIGURE_TIMEOUT = "HYPERPODRUN_RECONFIGURE_TIMEOUT"
 DEFAULT_RECONFIGURE_TIMEOUT = 600.0
 
@@ -71,6 +99,110 @@ class Assignment:
 def inprocess_enabled() -> bool:
     """Whether the agent offers in-process reconfiguration (--inprocess-resize)."""
     return os.environ.get(ENV_INPROCESS, "").strip().lower() in ("1", "true", "yes")
+
+
+class _Prewarm:
+    lock = threading.RLock()
+    pending = False        # started ahead of the round, not assigned yet
+    assignment = None      # the first Assignment, once given
+    asker = None           # the thread making the request (its own reads pass)
+
+
+_prewarm = _Prewarm()
+
+
+def prewarmed() -> bool:
+    """Whether this worker was started ahead of its round and has not been
+    given its first assignment yet (see ``wait_for_assignment``)."""
+    return _prewarm.pending
+
+
+def wait_for_assignment(timeout: Optional[float] = None) -> Optional[Assignment]:
+    """Wait for this worker's first assignment if it was started ahead of
+    its round (prewarm, ``HYPERPODRUN_PREWARM=1``).
+
+    Call it once the slow imports are done (torch, your model code) and
+    before reading RANK or ``init_process_group``: the agent registers the
+    node only once each of its workers has asked, so the others stop
+    training only once this one is ready. The assignment (RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT, the round, the control token, the checkpoint) is
+    written to ``os.environ`` and returned. Without prewarm, or once
+    assigned, it returns at once (None, or the first assignment). When the
+    agent tells the worker to leave (its node was not taken, or hyperpodrun
+    stops), it exits 0. ``timeout`` (seconds; default: wait as long as the
+    agent keeps the worker) raises RuntimeError when it passes, as does a
+    refusal.
+    """
+    with _prewarm.lock:  # another thread waits here for the same answer
+        if not _prewarm.pending or _prewarm.asker is not None:
+            return _prewarm.assignment
+        _prewarm.asker = threading.get_ident()
+        try:
+            return _ask_first_assignment(timeout)
+        finally:
+            _prewarm.asker = None
+
+
+def _ask_first_assignment(timeout: Optional[float]) -> Assignment:
+    msg = {"type": "reconfigure", "step": 0, "pid": os.getpid()}
+    reply = _control.request(msg, timeout)
+    a = reply.get("assignment") if isinstance(reply, dict) else None
+    if not isinstance(a, dict):
+        raise RuntimeError("hyperpodrun_elastic: the agent answered the first-assignment request without an assignment: %r" % (reply,))
+    if a.get("leave"):
+        log.info("hyperpodrun_elastic: prewarmed worker not needed (%s); exiting", a.get("reason") or "no round")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # may be inside an import or an os.environ read: leave at once
+    env = a.get("env")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RuntimeError("hyperpodrun_elastic: malformed assignment environment: %r" % (env,))
+    _stop_lazy_environ()
+    os.environ.update(env)
+    os.environ.pop(ENV_PREWARM, None)
+    _events.reset()
+    _prewarm.assignment = Assignment(
+        round=int(a.get("round") or 0),
+        rank=_control._env_int("RANK", 0),
+        world_size=_control._env_int("WORLD_SIZE", 1),
+        local_rank=_control._env_int("LOCAL_RANK", 0),
+        local_world_size=_control._env_int("LOCAL_WORLD_SIZE", 1),
+        master_addr=os.environ.get("MASTER_ADDR", ""),
+        master_port=_control._env_int("MASTER_PORT", 0),
+        env=dict(env),
+    )
+    _prewarm.pending = False
+    log.info("hyperpodrun_elastic: prewarmed worker assigned: round %d rank %d of %d",
+             _prewarm.assignment.round, _prewarm.assignment.rank, _prewarm.assignment.world_size)
+    return _prewarm.assignment
+
+
+class _PrewarmEnviron(os._Environ):
+    """os.environ while a prewarmed worker has no assignment: reading one of
+    the round's variables waits for it (wait_for_assignment)."""
+
+    def __getitem__(self, key):
+        if key in _ROUND_KEYS and _prewarm.pending and _prewarm.asker != threading.get_ident():
+            wait_for_assignment()
+        return os._Environ.__getitem__(self, key)  # the class may have changed meanwhile
+
+
+def _stop_lazy_environ() -> None:
+    if type(os.environ) is _PrewarmEnviron:
+        os.environ.__class__ = os._Environ
+
+
+def _init_prewarm() -> None:
+    """Called at import: a worker started ahead of its round (and not
+    assigned yet: no RANK) waits for its assignment at the first read of
+    one of the round's variables."""
+    if os.environ.get(ENV_PREWARM, "").strip() != "1" or "RANK" in os.environ:
+        return
+    if not _control.under_hyperpodrun():
+        return
+    _prewarm.pending = True
+    if type(os.environ) is os._Environ:
+        os.environ.__class__ = _PrewarmEnviron
 
 
 def _reconfigure_timeout(timeout: Optional[float]) -> float:

@@ -3,6 +3,7 @@ protocol with torch runs in agent/inprocess_e2e_test.go)."""
 
 import os
 import sys
+import threading
 import unittest
 from unittest import mock
 
@@ -76,3 +77,64 @@ class ReconfigureTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PrewarmTest(unittest.TestCase):
+    """A worker started ahead of its round (HYPERPODRUN_PREWARM=1, no RANK)
+    asks for its first assignment: explicitly, or at the first read of one
+    of the round's variables."""
+
+    def prewarm(self, agent):
+        env = clean_env(HYPERPODRUN_PREWARM="1", HYPERPODRUN_INPROCESS="1", LOCAL_RANK="0",
+                        HYPERPODRUN_CONTROL_TOKEN="prewarm-token", **agent.env())
+        env.start()
+        self.addCleanup(env.stop)
+        self.addCleanup(_inprocess._stop_lazy_environ)
+        self.addCleanup(setattr, _inprocess._prewarm, "pending", False)
+        self.addCleanup(setattr, _inprocess._prewarm, "assignment", None)
+        _inprocess._init_prewarm()
+
+    def assigned(self, rank=4):
+        return {"assignment": {"round": 9, "env": {"RANK": str(rank), "WORLD_SIZE": "6", "MASTER_ADDR": "h",
+                                                   "MASTER_PORT": "29600", "HYPERPODRUN_ROUND": "9",
+                                                   "HYPERPODRUN_CONTROL_TOKEN": "round-9-token"}}}
+
+    def test_explicit_wait(self):
+        agent = FakeAgent(answer=lambda m: self.assigned())
+        self.addCleanup(agent.close)
+        self.prewarm(agent)
+        self.assertTrue(he.prewarmed())
+        a = he.wait_for_assignment()
+        self.assertEqual((a.round, a.rank, a.world_size, a.master_port), (9, 4, 6, 29600))
+        self.assertFalse(he.prewarmed())
+        self.assertEqual(os.environ["HYPERPODRUN_CONTROL_TOKEN"], "round-9-token")
+        self.assertNotIn("HYPERPODRUN_PREWARM", os.environ)
+        self.assertIs(type(os.environ), os._Environ)
+        self.assertIs(he.wait_for_assignment(), a)  # once
+        self.assertEqual(len(agent.messages), 1)
+        msg = agent.messages[0]
+        self.assertEqual((msg["type"], msg["step"], msg["token"], "rank" in msg), ("reconfigure", 0, "prewarm-token", False))
+
+    def test_first_read_of_rank_waits(self):
+        agent = FakeAgent(answer=lambda m: self.assigned(rank=2))
+        self.addCleanup(agent.close)
+        self.prewarm(agent)
+        self.assertEqual(os.environ.get("LOCAL_RANK"), "0")  # known ahead: no request
+        self.assertEqual(agent.messages, [])
+        # Another thread reading the round's variables meanwhile gets the
+        # same answer; one request is made.
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(os.getenv("WORLD_SIZE")))
+        t.start()
+        self.assertEqual(os.environ["RANK"], "2")
+        t.join(30)
+        self.assertEqual(seen, ["6"])
+        self.assertEqual(len(agent.messages), 1)
+
+    def test_refusal_raises(self):
+        agent = FakeAgent(refuse=lambda m: "process 1 was started ahead of its round")
+        self.addCleanup(agent.close)
+        self.prewarm(agent)
+        with self.assertRaisesRegex(RuntimeError, "started ahead of its round"):
+            he.wait_for_assignment(timeout=10)
+        self.assertTrue(he.prewarmed())
