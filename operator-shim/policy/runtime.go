@@ -115,6 +115,9 @@ type jobRT struct {
 	since      time.Time
 	lastResize time.Time
 	repairNeed int
+	// allocSeen: an allocation of this job was carried over (a second
+	// one is a problem).
+	allocSeen bool
 
 	// out is what this cycle decided for the job (outcome.go).
 	out outcome
