@@ -602,6 +602,10 @@ func bench(o options, z size, tmp string) error {
 		}
 		time.Sleep(150 * time.Millisecond)
 	}
+	inOrder := make([]string, len(lat))
+	for i, l := range lat {
+		inOrder[i] = fmt.Sprintf("%.0f", ms(l))
+	}
 	slices.Sort(lat)
 	cs1, cc1, ce1 := cycleSeconds(port)
 	t.quiet(500*time.Millisecond, 10*time.Second)
@@ -663,6 +667,7 @@ func bench(o options, z size, tmp string) error {
 	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; puts by record %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
 		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events, kinds,
 		float64(s0.DbSize)/1e6, float64(s1.DbSize)/1e6, float64(s0.DbSizeInUse)/1e6, float64(s1.DbSizeInUse)/1e6)
+	fmt.Printf("# %s: submit -> decision written, ms, in submit order: %s\n", z, strings.Join(inOrder, " "))
 	if cc1 > cc0 {
 		fmt.Printf("# %s: during the submits, %.0f cycles of %.1f ms on average, %.1f ms of it the engine (policy.Schedule), the rest the diff and etcd writes\n",
 			z, cc1-cc0, 1000*(cs1-cs0)/(cc1-cc0), 1000*(ce1-ce0)/(cc1-cc0))

@@ -40,8 +40,10 @@ type Config struct {
 	// period) wake one when they are due; a cycle without a change reads
 	// nothing and writes nothing.
 	Resync time.Duration
-	// Debounce batches bursts of changes into one cycle (default 10ms;
-	// changes that arrive while a cycle runs wait for the next anyway).
+	// Debounce is the coalescing window: a cycle starts this long after
+	// the first change (default 10ms), with every change the watches have
+	// delivered by then; changes that arrive while a cycle runs go into
+	// the next, which starts as soon as it ends.
 	Debounce time.Duration
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
@@ -340,18 +342,8 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-sess.Done():
 			return errors.New("leader session expired")
 		case m := <-msgs:
-			if m.closed || m.resp.Canceled || m.resp.Err() != nil {
-				c.etcdError("watch")
-				if m.resp.CompactRevision > 0 {
-					c.log.Info("watch fell behind a compaction; reading the fleet again", "compacted", m.resp.CompactRevision)
-				} else {
-					c.log.Warn("watch ended; reading the fleet again", "err", m.resp.Err())
-				}
-				return errRelist
-			}
-			c.observeRev(m.resp.Header.Revision)
-			if c.view.apply(m.resp.Events, c.cfg.Now()) {
-				dirty = true
+			if err := c.applyWatch(m, &dirty); err != nil {
+				return err
 			}
 		case <-wakeC:
 			wakeT, wakeC = nil, nil
@@ -364,6 +356,17 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-house.C:
 			c.housekeeping(ctx, leader)
 		case <-debounce:
+			// What the watches already delivered joins this cycle.
+			for drained := false; !drained; {
+				select {
+				case m := <-msgs:
+					if err := c.applyWatch(m, &dirty); err != nil {
+						return err
+					}
+				default:
+					drained = true
+				}
+			}
 			debounce = nil
 			dirty = false
 			if wakeT != nil { // the cycle computes the next wake
@@ -386,6 +389,25 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 }
 
 var errNotLeader = errors.New("not the leader any more")
+
+// applyWatch feeds one watch response into the view and sets dirty when
+// an input the engine reads changed; errRelist when the watch broke.
+func (c *Coordinator) applyWatch(m watchMsg, dirty *bool) error {
+	if m.closed || m.resp.Canceled || m.resp.Err() != nil {
+		c.etcdError("watch")
+		if m.resp.CompactRevision > 0 {
+			c.log.Info("watch fell behind a compaction; reading the fleet again", "compacted", m.resp.CompactRevision)
+		} else {
+			c.log.Warn("watch ended; reading the fleet again", "err", m.resp.Err())
+		}
+		return errRelist
+	}
+	c.observeRev(m.resp.Header.Revision)
+	if c.view.apply(m.resp.Events, c.cfg.Now()) {
+		*dirty = true
+	}
+	return nil
+}
 
 func (c *Coordinator) etcdError(op string) {
 	if c.cfg.OnEtcdError != nil {

@@ -48,12 +48,18 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		return false, err
 	}
 	c.waited = c.waited[:0]
+	t1 := time.Now()
 	units, changed, running, again := c.writes(d)
+	if verifyWrites {
+		c.verifyDiff(d, units)
+	}
+	diff := time.Since(t1)
 	ops, err := c.commit(ctx, leader, units)
 	if err != nil {
 		c.stale = true
 		return false, err
 	}
+	c.log.Debug("cycle", "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now
 	c.wake = c.nextWake(d, now)
 	if c.cfg.OnDecision != nil {
@@ -66,6 +72,48 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		c.cfg.OnCycle(cs)
 	}
 	return again, nil
+}
+
+// verifyWrites makes every cycle check its write diff against a full
+// comparison of the decision with the view (tests set it): the diff
+// visits only the jobs whose decision changed, and must miss none.
+var verifyWrites bool
+
+// verifyDiff compares the whole decision with the view, as the first
+// cycle after a read does; it panics when that finds anything to write.
+// The events the cycle recorded are recorded again by the comparison (an
+// event is written whenever the decision is one worth an event): those
+// are no miss, and the view's history is put back as it was.
+func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
+	v := c.view
+	k := c.store.Keys
+	evented := map[string]bool{}
+	for _, u := range wrote {
+		for _, op := range u {
+			if key := string(op.KeyBytes()); op.IsPut() && strings.HasPrefix(key, k.EventsPrefix()) {
+				evented[k.EventJob(key)] = true
+			}
+		}
+	}
+	touched, events := v.touched, v.events.clone()
+	v.haveLast = false
+	waited := len(c.waited)
+	units, _, _, _ := c.writes(d)
+	c.waited = c.waited[:waited]
+	v.touched, v.events = touched, events
+	var keys []string
+	for _, u := range units {
+		for _, op := range u {
+			key := string(op.KeyBytes())
+			if strings.HasPrefix(key, k.EventsPrefix()) && evented[k.EventJob(key)] {
+				continue
+			}
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) > 0 {
+		panic(fmt.Sprintf("coordinator: the incremental write diff missed %d writes: %v", len(keys), keys))
+	}
 }
 
 // commit writes units (the ops of one job stay in one transaction), each
@@ -118,14 +166,25 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 // stable field changed (not the message's usage figures), a deduplicated
 // event, the usage only when it changed. changed counts the desired
 // records written by kind.
+//
+// It visits only the jobs whose decision changed since the last cycle's
+// (both lists are in name order: one merge, no lookup per job) and the
+// jobs whose records the view changed meanwhile; the first cycle after a
+// read compares every job with the view.
 func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
 	v := c.view
+	byJob := func(a, b api.Allocation) int { return strings.Compare(a.Job, b.Job) }
+	byReason := func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }
+	full := !v.haveLast || !slices.IsSortedFunc(d.Allocations, byJob) || !slices.IsSortedFunc(d.Reasons, byReason)
+	touched := v.touched
+	retry := map[string]bool{} // jobs whose write was skipped: checked in full next cycle
 	changed = map[policy.ReasonKind]int{}
 	unit := map[string][]clientv3.Op{}
 	var order []string
 	add := func(job string, op clientv3.Op, err error) {
 		if err != nil {
 			c.log.Error("cannot encode a record; skipped", "job", job, "err", err)
+			retry[job] = true
 			return
 		}
 		if _, ok := unit[job]; !ok {
@@ -134,10 +193,9 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		unit[job] = append(unit[job], op)
 	}
 	// The reasons by job: the engine lists them in name order, so a
-	// binary search finds one (a map of every job's reason each cycle cost
-	// more than the few lookups); a map if they ever come unordered.
+	// binary search finds one; a map if they ever come unordered.
 	var reasonIdx map[string]int
-	if !slices.IsSortedFunc(d.Reasons, func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }) {
+	if !slices.IsSortedFunc(d.Reasons, byReason) {
 		reasonIdx = make(map[string]int, len(d.Reasons))
 		for i := range d.Reasons {
 			reasonIdx[d.Reasons[i].Job] = i
@@ -156,9 +214,38 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 		return policy.Reason{}, false
 	}
-	running = make(map[string]bool, len(d.Allocations))
-	for _, a := range d.Allocations {
-		running[a.Job] = true
+	var placedIdx map[string]bool
+	if full {
+		placedIdx = make(map[string]bool, len(d.Allocations))
+		for _, a := range d.Allocations {
+			placedIdx[a.Job] = true
+		}
+	}
+	placed := func(job string) bool {
+		if placedIdx != nil {
+			return placedIdx[job]
+		}
+		_, ok := slices.BinarySearchFunc(d.Allocations, job, func(a api.Allocation, job string) int { return strings.Compare(a.Job, job) })
+		return ok
+	}
+	// left: the jobs placed by the last decision and not by this one.
+	var left []string
+	last, li := v.lastAllocs, 0
+	for i := range d.Allocations {
+		a := d.Allocations[i]
+		if !full {
+			for li < len(last) && last[li].Job < a.Job {
+				left = append(left, last[li].Job)
+				li++
+			}
+			if li < len(last) && last[li].Job == a.Job {
+				same := sameAllocation(last[li], a)
+				li++
+				if same && !touched[a.Job] {
+					continue // written as it is last cycle
+				}
+			}
+		}
 		prev, had := v.desired[a.Job]
 		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
 			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
@@ -193,10 +280,29 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 			}
 		}
 	}
-	var stopped []string
-	for job, prev := range v.desired {
-		if !running[job] && prev.Running() {
-			stopped = append(stopped, job)
+	// The jobs that may have stopped: every job in the view (the first
+	// cycle), else those placed last cycle and not now, and the touched.
+	var stopped, candidates []string
+	if full {
+		for job, prev := range v.desired {
+			if !placedIdx[job] && prev.Running() {
+				stopped = append(stopped, job)
+			}
+		}
+	} else {
+		for ; li < len(last); li++ {
+			left = append(left, last[li].Job)
+		}
+		candidates = left
+		for job := range touched {
+			candidates = append(candidates, job)
+		}
+		slices.Sort(candidates)
+		candidates = slices.Compact(candidates)
+		for _, job := range candidates {
+			if prev := v.desired[job]; !placed(job) && prev.Running() {
+				stopped = append(stopped, job)
+			}
 		}
 	}
 	sort.Strings(stopped)
@@ -231,14 +337,24 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	}
 	// Assignments of jobs placed nowhere (stopped, or left by an earlier
 	// coordinator) go.
-	for job, have := range v.assigned {
-		if running[job] {
-			continue
-		}
-		for n := range have {
+	dropAssigned := func(job string) {
+		for n := range v.assigned[job] {
 			add(job, c.store.DeleteAssignmentOp(n, job), nil)
 		}
 		delete(v.assigned, job)
+	}
+	if full {
+		for job := range v.assigned {
+			if !placedIdx[job] {
+				dropAssigned(job)
+			}
+		}
+	} else {
+		for _, job := range candidates {
+			if _, has := v.assigned[job]; has && !placed(job) {
+				dropAssigned(job)
+			}
+		}
 	}
 	for _, job := range d.Released {
 		if _, had := v.statuses[job]; had {
@@ -248,8 +364,21 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	}
 	now := d.Now
 	var none fleet.Status
+	lastR, k := v.lastReasons, 0
 	for i := range d.Reasons {
 		r := &d.Reasons[i]
+		again = again || r.Kind == policy.KindPreempted
+		if !full {
+			for k < len(lastR) && lastR[k].Job < r.Job {
+				k++
+			}
+			// The status written (or kept) last cycle is stable-equal to
+			// the last decision: the same again needs no write and no
+			// event.
+			if k < len(lastR) && lastR[k].Job == r.Job && stable(&lastR[k], r) && !event(*r, lastR[k], true) && !touched[r.Job] {
+				continue
+			}
+		}
 		prev, had := v.statuses[r.Job]
 		if !had {
 			prev = &none
@@ -268,7 +397,6 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 				v.statuses[r.Job] = s
 			}
 		}
-		again = again || r.Kind == policy.KindPreempted
 		if event(*r, prev.Reason, had) {
 			key, e := v.events.record(*r, now, c.cfg.EventDedupWindow)
 			op, err := c.store.PutEventAtOp(key, e)
@@ -297,6 +425,18 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		n := min(len(prune), maxTxnOps)
 		units = append(units, prune[:n])
 		prune = prune[n:]
+	}
+	// The next cycle diffs against this decision. The lists are the
+	// engine's, not copied: nothing changes them after the cycle.
+	v.haveLast = true
+	v.lastAllocs, v.lastReasons = d.Allocations, d.Reasons
+	delete(retry, "")
+	v.touched = retry
+	if c.cfg.JobCredentials {
+		running = make(map[string]bool, len(d.Allocations))
+		for _, a := range d.Allocations {
+			running[a.Job] = true
+		}
 	}
 	return units, changed, running, again
 }
@@ -397,6 +537,7 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 			return fmt.Errorf("read resubmitted jobs' records: %w", err)
 		}
 		for i, j := range jobs[:n] {
+			v.touched[j] = true
 			if kvs := r.Responses[2*i].GetResponseRange().Kvs; len(kvs) == 0 {
 				v.dropDesired(j)
 			} else if d, err := fleet.DecodeDesired(string(kvs[0].Key), kvs[0].Value); err == nil {
@@ -435,6 +576,7 @@ func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, ow
 			v.dropDesired(job)
 			delete(v.statuses, job)
 			v.delFinished(job)
+			v.touched[job] = true
 			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
 		}
 	}
@@ -511,7 +653,7 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 		delete(v.statuses, job)
 		delete(v.assigned, job)
 		v.events.drop(job)
-		v.stale.jobs = true
+		v.touched[job] = true
 		v.changed++
 		c.log.Info("finished job's records removed after the retention period", "job", job, "retention", c.cfg.FinishedRetention)
 	}
