@@ -164,6 +164,7 @@ func (s *sched) build(st State) {
 	}
 	for i := range s.jobs {
 		j := &s.jobs[i]
+		j.rank = i
 		s.jobByName[j.name] = j
 		if !j.valid {
 			continue

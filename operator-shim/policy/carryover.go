@@ -3,7 +3,6 @@ package policy
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -15,7 +14,7 @@ func (s *sched) carryOver(allocs []Allocation) {
 	type carried struct {
 		prio  int
 		since time.Time
-		name  string
+		rank  int // the job's place in name order (s.jobs)
 		a     *Allocation
 		j     *jobRT
 	}
@@ -55,7 +54,7 @@ func (s *sched) carryOver(allocs []Allocation) {
 			j.setRequeued(CodeSpecChanged, "spec changed (flavor or perNode.accelerators changed)")
 			continue
 		}
-		list = append(list, carried{prio: j.sp.prio, since: a.Since, name: j.name, a: a, j: j})
+		list = append(list, carried{prio: j.sp.prio, since: a.Since, rank: j.rank, a: a, j: j})
 	}
 	slices.SortFunc(list, func(x, y carried) int {
 		if x.prio != y.prio {
@@ -64,7 +63,7 @@ func (s *sched) carryOver(allocs []Allocation) {
 		if c := x.since.Compare(y.since); c != 0 {
 			return c
 		}
-		return strings.Compare(x.name, y.name)
+		return x.rank - y.rank
 	})
 	for _, c := range list {
 		j, a := c.j, c.a
