@@ -128,6 +128,8 @@ type Coordinator struct {
 	ran       uint64
 	lastCycle time.Time
 	wake      time.Time
+	// followUps counts the follow-up cycles run in a row (cycle).
+	followUps int
 	// waited collects the pending times of the jobs a cycle admits.
 	waited []time.Duration
 	// problems are the invalid inputs logged last cycle (logged once).
@@ -381,8 +383,9 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				c.log.Warn("cycle failed; reading the fleet again", "err", err)
 				return errRelist
 			}
-			// Preempted jobs are reconsidered by the next cycle (the engine
-			// readmits them a cycle later): run it now, not at the resync.
+			// A cycle that changed allocations is followed by another at
+			// once (preempted jobs are reconsidered, capacity freed is
+			// used): now, not at the next input change or the resync.
 			dirty = again
 		}
 	}

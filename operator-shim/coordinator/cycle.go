@@ -24,8 +24,12 @@ import (
 // maxTxnOps keeps a transaction under etcd's default --max-txn-ops (128).
 const maxTxnOps = 120
 
+// maxFollowUps bounds the follow-up cycles run in a row without an input
+// change.
+const maxFollowUps = 8
+
 // cycle runs the engine on the view and writes what changed; again says a
-// follow-up cycle is due (a job was preempted). On an error the view may
+// follow-up cycle is due (an allocation changed, or a job was preempted). On an error the view may
 // be ahead of etcd: the caller reads it again.
 func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
 	start := time.Now()
@@ -58,6 +62,23 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	if err != nil {
 		c.stale = true
 		return false, err
+	}
+	// A cycle that changed an allocation is followed by another at once:
+	// the engine starts from the allocations it is given, so the next
+	// cycle on the same inputs may decide more (admit into capacity this
+	// one freed, re-explain the pending jobs); without it that waited for
+	// the next input change. The follow-ups end at the first cycle that
+	// changes no allocation, and after maxFollowUps in a row (an engine
+	// that kept changing its mind would otherwise never rest).
+	again = again || len(changed) > 0
+	if again {
+		c.followUps++
+		if c.followUps > maxFollowUps {
+			c.log.Warn("the engine changed allocations in every one of the last cycles on the same inputs; waiting for an input change", "cycles", maxFollowUps)
+			again, c.followUps = false, 0
+		}
+	} else {
+		c.followUps = 0
 	}
 	c.log.Debug("cycle", "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now

@@ -173,8 +173,15 @@ func incrementalRun(t *testing.T, seed uint64) {
 		}
 		until(t, "a cycle after the change", func() bool { n, _ := cc.get(); return n > n0 })
 	}
-	// Settled: a cycle (the resync runs one every 100ms) that wrote nothing.
-	until(t, "a cycle that writes nothing", func() bool { _, ops := cc.get(); return ops == 0 })
+	// Settled: a last job, suspended, is decided (the spec watch caught
+	// up), and five cycles in a row (the resync runs one every 100ms)
+	// wrote nothing.
+	last := newSpec("zz-last")
+	last.Suspended = true
+	if err := st.SubmitJob(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the coordinator settles", func() bool { return cc.settled("zz-last", 5) })
 	stop()
 	<-done
 	fresh := New(cli, Config{Engine: policy.Config{MinStablePeriod: -1}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
