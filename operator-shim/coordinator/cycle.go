@@ -194,9 +194,9 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 // read compares every job with the view.
 func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
 	v := c.view
-	byJob := func(a, b api.Allocation) int { return strings.Compare(a.Job, b.Job) }
-	byReason := func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }
-	full := !v.haveLast || !slices.IsSortedFunc(d.Allocations, byJob) || !slices.IsSortedFunc(d.Reasons, byReason)
+	// The decision's allocations and reasons are in job name order
+	// (policy.Decision's contract): merged with the last decision's.
+	full := !v.haveLast
 	touched := v.touched
 	retry := map[string]bool{} // jobs whose write was skipped: checked in full next cycle
 	changed = map[policy.ReasonKind]int{}
@@ -213,28 +213,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 		unit[job] = append(unit[job], op)
 	}
-	// The reasons by job: the engine lists them in name order, so a
-	// binary search finds one; a map if they ever come unordered.
-	var reasonIdx map[string]int
-	if !slices.IsSortedFunc(d.Reasons, byReason) {
-		reasonIdx = make(map[string]int, len(d.Reasons))
-		for i := range d.Reasons {
-			reasonIdx[d.Reasons[i].Job] = i
-		}
-	}
-	reason := func(job string) (policy.Reason, bool) {
-		if reasonIdx != nil {
-			if i, ok := reasonIdx[job]; ok {
-				return d.Reasons[i], true
-			}
-			return policy.Reason{}, false
-		}
-		i, ok := slices.BinarySearchFunc(d.Reasons, job, func(r policy.Reason, job string) int { return strings.Compare(r.Job, job) })
-		if ok {
-			return d.Reasons[i], true
-		}
-		return policy.Reason{}, false
-	}
+	reason := func(job string) (policy.Reason, bool) { return d.Reason(job) }
 	var placedIdx map[string]bool
 	if full {
 		placedIdx = make(map[string]bool, len(d.Allocations))
