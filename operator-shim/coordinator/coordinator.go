@@ -128,8 +128,10 @@ type Coordinator struct {
 	ran       uint64
 	lastCycle time.Time
 	wake      time.Time
-	// followUps counts the follow-up cycles run in a row (cycle).
+	// followUps counts the follow-up cycles run in a row (cycle);
+	// followUp says the running cycle is only a follow-up (writes).
 	followUps int
+	followUp  bool
 	// waited collects the pending times of the jobs a cycle admits.
 	waited []time.Duration
 	// problems are the invalid inputs logged last cycle (logged once).
@@ -326,6 +328,9 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		}
 	}()
 	dirty := true // the first cycle after a read (writes only what differs)
+	// caused: an input change, a wake or the resync is among the reasons
+	// for the next cycle (else it is only a follow-up).
+	caused := true
 	var debounce <-chan time.Time
 	for {
 		if c.stale {
@@ -344,16 +349,16 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-sess.Done():
 			return errors.New("leader session expired")
 		case m := <-msgs:
-			if err := c.applyWatch(m, &dirty); err != nil {
+			if err := c.applyWatch(m, &dirty, &caused); err != nil {
 				return err
 			}
 		case <-wakeC:
 			wakeT, wakeC = nil, nil
 			c.wake = time.Time{}
-			dirty = true
+			dirty, caused = true, true
 		case <-resync.C:
 			if c.cfg.Now().Sub(c.lastCycle) >= c.cfg.Resync {
-				dirty = true
+				dirty, caused = true, true
 			}
 		case <-house.C:
 			c.housekeeping(ctx, leader)
@@ -362,7 +367,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			for drained := false; !drained; {
 				select {
 				case m := <-msgs:
-					if err := c.applyWatch(m, &dirty); err != nil {
+					if err := c.applyWatch(m, &dirty, &caused); err != nil {
 						return err
 					}
 				default:
@@ -375,6 +380,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				wakeT.Stop()
 				wakeT, wakeC = nil, nil
 			}
+			c.followUp, caused = !caused, false
 			again, err := c.cycle(ctx, leader)
 			if err != nil {
 				if errors.Is(err, errNotLeader) {
@@ -393,9 +399,10 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 
 var errNotLeader = errors.New("not the leader any more")
 
-// applyWatch feeds one watch response into the view and sets dirty when
-// an input the engine reads changed; errRelist when the watch broke.
-func (c *Coordinator) applyWatch(m watchMsg, dirty *bool) error {
+// applyWatch feeds one watch response into the view and sets dirty and
+// caused when an input the engine reads changed; errRelist when the watch
+// broke.
+func (c *Coordinator) applyWatch(m watchMsg, dirty, caused *bool) error {
 	if m.closed || m.resp.Canceled || m.resp.Err() != nil {
 		c.etcdError("watch")
 		if m.resp.CompactRevision > 0 {
@@ -407,7 +414,7 @@ func (c *Coordinator) applyWatch(m watchMsg, dirty *bool) error {
 	}
 	c.observeRev(m.resp.Header.Revision)
 	if c.view.apply(m.resp.Events, c.cfg.Now()) {
-		*dirty = true
+		*dirty, *caused = true, true
 	}
 	return nil
 }

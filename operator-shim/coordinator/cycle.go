@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -137,48 +138,92 @@ func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
 	}
 }
 
+// commitConcurrency is how many of a cycle's transactions are in flight
+// at once: etcd commits concurrent proposals in one raft round and one
+// fsync, so a large cycle (a cold start, a churn round) is not one fsync
+// per 120 ops.
+const commitConcurrency = 4
+
 // commit writes units (the ops of one job stay in one transaction), each
-// transaction guarded by leadership; it returns how many ops it wrote.
+// transaction guarded by leadership, up to commitConcurrency at once; it
+// returns how many ops it wrote. On an error some of the other
+// transactions may have committed: the caller reads the view again.
 func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op) (int, error) {
+	type txn struct {
+		ops     []clientv3.Op
+		ordered bool // committed after every earlier transaction
+	}
+	var txns []txn
 	var batch []clientv3.Op
-	written := 0
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+	cut := func(ordered bool) {
+		if len(batch) > 0 {
+			txns = append(txns, txn{batch, ordered})
+			batch = nil
 		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		r, err := c.cli.Txn(wctx).If(leader).Then(batch...).Commit()
-		cancel()
-		if err != nil {
-			c.etcdError("write")
-			return fmt.Errorf("write decision: %w", err)
-		}
-		if !r.Succeeded {
-			return errNotLeader
-		}
-		c.observeRev(r.Header.Revision)
-		written += len(batch)
-		batch = batch[:0]
-		return nil
 	}
 	for _, u := range units {
 		if len(batch)+len(u) > maxTxnOps {
-			if err := flush(); err != nil {
-				return written, err
-			}
+			cut(false)
 		}
 		// A job on more nodes than a transaction holds is split: its
-		// desired record goes first, its assignments after.
+		// desired record goes first, its assignments after, in order.
+		split := false
 		for len(u) > maxTxnOps {
 			batch = append(batch, u[:maxTxnOps]...)
 			u = u[maxTxnOps:]
-			if err := flush(); err != nil {
-				return written, err
-			}
+			cut(split)
+			split = true
 		}
 		batch = append(batch, u...)
+		if split {
+			cut(true)
+		}
 	}
-	return written, flush()
+	cut(false)
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		written  int
+		firstErr error
+	)
+	sem := make(chan struct{}, commitConcurrency)
+	for _, t := range txns {
+		if t.ordered {
+			wg.Wait()
+		}
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(ops []clientv3.Op) {
+			defer func() { <-sem; wg.Done() }()
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			r, err := c.cli.Txn(wctx).If(leader).Then(ops...).Commit()
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				c.etcdError("write")
+				if firstErr == nil {
+					firstErr = fmt.Errorf("write decision: %w", err)
+				}
+			case !r.Succeeded:
+				if firstErr == nil {
+					firstErr = errNotLeader
+				}
+			default:
+				c.observeRev(r.Header.Revision)
+				written += len(ops)
+			}
+		}(t.ops)
+	}
+	wg.Wait()
+	return written, firstErr
 }
 
 // writes turns a decision into the etcd writes it needs, one unit of ops
@@ -382,6 +427,14 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		prev, had := v.statuses[r.Job]
 		if !had {
 			prev = &none
+		}
+		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) && !stable(&prev.Reason, r) {
+			// A follow-up cycle leaves the status of a job it did not
+			// change as it is (a running job's says how it came to its
+			// size: Admitted, Shrunk for whom, Grown) until a cycle caused
+			// by an input, a wake or the resync, which compares it in full.
+			retry[r.Job] = true
+			continue
 		}
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			c.waited = append(c.waited, now.Sub(prev.Since))

@@ -142,11 +142,12 @@ func TestSteadyFleetWritesNothing(t *testing.T) {
 	c := New(cli, Config{Resync: 50 * time.Millisecond, Debounce: 10 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1},
 		OnCycle: cc.observe})
 	runCoordinator(t, ctx, c)
-	// Steady: every job has a status, and a cycle wrote nothing.
-	until(t, "every job decided and a cycle that wrote nothing", func() bool {
+	// Steady: every job has a status, and two cycles in a row wrote
+	// nothing (a follow-up cycle leaves running jobs' statuses to the next
+	// one: the second is not a follow-up).
+	until(t, "every job decided and two cycles that wrote nothing", func() bool {
 		s, _, err := st.Statuses(ctx)
-		_, ops := cc.get()
-		return err == nil && len(s) == 5 && ops == 0
+		return err == nil && len(s) == 5 && cc.settled("j0", 2)
 	})
 	r, err := cli.Get(ctx, st.Keys.Root(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
