@@ -428,11 +428,12 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		if !had {
 			prev = &none
 		}
-		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) && !stable(&prev.Reason, r) {
-			// A follow-up cycle leaves the status of a job it did not
-			// change as it is (a running job's says how it came to its
-			// size: Admitted, Shrunk for whom, Grown) until a cycle caused
-			// by an input, a wake or the resync, which compares it in full.
+		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) &&
+			(len(prev.For) > 0 || prev.ForTeam != "") && !stable(&prev.Reason, r) {
+			// A follow-up cycle leaves a status that names who took the
+			// job's capacity (shrunk or preempted for whom) as it is while
+			// the job runs or waits unchanged, until a cycle caused by an
+			// input, a wake or the resync, which compares it in full.
 			retry[r.Job] = true
 			continue
 		}
