@@ -62,6 +62,7 @@ type options struct {
 	agents               int
 	seed                 uint64
 	keep                 bool
+	coordinatorFlags     string
 }
 
 func main() {
@@ -74,6 +75,7 @@ func main() {
 	flag.IntVar(&o.submits, "submits", 15, "single submits timed for submit -> decision")
 	flag.IntVar(&o.agents, "agents", 5000, "simulated agent watches (one per node, at most this many)")
 	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
+	flag.StringVar(&o.coordinatorFlags, "coordinator-flags", "", "more flags for the coordinator, space-separated (e.g. --log-level=debug, with -keep: one log line per cycle)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the etcd data and the coordinator's log (the directory is printed)")
 	flag.Parse()
 	if err := run(o, *sizes); err != nil {
@@ -515,8 +517,8 @@ func bench(o options, z size, tmp string) error {
 
 	// The coordinator.
 	port := freePort()
-	cmd := exec.Command(o.coordinator, "--etcd-endpoints", etcd.endpoint, "--listen", fmt.Sprintf("127.0.0.1:%d", port),
-		"--compact-retention", "5s", "--id", "bench")
+	cmd := exec.Command(o.coordinator, append([]string{"--etcd-endpoints", etcd.endpoint, "--listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--compact-retention", "5s", "--id", "bench"}, strings.Fields(o.coordinatorFlags)...)...)
 	logf, err := os.Create(filepath.Join(dir, "coordinator.log"))
 	if err != nil {
 		return err
@@ -581,6 +583,9 @@ func bench(o options, z size, tmp string) error {
 	idlePuts, _, _ := t.reset()
 
 	// Submit -> decision written.
+	if o.keep {
+		fmt.Println("# submits start at", time.Now().UTC().Format(time.RFC3339Nano))
+	}
 	cs0, cc0, ce0 := cycleSeconds(port)
 	var lat []time.Duration
 	for i := 0; i < o.submits; i++ {
@@ -601,6 +606,10 @@ func bench(o options, z size, tmp string) error {
 			return fmt.Errorf("job %s: no status in 30s", j.Name)
 		}
 		time.Sleep(150 * time.Millisecond)
+	}
+	inOrder := make([]string, len(lat))
+	for i, l := range lat {
+		inOrder[i] = fmt.Sprintf("%.0f", ms(l))
 	}
 	slices.Sort(lat)
 	cs1, cc1, ce1 := cycleSeconds(port)
@@ -663,6 +672,7 @@ func bench(o options, z size, tmp string) error {
 	fmt.Printf("# %s: churn rounds of %d finished + %d submitted (%s in all): puts %v, deletes %v, jobs changed %v, agent watch events %v; puts by record %v; db %.1f -> %.1f MB (in use %.1f -> %.1f MB)\n",
 		z, z.jobs/100, z.jobs/100, churnTime.Round(time.Millisecond), puts, dels, changed, events, kinds,
 		float64(s0.DbSize)/1e6, float64(s1.DbSize)/1e6, float64(s0.DbSizeInUse)/1e6, float64(s1.DbSizeInUse)/1e6)
+	fmt.Printf("# %s: submit -> decision written, ms, in submit order: %s\n", z, strings.Join(inOrder, " "))
 	if cc1 > cc0 {
 		fmt.Printf("# %s: during the submits, %.0f cycles of %.1f ms on average, %.1f ms of it the engine (policy.Schedule), the rest the diff and etcd writes\n",
 			z, cc1-cc0, 1000*(cs1-cs0)/(cc1-cc0), 1000*(ce1-ce0)/(cc1-cc0))

@@ -47,12 +47,13 @@ func run(args []string, stderr io.Writer) int {
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
 			&cli.DurationFlag{Name: "resync", Value: 10 * time.Minute, Usage: "run a scheduling cycle at least this often even without a change (a safety net: changes arrive by watch, and the stable period wakes a cycle when due)"},
-			&cli.DurationFlag{Name: "debounce", Value: 10 * time.Millisecond, Usage: "batch a burst of changes into one cycle after this long"},
+			&cli.DurationFlag{Name: "debounce", Value: 10 * time.Millisecond, Usage: "coalescing window: a cycle starts this long after the first change, with every change delivered by then"},
 			&cli.DurationFlag{Name: "finished-retention", Value: 24 * time.Hour, Usage: "delete a finished job's records (spec, status, events, ...) this long after it finished (0: keep them)"},
 			&cli.DurationFlag{Name: "compact-retention", Value: 10 * time.Minute, Usage: "compact etcd's history to this age (0: never, for an etcd run with --auto-compaction-retention; needs etcd's root role with auth on)"},
 			&cli.DurationFlag{Name: "event-dedup-window", Value: time.Hour, Usage: "the same decision about a job again within this window counts in its last event instead of adding one"},
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9401", Usage: "address for /healthz and /metrics (empty: none)"},
 			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error (debug: one line per scheduling cycle with its engine, diff and write times)"},
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
@@ -74,7 +75,11 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func serve(c *cli.Context) error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", c.String("log-level"))}
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(c.Context, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if c.Int("max-events-per-job") < 1 || c.Int("max-events") < 1 {

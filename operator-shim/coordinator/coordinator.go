@@ -40,8 +40,10 @@ type Config struct {
 	// period) wake one when they are due; a cycle without a change reads
 	// nothing and writes nothing.
 	Resync time.Duration
-	// Debounce batches bursts of changes into one cycle (default 10ms;
-	// changes that arrive while a cycle runs wait for the next anyway).
+	// Debounce is the coalescing window: a cycle starts this long after
+	// the first change (default 10ms), with every change the watches have
+	// delivered by then; changes that arrive while a cycle runs go into
+	// the next, which starts as soon as it ends.
 	Debounce time.Duration
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
@@ -126,6 +128,10 @@ type Coordinator struct {
 	ran       uint64
 	lastCycle time.Time
 	wake      time.Time
+	// followUps counts the follow-up cycles run in a row (cycle);
+	// followUp says the running cycle is only a follow-up (writes).
+	followUps int
+	followUp  bool
 	// waited collects the pending times of the jobs a cycle admits.
 	waited []time.Duration
 	// problems are the invalid inputs logged last cycle (logged once).
@@ -322,6 +328,9 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		}
 	}()
 	dirty := true // the first cycle after a read (writes only what differs)
+	// caused: an input change, a wake or the resync is among the reasons
+	// for the next cycle (else it is only a follow-up).
+	caused := true
 	var debounce <-chan time.Time
 	for {
 		if c.stale {
@@ -340,36 +349,38 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-sess.Done():
 			return errors.New("leader session expired")
 		case m := <-msgs:
-			if m.closed || m.resp.Canceled || m.resp.Err() != nil {
-				c.etcdError("watch")
-				if m.resp.CompactRevision > 0 {
-					c.log.Info("watch fell behind a compaction; reading the fleet again", "compacted", m.resp.CompactRevision)
-				} else {
-					c.log.Warn("watch ended; reading the fleet again", "err", m.resp.Err())
-				}
-				return errRelist
-			}
-			c.observeRev(m.resp.Header.Revision)
-			if c.view.apply(m.resp.Events, c.cfg.Now()) {
-				dirty = true
+			if err := c.applyWatch(m, &dirty, &caused); err != nil {
+				return err
 			}
 		case <-wakeC:
 			wakeT, wakeC = nil, nil
 			c.wake = time.Time{}
-			dirty = true
+			dirty, caused = true, true
 		case <-resync.C:
 			if c.cfg.Now().Sub(c.lastCycle) >= c.cfg.Resync {
-				dirty = true
+				dirty, caused = true, true
 			}
 		case <-house.C:
 			c.housekeeping(ctx, leader)
 		case <-debounce:
+			// What the watches already delivered joins this cycle.
+			for drained := false; !drained; {
+				select {
+				case m := <-msgs:
+					if err := c.applyWatch(m, &dirty, &caused); err != nil {
+						return err
+					}
+				default:
+					drained = true
+				}
+			}
 			debounce = nil
 			dirty = false
 			if wakeT != nil { // the cycle computes the next wake
 				wakeT.Stop()
 				wakeT, wakeC = nil, nil
 			}
+			c.followUp, caused = !caused, false
 			again, err := c.cycle(ctx, leader)
 			if err != nil {
 				if errors.Is(err, errNotLeader) {
@@ -378,14 +389,35 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				c.log.Warn("cycle failed; reading the fleet again", "err", err)
 				return errRelist
 			}
-			// Preempted jobs are reconsidered by the next cycle (the engine
-			// readmits them a cycle later): run it now, not at the resync.
+			// A cycle that changed allocations is followed by another at
+			// once (preempted jobs are reconsidered, capacity freed is
+			// used): now, not at the next input change or the resync.
 			dirty = again
 		}
 	}
 }
 
 var errNotLeader = errors.New("not the leader any more")
+
+// applyWatch feeds one watch response into the view and sets dirty and
+// caused when an input the engine reads changed; errRelist when the watch
+// broke.
+func (c *Coordinator) applyWatch(m watchMsg, dirty, caused *bool) error {
+	if m.closed || m.resp.Canceled || m.resp.Err() != nil {
+		c.etcdError("watch")
+		if m.resp.CompactRevision > 0 {
+			c.log.Info("watch fell behind a compaction; reading the fleet again", "compacted", m.resp.CompactRevision)
+		} else {
+			c.log.Warn("watch ended; reading the fleet again", "err", m.resp.Err())
+		}
+		return errRelist
+	}
+	c.observeRev(m.resp.Header.Revision)
+	if c.view.apply(m.resp.Events, c.cfg.Now()) {
+		*dirty, *caused = true, true
+	}
+	return nil
+}
 
 func (c *Coordinator) etcdError(op string) {
 	if c.cfg.OnEtcdError != nil {

@@ -95,9 +95,18 @@ func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {
 	}
 	st.UpdateJob(ctx, "j", func(j *fleet.JobSpec) error { j.MaxNodes = 2; return nil })
 	waitTarget(t, ctx, cli, "j", "2")
-	s, err := st.Status(ctx, "j")
-	if err != nil || s.Kind != policy.KindShrunk {
-		t.Errorf("status %+v %v", s, err)
+	// The shrink is in the job's history (its status says Shrunk until
+	// the follow-up cycle finds it running at its new size).
+	evs, _, err := st.Events(ctx, "j")
+	shrunk := false
+	for _, e := range evs {
+		shrunk = shrunk || (e.Kind == policy.KindShrunk && e.FromSize == 3 && e.ToSize == 2)
+	}
+	if err != nil || !shrunk {
+		t.Errorf("no Shrunk 3 -> 2 event in the history %+v %v", evs, err)
+	}
+	if s, err := st.Status(ctx, "j"); err != nil || (s.Kind != policy.KindShrunk && s.Kind != policy.KindRunning) || s.ToSize != 2 {
+		t.Errorf("status %+v %v, want Shrunk or Running at 2", s, err)
 	}
 	// A finished job releases its capacity.
 	st.MarkFinished(ctx, "j", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"})
@@ -179,6 +188,21 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 			}
 		}
 	}()
+	// high's stop record is read as it is written: once high's nodes have
+	// left (at once here: no agents), the coordinator forgets it.
+	highStop := make(chan *fleet.Stop, 1)
+	go func() {
+		for w := range cli.Watch(wctx, st.Keys.Desired("high")) {
+			for _, ev := range w.Events {
+				if d, err := fleet.DecodeDesired(string(ev.Kv.Key), ev.Kv.Value); err == nil && d.Stop != nil {
+					select {
+					case highStop <- d.Stop:
+					default:
+					}
+				}
+			}
+		}
+	}()
 	c := New(cli, Config{Resync: 100 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1}})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -207,8 +231,13 @@ func TestStopRecordSaysPreemptionOrShutdown(t *testing.T) {
 	if s := stopRecord(t, ctx, cli, "low"); s != nil {
 		t.Errorf("re-admitted job still has the stop record %+v", s)
 	}
-	if s := stopRecord(t, ctx, cli, "high"); s == nil || s.Kind != fleet.StopShutdown {
-		t.Errorf("deleted job's stop record %+v, want kind shutdown", s)
+	select {
+	case s := <-highStop:
+		if s.Kind != fleet.StopShutdown {
+			t.Errorf("deleted job's stop record %+v, want kind shutdown", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the deleted job got no stop record")
 	}
 	// Suspending is a shutdown, with the coordinator's reason.
 	st.UpdateJob(ctx, "low", func(j *fleet.JobSpec) error { j.Suspended = true; return nil })

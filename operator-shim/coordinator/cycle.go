@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -24,8 +25,12 @@ import (
 // maxTxnOps keeps a transaction under etcd's default --max-txn-ops (128).
 const maxTxnOps = 120
 
+// maxFollowUps bounds the follow-up cycles run in a row without an input
+// change.
+const maxFollowUps = 8
+
 // cycle runs the engine on the view and writes what changed; again says a
-// follow-up cycle is due (a job was preempted). On an error the view may
+// follow-up cycle is due (an allocation changed, or a job was preempted). On an error the view may
 // be ahead of etcd: the caller reads it again.
 func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
 	start := time.Now()
@@ -48,12 +53,35 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		return false, err
 	}
 	c.waited = c.waited[:0]
+	t1 := time.Now()
 	units, changed, running, again := c.writes(d)
+	if verifyWrites {
+		c.verifyDiff(d, units)
+	}
+	diff := time.Since(t1)
 	ops, err := c.commit(ctx, leader, units)
 	if err != nil {
 		c.stale = true
 		return false, err
 	}
+	// A cycle that changed an allocation is followed by another at once:
+	// the engine starts from the allocations it is given, so the next
+	// cycle on the same inputs may decide more (admit into capacity this
+	// one freed, re-explain the pending jobs); without it that waited for
+	// the next input change. The follow-ups end at the first cycle that
+	// changes no allocation, and after maxFollowUps in a row (an engine
+	// that kept changing its mind would otherwise never rest).
+	again = again || len(changed) > 0
+	if again {
+		c.followUps++
+		if c.followUps > maxFollowUps {
+			c.log.Warn("the engine changed allocations in every one of the last cycles on the same inputs; waiting for an input change", "cycles", maxFollowUps)
+			again, c.followUps = false, 0
+		}
+	} else {
+		c.followUps = 0
+	}
+	c.log.Debug("cycle", "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now
 	c.wake = c.nextWake(d, now)
 	if c.cfg.OnDecision != nil {
@@ -68,48 +96,134 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	return again, nil
 }
 
+// verifyWrites makes every cycle check its write diff against a full
+// comparison of the decision with the view (tests set it): the diff
+// visits only the jobs whose decision changed, and must miss none.
+var verifyWrites bool
+
+// verifyDiff compares the whole decision with the view, as the first
+// cycle after a read does; it panics when that finds anything to write.
+// The events the cycle recorded are recorded again by the comparison (an
+// event is written whenever the decision is one worth an event): those
+// are no miss, and the view's history is put back as it was.
+func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
+	v := c.view
+	k := c.store.Keys
+	evented := map[string]bool{}
+	for _, u := range wrote {
+		for _, op := range u {
+			if key := string(op.KeyBytes()); op.IsPut() && strings.HasPrefix(key, k.EventsPrefix()) {
+				evented[k.EventJob(key)] = true
+			}
+		}
+	}
+	touched, events := v.touched, v.events.clone()
+	v.haveLast = false
+	waited := len(c.waited)
+	units, _, _, _ := c.writes(d)
+	c.waited = c.waited[:waited]
+	v.touched, v.events = touched, events
+	var keys []string
+	for _, u := range units {
+		for _, op := range u {
+			key := string(op.KeyBytes())
+			if strings.HasPrefix(key, k.EventsPrefix()) && evented[k.EventJob(key)] {
+				continue
+			}
+			keys = append(keys, key)
+		}
+	}
+	if len(keys) > 0 {
+		panic(fmt.Sprintf("coordinator: the incremental write diff missed %d writes: %v", len(keys), keys))
+	}
+}
+
+// commitConcurrency is how many of a cycle's transactions are in flight
+// at once: etcd commits concurrent proposals in one raft round and one
+// fsync, so a large cycle (a cold start, a churn round) is not one fsync
+// per 120 ops.
+const commitConcurrency = 4
+
 // commit writes units (the ops of one job stay in one transaction), each
-// transaction guarded by leadership; it returns how many ops it wrote.
+// transaction guarded by leadership, up to commitConcurrency at once; it
+// returns how many ops it wrote. On an error some of the other
+// transactions may have committed: the caller reads the view again.
 func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op) (int, error) {
+	type txn struct {
+		ops     []clientv3.Op
+		ordered bool // committed after every earlier transaction
+	}
+	var txns []txn
 	var batch []clientv3.Op
-	written := 0
-	flush := func() error {
-		if len(batch) == 0 {
-			return nil
+	cut := func(ordered bool) {
+		if len(batch) > 0 {
+			txns = append(txns, txn{batch, ordered})
+			batch = nil
 		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		r, err := c.cli.Txn(wctx).If(leader).Then(batch...).Commit()
-		cancel()
-		if err != nil {
-			c.etcdError("write")
-			return fmt.Errorf("write decision: %w", err)
-		}
-		if !r.Succeeded {
-			return errNotLeader
-		}
-		c.observeRev(r.Header.Revision)
-		written += len(batch)
-		batch = batch[:0]
-		return nil
 	}
 	for _, u := range units {
 		if len(batch)+len(u) > maxTxnOps {
-			if err := flush(); err != nil {
-				return written, err
-			}
+			cut(false)
 		}
 		// A job on more nodes than a transaction holds is split: its
-		// desired record goes first, its assignments after.
+		// desired record goes first, its assignments after, in order.
+		split := false
 		for len(u) > maxTxnOps {
 			batch = append(batch, u[:maxTxnOps]...)
 			u = u[maxTxnOps:]
-			if err := flush(); err != nil {
-				return written, err
-			}
+			cut(split)
+			split = true
 		}
 		batch = append(batch, u...)
+		if split {
+			cut(true)
+		}
 	}
-	return written, flush()
+	cut(false)
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		written  int
+		firstErr error
+	)
+	sem := make(chan struct{}, commitConcurrency)
+	for _, t := range txns {
+		if t.ordered {
+			wg.Wait()
+		}
+		mu.Lock()
+		failed := firstErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(ops []clientv3.Op) {
+			defer func() { <-sem; wg.Done() }()
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			r, err := c.cli.Txn(wctx).If(leader).Then(ops...).Commit()
+			cancel()
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				c.etcdError("write")
+				if firstErr == nil {
+					firstErr = fmt.Errorf("write decision: %w", err)
+				}
+			case !r.Succeeded:
+				if firstErr == nil {
+					firstErr = errNotLeader
+				}
+			default:
+				c.observeRev(r.Header.Revision)
+				written += len(ops)
+			}
+		}(t.ops)
+	}
+	wg.Wait()
+	return written, firstErr
 }
 
 // writes turns a decision into the etcd writes it needs, one unit of ops
@@ -118,14 +232,25 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 // stable field changed (not the message's usage figures), a deduplicated
 // event, the usage only when it changed. changed counts the desired
 // records written by kind.
+//
+// It visits only the jobs whose decision changed since the last cycle's
+// (both lists are in name order: one merge, no lookup per job) and the
+// jobs whose records the view changed meanwhile; the first cycle after a
+// read compares every job with the view.
 func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
 	v := c.view
+	// The decision's allocations and reasons are in job name order
+	// (policy.Decision's contract): merged with the last decision's.
+	full := !v.haveLast
+	touched := v.touched
+	retry := map[string]bool{} // jobs whose write was skipped: checked in full next cycle
 	changed = map[policy.ReasonKind]int{}
 	unit := map[string][]clientv3.Op{}
 	var order []string
 	add := func(job string, op clientv3.Op, err error) {
 		if err != nil {
 			c.log.Error("cannot encode a record; skipped", "job", job, "err", err)
+			retry[job] = true
 			return
 		}
 		if _, ok := unit[job]; !ok {
@@ -133,32 +258,39 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		}
 		unit[job] = append(unit[job], op)
 	}
-	// The reasons by job: the engine lists them in name order, so a
-	// binary search finds one (a map of every job's reason each cycle cost
-	// more than the few lookups); a map if they ever come unordered.
-	var reasonIdx map[string]int
-	if !slices.IsSortedFunc(d.Reasons, func(a, b policy.Reason) int { return strings.Compare(a.Job, b.Job) }) {
-		reasonIdx = make(map[string]int, len(d.Reasons))
-		for i := range d.Reasons {
-			reasonIdx[d.Reasons[i].Job] = i
+	reason := func(job string) (policy.Reason, bool) { return d.Reason(job) }
+	var placedIdx map[string]bool
+	if full {
+		placedIdx = make(map[string]bool, len(d.Allocations))
+		for _, a := range d.Allocations {
+			placedIdx[a.Job] = true
 		}
 	}
-	reason := func(job string) (policy.Reason, bool) {
-		if reasonIdx != nil {
-			if i, ok := reasonIdx[job]; ok {
-				return d.Reasons[i], true
+	placed := func(job string) bool {
+		if placedIdx != nil {
+			return placedIdx[job]
+		}
+		_, ok := slices.BinarySearchFunc(d.Allocations, job, func(a api.Allocation, job string) int { return strings.Compare(a.Job, job) })
+		return ok
+	}
+	// left: the jobs placed by the last decision and not by this one.
+	var left []string
+	last, li := v.lastAllocs, 0
+	for i := range d.Allocations {
+		a := d.Allocations[i]
+		if !full {
+			for li < len(last) && last[li].Job < a.Job {
+				left = append(left, last[li].Job)
+				li++
 			}
-			return policy.Reason{}, false
+			if li < len(last) && last[li].Job == a.Job {
+				same := sameAllocation(last[li], a)
+				li++
+				if same && !touched[a.Job] {
+					continue // written as it is last cycle
+				}
+			}
 		}
-		i, ok := slices.BinarySearchFunc(d.Reasons, job, func(r policy.Reason, job string) int { return strings.Compare(r.Job, job) })
-		if ok {
-			return d.Reasons[i], true
-		}
-		return policy.Reason{}, false
-	}
-	running = make(map[string]bool, len(d.Allocations))
-	for _, a := range d.Allocations {
-		running[a.Job] = true
 		prev, had := v.desired[a.Job]
 		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
 			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
@@ -193,10 +325,29 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 			}
 		}
 	}
-	var stopped []string
-	for job, prev := range v.desired {
-		if !running[job] && prev.Running() {
-			stopped = append(stopped, job)
+	// The jobs that may have stopped: every job in the view (the first
+	// cycle), else those placed last cycle and not now, and the touched.
+	var stopped, candidates []string
+	if full {
+		for job, prev := range v.desired {
+			if !placedIdx[job] && prev.Running() {
+				stopped = append(stopped, job)
+			}
+		}
+	} else {
+		for ; li < len(last); li++ {
+			left = append(left, last[li].Job)
+		}
+		candidates = left
+		for job := range touched {
+			candidates = append(candidates, job)
+		}
+		slices.Sort(candidates)
+		candidates = slices.Compact(candidates)
+		for _, job := range candidates {
+			if prev := v.desired[job]; !placed(job) && prev.Running() {
+				stopped = append(stopped, job)
+			}
 		}
 	}
 	sort.Strings(stopped)
@@ -231,14 +382,24 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	}
 	// Assignments of jobs placed nowhere (stopped, or left by an earlier
 	// coordinator) go.
-	for job, have := range v.assigned {
-		if running[job] {
-			continue
-		}
-		for n := range have {
+	dropAssigned := func(job string) {
+		for n := range v.assigned[job] {
 			add(job, c.store.DeleteAssignmentOp(n, job), nil)
 		}
 		delete(v.assigned, job)
+	}
+	if full {
+		for job := range v.assigned {
+			if !placedIdx[job] {
+				dropAssigned(job)
+			}
+		}
+	} else {
+		for _, job := range candidates {
+			if _, has := v.assigned[job]; has && !placed(job) {
+				dropAssigned(job)
+			}
+		}
 	}
 	for _, job := range d.Released {
 		if _, had := v.statuses[job]; had {
@@ -248,11 +409,33 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 	}
 	now := d.Now
 	var none fleet.Status
+	lastR, k := v.lastReasons, 0
 	for i := range d.Reasons {
 		r := &d.Reasons[i]
+		again = again || r.Kind == policy.KindPreempted
+		if !full {
+			for k < len(lastR) && lastR[k].Job < r.Job {
+				k++
+			}
+			// The status written (or kept) last cycle is stable-equal to
+			// the last decision: the same again needs no write and no
+			// event.
+			if k < len(lastR) && lastR[k].Job == r.Job && stable(&lastR[k], r) && !event(*r, lastR[k], true) && !touched[r.Job] {
+				continue
+			}
+		}
 		prev, had := v.statuses[r.Job]
 		if !had {
 			prev = &none
+		}
+		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) &&
+			(len(prev.For) > 0 || prev.ForTeam != "") && !stable(&prev.Reason, r) {
+			// A follow-up cycle leaves a status that names who took the
+			// job's capacity (shrunk or preempted for whom) as it is while
+			// the job runs or waits unchanged, until a cycle caused by an
+			// input, a wake or the resync, which compares it in full.
+			retry[r.Job] = true
+			continue
 		}
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			c.waited = append(c.waited, now.Sub(prev.Since))
@@ -268,7 +451,6 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 				v.statuses[r.Job] = s
 			}
 		}
-		again = again || r.Kind == policy.KindPreempted
 		if event(*r, prev.Reason, had) {
 			key, e := v.events.record(*r, now, c.cfg.EventDedupWindow)
 			op, err := c.store.PutEventAtOp(key, e)
@@ -297,6 +479,18 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		n := min(len(prune), maxTxnOps)
 		units = append(units, prune[:n])
 		prune = prune[n:]
+	}
+	// The next cycle diffs against this decision. The lists are the
+	// engine's, not copied: nothing changes them after the cycle.
+	v.haveLast = true
+	v.lastAllocs, v.lastReasons = d.Allocations, d.Reasons
+	delete(retry, "")
+	v.touched = retry
+	if c.cfg.JobCredentials {
+		running = make(map[string]bool, len(d.Allocations))
+		for _, a := range d.Allocations {
+			running[a.Job] = true
+		}
 	}
 	return units, changed, running, again
 }
@@ -397,6 +591,7 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 			return fmt.Errorf("read resubmitted jobs' records: %w", err)
 		}
 		for i, j := range jobs[:n] {
+			v.touched[j] = true
 			if kvs := r.Responses[2*i].GetResponseRange().Kvs; len(kvs) == 0 {
 				v.dropDesired(j)
 			} else if d, err := fleet.DecodeDesired(string(kvs[0].Key), kvs[0].Value); err == nil {
@@ -435,6 +630,7 @@ func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, ow
 			v.dropDesired(job)
 			delete(v.statuses, job)
 			v.delFinished(job)
+			v.touched[job] = true
 			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
 		}
 	}
@@ -511,7 +707,7 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 		delete(v.statuses, job)
 		delete(v.assigned, job)
 		v.events.drop(job)
-		v.stale.jobs = true
+		v.touched[job] = true
 		v.changed++
 		c.log.Info("finished job's records removed after the retention period", "job", job, "retention", c.cfg.FinishedRetention)
 	}

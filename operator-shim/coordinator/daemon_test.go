@@ -72,13 +72,46 @@ type cycleCounter struct {
 	mu     sync.Mutex
 	n      int
 	lastOp int
+	quiet  int // cycles in a row that wrote nothing
+	calm   int // cycles in a row that changed no allocation
+	jobs   map[string]bool
 }
 
 func (cc *cycleCounter) observe(s CycleStats) {
 	cc.mu.Lock()
 	cc.n++
 	cc.lastOp = s.Ops
+	if s.Ops == 0 {
+		cc.quiet++
+	} else {
+		cc.quiet = 0
+	}
+	if len(s.Changed) == 0 {
+		cc.calm++
+	} else {
+		cc.calm = 0
+	}
+	cc.jobs = map[string]bool{}
+	for _, r := range s.Decision.Reasons {
+		cc.jobs[r.Job] = true
+	}
 	cc.mu.Unlock()
+}
+
+// settled reports whether the last cycle decided job and the last n
+// cycles wrote nothing.
+func (cc *cycleCounter) settled(job string, n int) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.jobs[job] && cc.quiet >= n
+}
+
+// calmed reports whether the last cycle changed no allocation (no
+// follow-up cycle is due).
+func (cc *cycleCounter) calmed() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.n > 0 && cc.calm > 0
 }
 
 func (cc *cycleCounter) get() (int, int) {
@@ -109,11 +142,12 @@ func TestSteadyFleetWritesNothing(t *testing.T) {
 	c := New(cli, Config{Resync: 50 * time.Millisecond, Debounce: 10 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1},
 		OnCycle: cc.observe})
 	runCoordinator(t, ctx, c)
-	// Steady: every job has a status, and a cycle wrote nothing.
-	until(t, "every job decided and a cycle that wrote nothing", func() bool {
+	// Steady: every job has a status, and two cycles in a row wrote
+	// nothing (a follow-up cycle leaves running jobs' statuses to the next
+	// one: the second is not a follow-up).
+	until(t, "every job decided and two cycles that wrote nothing", func() bool {
 		s, _, err := st.Statuses(ctx)
-		_, ops := cc.get()
-		return err == nil && len(s) == 5 && ops == 0
+		return err == nil && len(s) == 5 && cc.settled("j0", 2)
 	})
 	r, err := cli.Get(ctx, st.Keys.Root(), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
@@ -162,7 +196,9 @@ func TestIdleCoordinatorReadsNothing(t *testing.T) {
 		Engine: policy.Config{MinStablePeriod: -1}, OnCycle: cc.observe})
 	runCoordinator(t, ctx, c)
 	waitTarget(t, ctx, cli, "j", "3")
-	until(t, "the first cycle", func() bool { n, _ := cc.get(); return n >= 1 })
+	// The cycle that admitted it is followed by one that changes no
+	// allocation, and then none.
+	until(t, "a cycle that changed no allocation", cc.calmed)
 	n0, _ := cc.get()
 	ranges := etcdCounter(t, "etcd_mvcc_range_total")
 	time.Sleep(time.Second) // an idle second: about 50 housekeeping rounds

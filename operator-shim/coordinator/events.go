@@ -3,6 +3,7 @@ package coordinator
 import (
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -20,6 +21,9 @@ type eventIndex struct {
 	keys  fleet.Keys
 	byJob map[string][]evRec // each job's events, oldest first
 	total int
+	// grown are the jobs that gained an event since the last prune (nil:
+	// every job, after a load): prune checks only them against perJob.
+	grown map[string]bool
 }
 
 type evRec struct {
@@ -83,6 +87,9 @@ func (x *eventIndex) record(r api.Reason, now time.Time, window time.Duration) (
 	key := x.keys.Event(now, r.Job)
 	x.byJob[r.Job] = append(evs, evRec{key: key, e: e})
 	x.total++
+	if x.grown != nil {
+		x.grown[r.Job] = true
+	}
 	return key, e
 }
 
@@ -97,15 +104,27 @@ func (x *eventIndex) drop(job string) []string {
 	return keys
 }
 
+// clone is a copy of x (tests: verifyDiff).
+func (x *eventIndex) clone() *eventIndex {
+	y := &eventIndex{keys: x.keys, byJob: make(map[string][]evRec, len(x.byJob)), total: x.total}
+	for job, evs := range x.byJob {
+		y.byJob[job] = slices.Clone(evs)
+	}
+	if x.grown != nil {
+		y.grown = maps.Clone(x.grown)
+	}
+	return y
+}
+
 // prune bounds the history: at most perJob events of a job and total in
 // all, the oldest going first (malformed ones before any). It returns the
 // keys to delete. The total bound is enforced with 10% slack, so that a
 // full history is not pruned one event per cycle.
 func (x *eventIndex) prune(perJob, total int) []string {
 	var del []string
-	for job, evs := range x.byJob {
+	check := func(job string, evs []evRec) {
 		if len(evs) <= perJob {
-			continue
+			return
 		}
 		n := len(evs) - perJob
 		for _, r := range evs[:n] {
@@ -113,6 +132,17 @@ func (x *eventIndex) prune(perJob, total int) []string {
 		}
 		x.byJob[job] = slices.Clone(evs[n:])
 		x.total -= n
+	}
+	if x.grown == nil {
+		for job, evs := range x.byJob {
+			check(job, evs)
+		}
+		x.grown = map[string]bool{}
+	} else {
+		for job := range x.grown {
+			check(job, x.byJob[job])
+		}
+		clear(x.grown)
 	}
 	if x.total <= total+total/10 {
 		return del

@@ -61,6 +61,22 @@ type view struct {
 	cAllocs []policy.Allocation
 	cOwned  map[string]specRec
 	stale   struct{ nodes, teams, jobs, allocs bool }
+	// jobEdits are the job names whose spec or finish record changed since
+	// the engine's job list was built: state patches them in (a full
+	// rebuild when stale.jobs or when they are many). allocAt is each
+	// running job's index in cAllocs, kept as desired records change.
+	jobEdits []string
+	allocAt  map[string]int
+
+	// What the last cycle decided and wrote (the write diff visits only
+	// the jobs whose decision changed since; haveLast false: every job),
+	// and the jobs whose records in the view changed outside the write
+	// diff since (re-read, forgotten, expired, or a write skipped): the
+	// diff checks those in full.
+	haveLast    bool
+	lastAllocs  []api.Allocation
+	lastReasons []policy.Reason
+	touched     map[string]bool
 	// refresh are the jobs whose desired record and status must be read
 	// again before the next cycle: a new spec of that name may have
 	// deleted what an earlier job of that name left (fleet.SubmitJob).
@@ -99,6 +115,9 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.statuses = map[string]*fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
+	v.touched = map[string]bool{}
+	v.haveLast, v.lastAllocs, v.lastReasons = false, nil, nil
+	v.jobEdits, v.allocAt = nil, nil
 	v.usage = nil
 	v.stale.nodes, v.stale.teams, v.stale.jobs, v.stale.allocs = true, true, true, true
 	for _, kv := range snap.Nodes {
@@ -273,7 +292,7 @@ func (v *view) reindex(name string) {
 	case (!found || done) && listed:
 		v.active = slices.Delete(v.active, i, i+1)
 	}
-	v.stale.jobs = true
+	v.jobEdits = append(v.jobEdits, name)
 }
 
 // apply updates the view with watch events; it reports whether anything
@@ -312,7 +331,6 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			v.teams[t.Name] = *t
 			changed = true
 		case strings.HasPrefix(key, k.SpecsPrefix()):
-			v.stale.jobs = true
 			if del {
 				v.delSpec(key)
 				changed = true
@@ -329,7 +347,6 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			v.setSpec(key, specRec{spec: *spec, createRev: e.Kv.CreateRevision})
 			changed = true
 		case strings.HasPrefix(key, k.FinishedPrefix()):
-			v.stale.jobs = true
 			job := strings.TrimPrefix(key, k.FinishedPrefix())
 			if del {
 				changed = v.delFinished(job) || changed
@@ -363,18 +380,25 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		slices.SortFunc(v.cTeams, func(a, b policy.Team) int { return strings.Compare(a.Name, b.Name) })
 		v.stale.teams = false
 	}
-	if v.stale.jobs {
+	if v.stale.jobs || len(v.jobEdits) > 64 {
 		// Finished jobs are not active: their capacity is released.
 		v.cJobs = v.cJobs[:0]
 		for _, name := range v.active {
 			v.cJobs = append(v.cJobs, v.owned[name].spec.Job)
 		}
 		v.stale.jobs = false
+	} else {
+		for _, name := range v.jobEdits {
+			v.patchJob(name)
+		}
 	}
-	if v.stale.allocs {
+	v.jobEdits = v.jobEdits[:0]
+	if v.stale.allocs || v.allocAt == nil {
 		v.cAllocs = v.cAllocs[:0]
+		v.allocAt = make(map[string]int, len(v.desired))
 		for _, d := range v.desired {
 			if d.Running() {
+				v.allocAt[d.Job] = len(v.cAllocs)
 				v.cAllocs = append(v.cAllocs, d.Allocation)
 			}
 		}
@@ -383,18 +407,64 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 	return policy.State{Now: now, Config: cfg, Nodes: v.cNodes, Teams: v.cTeams, Jobs: v.cJobs, Allocations: v.cAllocs}, v.owned
 }
 
-// setDesired and dropDesired change a desired record in the view.
+// patchJob brings name's entry of the engine's job list (in name order,
+// like active) up to date: replaced, inserted or removed.
+func (v *view) patchJob(name string) {
+	i, listed := slices.BinarySearchFunc(v.cJobs, name, func(j policy.Job, name string) int { return strings.Compare(j.Name, name) })
+	own, found := v.owned[name]
+	_, done := v.finished[name]
+	switch active := found && !done; {
+	case active && listed:
+		v.cJobs[i] = own.spec.Job
+	case active:
+		v.cJobs = slices.Insert(v.cJobs, i, own.spec.Job)
+	case listed:
+		v.cJobs = slices.Delete(v.cJobs, i, i+1)
+	}
+}
+
+// setDesired and dropDesired change a desired record in the view, and
+// the engine's allocation list with it (its order is of no consequence:
+// the engine orders the allocations itself).
 func (v *view) setDesired(d fleet.Desired) {
 	v.desired[d.Job] = d
 	v.recheckDeleted(d.Job)
-	v.stale.allocs = true
+	if d.Running() {
+		v.setAlloc(d.Job, &d.Allocation)
+	} else {
+		v.setAlloc(d.Job, nil)
+	}
 }
 
 func (v *view) dropDesired(job string) {
 	if _, ok := v.desired[job]; ok {
 		delete(v.desired, job)
 		delete(v.deleted, job)
-		v.stale.allocs = true
+		v.setAlloc(job, nil)
+	}
+}
+
+// setAlloc sets (a != nil) or removes job's entry of the engine's
+// allocation list.
+func (v *view) setAlloc(job string, a *api.Allocation) {
+	if v.allocAt == nil || v.stale.allocs {
+		v.stale.allocs = true // rebuilt whole by state
+		return
+	}
+	i, ok := v.allocAt[job]
+	switch {
+	case a != nil && ok:
+		v.cAllocs[i] = *a
+	case a != nil:
+		v.allocAt[job] = len(v.cAllocs)
+		v.cAllocs = append(v.cAllocs, *a)
+	case ok:
+		last := len(v.cAllocs) - 1
+		v.cAllocs[i] = v.cAllocs[last]
+		v.allocAt[v.cAllocs[i].Job] = i
+		v.cAllocs[last] = api.Allocation{}
+		v.cAllocs = v.cAllocs[:last]
+		delete(v.allocAt, job)
 	}
 }
 

@@ -472,7 +472,12 @@ func TestElasticJobEndToEnd(t *testing.T) {
 		t.Errorf("no growth event:\n%s", txt)
 	}
 
-	// The status went 4 -> 2 (reclaimed for serve) -> 4.
+	// The status went 4 -> 2 (reclaimed for serve) -> 4 (the history's
+	// poller reads it every 50 ms: it may not have seen 4/4 yet).
+	waitFor(t, 10*time.Second, "the status history reaches 4/4", func() (bool, string) {
+		h := seen()
+		return len(h) > 0 && strings.HasPrefix(h[len(h)-1], "Running 4/4"), fmt.Sprintf("%q", h)
+	})
 	h := seen()
 	i4 := slices.IndexFunc(h, func(s string) bool { return strings.HasPrefix(s, "Running 4/4") })
 	i2 := slices.IndexFunc(h, func(s string) bool {

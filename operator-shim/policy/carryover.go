@@ -3,30 +3,39 @@ package policy
 import (
 	"fmt"
 	"slices"
-	"strings"
+	"time"
 )
 
 // carryOver places the current allocations (rule 1) and records what
 // became of each: kept, shrunk to the spec, requeued, or released.
 func (s *sched) carryOver(allocs []Allocation) {
+	// The sort keys sit in the list itself: the comparisons then read no
+	// job record (a steady cycle sorts every running job).
 	type carried struct {
-		a *Allocation
-		j *jobRT
+		prio  int
+		since time.Time
+		rank  int // the job's place in name order (s.jobs)
+		a     *Allocation
+		j     *jobRT
 	}
-	var list []carried
-	seen := map[string]bool{}
+	list := make([]carried, 0, len(allocs))
+	var unknown map[string]bool // allocations of jobs not in the input
 	for i := range allocs {
 		a := &allocs[i]
-		if seen[a.Job] {
+		j := s.jobByName[a.Job]
+		if (j != nil && j.allocSeen) || (j == nil && unknown[a.Job]) {
 			s.problem("allocation", a.Job, fmt.Errorf("allocation %q: listed twice; the first entry is used", a.Job))
 			continue
 		}
-		seen[a.Job] = true
-		j := s.jobByName[a.Job]
 		if j == nil {
+			if unknown == nil {
+				unknown = map[string]bool{}
+			}
+			unknown[a.Job] = true
 			s.released = append(s.released, a.Job)
 			continue
 		}
+		j.allocSeen = true
 		j.prevSize = len(a.Nodes)
 		j.prevNodes = a.Nodes
 		if a.Size != len(a.Nodes) {
@@ -45,16 +54,16 @@ func (s *sched) carryOver(allocs []Allocation) {
 			j.setRequeued(CodeSpecChanged, "spec changed (flavor or perNode.accelerators changed)")
 			continue
 		}
-		list = append(list, carried{a, j})
+		list = append(list, carried{prio: j.sp.prio, since: a.Since, rank: j.rank, a: a, j: j})
 	}
 	slices.SortFunc(list, func(x, y carried) int {
-		if x.j.sp.prio != y.j.sp.prio {
-			return y.j.sp.prio - x.j.sp.prio
+		if x.prio != y.prio {
+			return y.prio - x.prio
 		}
-		if c := x.a.Since.Compare(y.a.Since); c != 0 {
+		if c := x.since.Compare(y.since); c != 0 {
 			return c
 		}
-		return strings.Compare(x.j.name, y.j.name)
+		return x.rank - y.rank
 	})
 	for _, c := range list {
 		j, a := c.j, c.a
@@ -64,12 +73,22 @@ func (s *sched) carryOver(allocs []Allocation) {
 			want = 1
 		}
 		lost := 0
-		dup := map[string]bool{}
-		for _, name := range a.Nodes {
-			if dup[name] {
+		// Names listed twice count once: a map only for long lists.
+		var dup map[string]bool
+		if len(a.Nodes) > 32 {
+			dup = make(map[string]bool, len(a.Nodes))
+		}
+		distinct := 0
+		for k, name := range a.Nodes {
+			if dup != nil {
+				if dup[name] {
+					continue
+				}
+				dup[name] = true
+			} else if slices.Contains(a.Nodes[:k], name) {
 				continue
 			}
-			dup[name] = true
+			distinct++
 			if j.size >= want {
 				break
 			}
@@ -86,8 +105,8 @@ func (s *sched) carryOver(allocs []Allocation) {
 			}
 			s.attach(j, n)
 		}
-		if len(dup) < want {
-			want = len(dup)
+		if distinct < want {
+			want = distinct
 		}
 		// Clamp to the spec (maxNodes lowered, sizes changed).
 		target := j.floorSize(min(want, j.sp.max))

@@ -11,6 +11,15 @@ func (s *sched) decide() Decision {
 	}
 	cache := map[*flavorRT]*holders{}
 	d.Reasons = make([]Reason, 0, len(s.jobs))
+	placed := 0
+	for i := range s.jobs {
+		if s.jobs[i].size > 0 {
+			placed++
+		}
+	}
+	if placed > 0 {
+		d.Allocations = make([]Allocation, 0, placed)
+	}
 	for i := range s.jobs {
 		j := &s.jobs[i]
 		d.Reasons = append(d.Reasons, s.reason(j, cache))

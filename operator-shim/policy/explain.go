@@ -172,11 +172,22 @@ func (s *sched) usage(j *jobRT) string {
 // runningReason renders an unchanged job: its size and usage and, for an
 // elastic job, why it did not grow (recorded by grow).
 func (s *sched) runningReason(j *jobRT, r *Reason) {
-	nodes := " nodes ("
-	if j.size == 1 {
-		nodes = " node ("
+	// The same for every running job of the team, flavor and shape:
+	// written once per cycle.
+	k := runningKey{j.tf, j.size, j.per}
+	msg, ok := s.runningTexts[k]
+	if !ok {
+		nodes := " nodes ("
+		if j.size == 1 {
+			nodes = " node ("
+		}
+		msg = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(j.per*j.size) + " accelerators; " + s.usage(j) + ")"
+		if s.runningTexts == nil {
+			s.runningTexts = map[runningKey]string{}
+		}
+		s.runningTexts[k] = msg
 	}
-	r.Message = "running on " + strconv.Itoa(j.size) + nodes + strconv.Itoa(j.per*j.size) + " accelerators; " + s.usage(j) + ")"
+	r.Message = msg
 	if !j.spec.Elastic {
 		return
 	}
@@ -320,6 +331,13 @@ func (s *sched) usageText(tf *teamFlavor, flavor string) string {
 	}
 	s.usageTexts[tf] = m
 	return m.text
+}
+
+// runningKey names a running job's message: its team's usage of the
+// flavor (final when reasons are rendered), its size and accelerators.
+type runningKey struct {
+	tf        *teamFlavor
+	size, per int
 }
 
 type usageText struct {

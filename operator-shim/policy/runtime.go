@@ -115,6 +115,11 @@ type jobRT struct {
 	since      time.Time
 	lastResize time.Time
 	repairNeed int
+	// rank is the job's index in sched.jobs (name order).
+	rank int
+	// allocSeen: an allocation of this job was carried over (a second
+	// one is a problem).
+	allocSeen bool
 
 	// out is what this cycle decided for the job (outcome.go).
 	out outcome
@@ -127,23 +132,24 @@ type jobRT struct {
 // sched is one engine cycle: the indexed input, the runtime records, and
 // the problems and released jobs to report.
 type sched struct {
-	now         time.Time
-	cfg         Config
-	stable      time.Duration
-	strict      bool
-	nodes       []nodeRT
-	nodeByName  map[string]*nodeRT
-	teams       []teamRT
-	teamByName  map[string]*teamRT
-	jobs        []jobRT
-	jobByName   map[string]*jobRT
-	flavors     []*flavorRT
-	flavorByNm  map[string]*flavorRT
-	problems    []Problem
-	released    []string
-	scratch     []*nodeRT
-	usageTexts  map[*teamFlavor]usageText // pending reasons' usage phrase
-	holderTexts map[holderList]string     // pending reasons' holder lists
+	now          time.Time
+	cfg          Config
+	stable       time.Duration
+	strict       bool
+	nodes        []nodeRT
+	nodeByName   map[string]*nodeRT
+	teams        []teamRT
+	teamByName   map[string]*teamRT
+	jobs         []jobRT
+	jobByName    map[string]*jobRT
+	flavors      []*flavorRT
+	flavorByNm   map[string]*flavorRT
+	problems     []Problem
+	released     []string
+	scratch      []*nodeRT
+	usageTexts   map[*teamFlavor]usageText // pending reasons' usage phrase
+	holderTexts  map[holderList]string     // pending reasons' holder lists
+	runningTexts map[runningKey]string     // running reasons' messages
 	// CohortExhausted messages by team, flavor, need and usage phrase.
 	exhaustedTexts map[exhaustedKey]string
 }

@@ -26,7 +26,9 @@ func Schedule(st State) Decision {
 			s.grow(f) // grow.go: rule 7
 		}
 	}
-	return s.decide() // decision.go, explain.go
+	d := s.decide() // decision.go, explain.go
+	putJobs(s.jobs)
+	return d
 }
 
 // flavor returns the runtime record of flavor name, creating it.
