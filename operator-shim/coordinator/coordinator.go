@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -45,6 +46,16 @@ type Config struct {
 	// delivered by then; changes that arrive while a cycle runs go into
 	// the next, which starts as soon as it ends.
 	Debounce time.Duration
+	// CatchUp bounds how long a cycle waits for the view's watches to
+	// agree on a revision (default 200ms): one watch per input prefix, and
+	// etcd delivers each on its own, so a job submitted just after nodes
+	// registered can arrive before them. When one watch has seen a later
+	// revision than another, the coordinator asks etcd for a progress
+	// notification and starts the cycle once every watch has caught up to
+	// that revision, or after CatchUp.
+	CatchUp time.Duration
+	// watchDelay, in tests, delays what the watch of a prefix delivers.
+	watchDelay func(prefix string) time.Duration
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
 	// Engine tunes the policy engine.
@@ -151,6 +162,9 @@ type revAt struct {
 func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	if cfg.Resync <= 0 {
 		cfg.Resync = 10 * time.Minute
+	}
+	if cfg.CatchUp <= 0 {
+		cfg.CatchUp = 200 * time.Millisecond
 	}
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = 10 * time.Millisecond
@@ -291,6 +305,20 @@ func (c *Coordinator) watched() []string {
 type watchMsg struct {
 	resp   clientv3.WatchResponse
 	closed bool
+	// idx is the watch's index in watched().
+	idx int
+}
+
+// behind reports whether some watch has reported a lower revision than
+// another: the view may hold a change of one prefix without an earlier
+// change of another.
+func behind(revs []int64) bool {
+	for _, r := range revs {
+		if r < slices.Max(revs) {
+			return true
+		}
+	}
+	return false
 }
 
 // watchLoop watches the inputs from the view's revision and runs a cycle
@@ -300,22 +328,39 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	msgs := make(chan watchMsg)
-	for _, p := range c.watched() {
+	prefixes := c.watched()
+	// revs is the latest revision each watch has reported (events or a
+	// progress notification): it has delivered every change of its
+	// prefix up to there.
+	revs := make([]int64, len(prefixes))
+	for i, p := range prefixes {
+		revs[i] = c.view.rev
 		wch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(c.view.rev+1))
 		go func() {
 			for w := range wch {
+				if c.cfg.watchDelay != nil {
+					time.Sleep(c.cfg.watchDelay(p))
+				}
 				select {
-				case msgs <- watchMsg{resp: w}:
+				case msgs <- watchMsg{resp: w, idx: i}:
 				case <-wctx.Done():
 					return
 				}
 			}
 			select {
-			case msgs <- watchMsg{closed: true}:
+			case msgs <- watchMsg{closed: true, idx: i}:
 			case <-wctx.Done():
 			}
 		}()
 	}
+	apply := func(m watchMsg, dirty, caused *bool) error {
+		if err := c.applyWatch(m, dirty, caused); err != nil {
+			return err
+		}
+		revs[m.idx] = max(revs[m.idx], m.resp.Header.Revision)
+		return nil
+	}
+	var catchUpSince time.Time // when the cycle due began waiting for the watches
 	resync := time.NewTicker(min(c.cfg.Resync, time.Minute))
 	defer resync.Stop()
 	house := time.NewTicker(c.cfg.PruneInterval)
@@ -349,7 +394,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-sess.Done():
 			return errors.New("leader session expired")
 		case m := <-msgs:
-			if err := c.applyWatch(m, &dirty, &caused); err != nil {
+			if err := apply(m, &dirty, &caused); err != nil {
 				return err
 			}
 		case <-wakeC:
@@ -367,13 +412,33 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			for drained := false; !drained; {
 				select {
 				case m := <-msgs:
-					if err := c.applyWatch(m, &dirty, &caused); err != nil {
+					if err := apply(m, &dirty, &caused); err != nil {
 						return err
 					}
 				default:
 					drained = true
 				}
 			}
+			// A consistent view: every watch caught up to the latest
+			// revision any of them reported (etcd answers a progress
+			// request once its watchers are synced), or CatchUp passed.
+			if behind(revs) {
+				now := time.Now()
+				if catchUpSince.IsZero() {
+					catchUpSince = now
+					pctx, pcancel := context.WithTimeout(wctx, c.cfg.CatchUp)
+					if err := c.cli.RequestProgress(pctx); err != nil {
+						c.log.Debug("cannot ask etcd for the watches' progress", "err", err)
+					}
+					pcancel()
+				}
+				if now.Sub(catchUpSince) < c.cfg.CatchUp {
+					debounce = time.After(time.Millisecond)
+					continue
+				}
+				c.log.Debug("the watches did not catch up in time; deciding on what they delivered", "revisions", revs, "waited", now.Sub(catchUpSince))
+			}
+			catchUpSince = time.Time{}
 			debounce = nil
 			dirty = false
 			if wakeT != nil { // the cycle computes the next wake
