@@ -312,13 +312,23 @@ func (n *Node) register(ctx context.Context) error {
 	n.startKeepAlive(g.ID, ttl, sent)
 
 	// A failed registration leaves the node fenced: its lease is revoked.
+	// When the lease was lost first (etcd restarting while the node
+	// registers), the failure says so: the retries gave up because the
+	// lease went, and the caller joins again with a fresh one. Reported as
+	// the retries' last error ("node id already registered": the previous
+	// lease, restored with a fresh TTL by the restarted etcd), it ended
+	// the job.
 	fail := func(err error) error {
 		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer rcancel()
 		_, _ = n.cli.Revoke(rctx, g.ID)
 		n.mu.Lock()
+		lost := n.lostErr
 		n.fenceLocked(fmt.Errorf("%w: registration failed: %w", ErrLeaseLost, err))
 		n.mu.Unlock()
+		if lost != nil && !errors.Is(err, ErrLeaseLost) {
+			return fmt.Errorf("%w (%w)", lost, err)
+		}
 		return err
 	}
 	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
