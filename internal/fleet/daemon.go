@@ -19,6 +19,13 @@ import (
 type Assignment struct {
 	Job        string `json:"job"`
 	Generation int64  `json:"generation"`
+	// UID is the job's own uid (and gid) on every node, allocated by the
+	// coordinator from its --job-uid-range (Desired.UID); 0 when none was.
+	UID uint32 `json:"uid,omitempty"`
+	// Creds are the job's etcd credentials, for this node's agent only
+	// (assign/<node>/ is readable by that node's user alone); nil when
+	// etcd auth is off.
+	Creds *JobCreds `json:"creds,omitempty"`
 }
 
 // DecodeAssignment decodes and checks an assignment read from key.
@@ -36,7 +43,7 @@ func DecodeAssignment(key string, v []byte) (*Assignment, error) {
 // PutAssignmentOp writes that d's job is placed on node, for the
 // transaction that writes d.
 func (s *Store) PutAssignmentOp(node string, d Desired) (clientv3.Op, error) {
-	return putOp(s.Keys.Assignment(node, d.Job), Assignment{Job: d.Job, Generation: d.Generation})
+	return putOp(s.Keys.Assignment(node, d.Job), Assignment{Job: d.Job, Generation: d.Generation, UID: d.UID})
 }
 
 // DeleteAssignmentOp removes job's assignment to node, for a transaction.

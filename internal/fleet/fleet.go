@@ -234,6 +234,10 @@ type Desired struct {
 	// span that wrote this record: the root of the scale event's trace,
 	// under which the agents' spans hang. "" when tracing is off.
 	TraceParent string `json:"traceparent,omitempty"`
+	// UID is the job's own uid and gid on every node it runs on, unique in
+	// the fleet while the job lives (the coordinator's --job-uid-range);
+	// 0 when the coordinator allocates none.
+	UID uint32 `json:"uid,omitempty"`
 }
 
 // Target is the node count the rendezvous should size the job to. 0 means
