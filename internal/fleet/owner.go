@@ -24,16 +24,16 @@ func specDecoder(k Keys) decoder[JobSpec] {
 	return func(key string, v []byte) (*JobSpec, error) {
 		var j JobSpec
 		if err := json.Unmarshal(v, &j); err != nil {
-			return nil, fmt.Errorf("malformed value at %s: %w (value %q)", key, err, clip(v))
+			return nil, fmt.Errorf("malformed value at %s: %w (value %q)", ClipKey(key), err, clip(v))
 		}
 		team, job, ok := k.SpecOwner(key)
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("ignoring %s: a job spec belongs at %s", key, k.Spec("<team>", "<job>"))
+			return nil, fmt.Errorf("ignoring %s: a job spec belongs at %s", ClipKey(key), k.Spec("<team>", "<job>"))
 		case job != j.Name:
-			return nil, fmt.Errorf("ignoring %s: it names job %q, which does not match its key", key, j.Name)
+			return nil, fmt.Errorf("ignoring %s: it names job %q, which does not match its key", ClipKey(key), ClipKey(j.Name))
 		case team != j.Team:
-			return nil, fmt.Errorf("ignoring %s: it names team %q, but it is stored under team %q's prefix", key, j.Team, team)
+			return nil, fmt.Errorf("ignoring %s: it names team %q, but it is stored under team %q's prefix", ClipKey(key), ClipKey(j.Team), team)
 		}
 		return &j, nil
 	}
@@ -59,7 +59,7 @@ func ownedSpecs(k Keys, kvs []*mvccpb.KeyValue) ([]*mvccpb.KeyValue, []error) {
 		_, job, ok := k.SpecOwner(string(kv.Key))
 		if ok && owner[job] != kv {
 			t, _, _ := k.SpecOwner(string(owner[job].Key))
-			bad = append(bad, fmt.Errorf("ignoring %s: job name %q belongs to team %q's older job; rename this one", kv.Key, job, t))
+			bad = append(bad, fmt.Errorf("ignoring %s: job name %q belongs to team %q's older job; rename this one", ClipKey(kv.Key), job, t))
 			continue
 		}
 		out = append(out, kv)
