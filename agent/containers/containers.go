@@ -89,7 +89,14 @@ type Config struct {
 	DevRoot string
 	// PullProgress is how often a long pull logs its progress (10s).
 	PullProgress time.Duration
-	Logger       *slog.Logger
+	// AllowMountSources are the host directories whose contents jobs may
+	// bind-mount (Spec.JobMounts; hyperpod-agent --allow-mount-source).
+	// Empty: no job mount at all.
+	AllowMountSources []string
+	// NoFile is the containers' RLIMIT_NOFILE, soft and hard
+	// (DefaultNoFile), clipped to the node's fs.nr_open.
+	NoFile uint64
+	Logger *slog.Logger
 }
 
 // Runtime runs containers through one containerd.
@@ -116,6 +123,12 @@ func Connect(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	if cfg.PullProgress <= 0 {
 		cfg.PullProgress = 10 * time.Second
+	}
+	if cfg.NoFile == 0 {
+		cfg.NoFile = DefaultNoFile
+	}
+	if n := nrOpen(); n > 0 && cfg.NoFile > n {
+		cfg.NoFile = n
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -291,9 +304,17 @@ type Spec struct {
 	// Args is the whole command line (hyperpodrun and its arguments).
 	Args []string
 	Env  []string
-	// Mounts are bind mounts, the agent's own (hyperpodrun, the run dir,
-	// the log dir) and the job's.
+	// Mounts are the agent's own bind mounts (hyperpodrun, the run dir,
+	// the log dir), mounted as they are.
 	Mounts []Mount
+	// JobMounts are the mounts the job's spec asks for (run.mounts): each
+	// must pass CheckMount against Config.AllowMountSources, or Start
+	// refuses the container (ErrRefused) before it pulls or creates
+	// anything.
+	JobMounts []Mount
+	// Protected are the agent's own directories (the runs' directories,
+	// the jobs' logs): no job mount may be within one or hold one.
+	Protected []string
 	// ShmSize is /dev/shm's size in bytes (0: containerd's 64 MiB).
 	ShmSize int64
 	// CPUs and MemoryBytes limit the container's cgroup (0: no limit).
@@ -301,8 +322,14 @@ type Spec struct {
 	MemoryBytes int64
 	// Devices are the accelerators (PlanDevices).
 	Devices Plan
-	// UID and GID run the container as this user; nil: the image's user.
+	// UID and GID run the container as this user (the job's identity);
+	// nil: the image's user, which Start refuses when it is root unless
+	// AllowRoot.
 	UID, GID *uint32
+	// AllowRoot lets a container without UID run as an image user that is
+	// root (hyperpod-agent --allow-root-jobs); it still gets no
+	// capability.
+	AllowRoot bool
 	// LogPath is the host file the container's stdout and stderr go to.
 	LogPath string
 	// RunDir is the run's host directory (files the container reads);
@@ -341,8 +368,9 @@ func containerID(job, node string) string {
 }
 
 // specOpts lists the OCI spec options of s; the image's own config
-// comes first.
-func (rt *Runtime) specOpts(img containerd.Image, s Spec, reg *cdi.Cache) []oci.SpecOpts {
+// comes first, the confinement (confine.go) last. jobMounts are s.JobMounts
+// as CheckMount resolved them.
+func (rt *Runtime) specOpts(img containerd.Image, s Spec, jobMounts []Mount, reg *cdi.Cache) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(img),
 		oci.WithProcessArgs(s.Args...),
@@ -354,7 +382,7 @@ func (rt *Runtime) specOpts(img containerd.Image, s Spec, reg *cdi.Cache) []oci.
 		oci.WithHostResolvconf,
 	}
 	var mounts []specs.Mount
-	for _, m := range s.Mounts {
+	for _, m := range append(append([]Mount{}, s.Mounts...), jobMounts...) {
 		o := []string{"rbind", "rprivate"}
 		if m.ReadOnly {
 			o = append(o, "ro")
@@ -376,6 +404,8 @@ func (rt *Runtime) specOpts(img containerd.Image, s Spec, reg *cdi.Cache) []oci.
 	}
 	if s.UID != nil {
 		opts = append(opts, oci.WithUIDGID(*s.UID, *s.GID))
+	} else if !s.AllowRoot {
+		opts = append(opts, refuseRoot(s.Image))
 	}
 	for _, n := range s.Devices.Nodes {
 		opts = append(opts, oci.WithLinuxDevice(n, "rwm"))
@@ -389,7 +419,23 @@ func (rt *Runtime) specOpts(img containerd.Image, s Spec, reg *cdi.Cache) []oci.
 			return nil
 		})
 	}
-	return opts
+	return append(opts, withConfinement(rt.cfg.NoFile))
+}
+
+// jobMounts checks the job's mounts (CheckMount) and returns them with
+// their sources resolved.
+func (rt *Runtime) jobMounts(s Spec) ([]Mount, error) {
+	protected := append([]string{filepath.Dir(rt.cfg.Address)}, s.Protected...)
+	var out []Mount
+	for _, m := range s.JobMounts {
+		src, err := CheckMount(m.Source, m.Target, rt.cfg.AllowMountSources, protected, filepath.EvalSymlinks)
+		if err != nil {
+			return nil, err
+		}
+		m.Source = src
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // CDI loads the node's CDI specs (Config.CDIDirs).
@@ -417,12 +463,27 @@ func (c *CDISpecs) HasKind(kind string) bool {
 	return false
 }
 
+// snapshotter is the snapshotter's name (containerd's default when
+// Config.Snapshotter is "").
+func (rt *Runtime) snapshotter() string {
+	if rt.cfg.Snapshotter != "" {
+		return rt.cfg.Snapshotter
+	}
+	return containerd.DefaultSnapshotter
+}
+
 // DevRoot is where the device nodes live.
 func (rt *Runtime) DevRoot() string { return rt.cfg.DevRoot }
 
 // Start pulls s.Image if need be, creates the container and starts its
 // task. On error nothing of it is left.
 func (rt *Runtime) Start(ctx context.Context, s Spec) (*Task, error) {
+	// A mount the node does not allow refuses the container before
+	// anything is pulled or made.
+	jobMounts, err := rt.jobMounts(s)
+	if err != nil {
+		return nil, err
+	}
 	img, err := rt.Pull(ctx, s.Image)
 	if err != nil {
 		return nil, err
@@ -449,11 +510,18 @@ func (rt *Runtime) Start(ctx context.Context, s Spec) (*Task, error) {
 	}
 	copts = append(copts,
 		containerd.WithNewSnapshot(id, img),
-		containerd.WithNewSpec(rt.specOpts(img, s, cache)...),
+		containerd.WithNewSpec(rt.specOpts(img, s, jobMounts, cache)...),
 	)
 	c, err := rt.client.NewContainer(ctx, id, copts...)
 	if err != nil {
-		if errors.Is(err, ErrDevice) {
+		// A spec option that fails (a refusal, a CDI device) fails after
+		// the snapshot was prepared: it goes too.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		if rerr := rt.client.SnapshotService(rt.snapshotter()).Remove(rctx, id); rerr != nil && !errdefs.IsNotFound(rerr) {
+			rt.log.Warn("cannot remove the snapshot of a container that was not made", "snapshot", id, "err", rerr)
+		}
+		cancel()
+		if errors.Is(err, ErrDevice) || errors.Is(err, ErrRefused) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("create container for %s: %w", s.Image, err)

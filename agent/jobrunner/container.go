@@ -142,8 +142,11 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		launcher = []string{containers.HyperpodrunPath}
 		mounts = append(mounts, containers.Mount{Source: r.cfg.ContainerHyperpodrun, Target: containers.HyperpodrunPath, ReadOnly: true})
 	}
+	// The job's own mounts: the runtime allows them only within the
+	// node's --allow-mount-source, never within the agent's directories.
+	var jobMounts []containers.Mount
 	for _, m := range spec.Run.Mounts {
-		mounts = append(mounts, containers.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+		jobMounts = append(jobMounts, containers.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	env = append(env, "HYPERPODRUN_NODE_ID="+r.node.Name)
 	if spec.Run.Python != "" {
@@ -155,6 +158,9 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		Args:        append(append([]string{}, launcher...), args...),
 		Env:         env,
 		Mounts:      mounts,
+		JobMounts:   jobMounts,
+		Protected:   []string{r.tmp, r.logBase()},
+		AllowRoot:   r.cfg.AllowRootJobs,
 		ShmSize:     int64(spec.Run.ShmSize),
 		CPUs:        spec.PerNode.VCPUs,
 		MemoryBytes: int64(spec.PerNode.Memory),
@@ -242,6 +248,12 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 				r.forget(job)
 			case errors.Is(err, containers.ErrImageNotFound) || errors.Is(err, containers.ErrDevice):
 				r.failOnNode(job, fmt.Sprintf("node %s cannot run the job's container: %v", r.node.Name, err))
+			case errors.Is(err, containers.ErrRefused):
+				// Nothing was made; the record says why and what fixes
+				// it (describe job), and the job is tried again later
+				// (the spec or the node's flags may change).
+				r.problem(job, fmt.Sprintf("node %s refuses the job's container: %v", r.node.Name, err))
+				r.restartLater(job, fmt.Sprintf("its container is refused: %v", err), 0)
 			default:
 				r.problem(job, fmt.Sprintf("cannot start the job's container: %v", err))
 				r.restartLater(job, fmt.Sprintf("cannot start its container: %v", err), 0)
