@@ -32,6 +32,7 @@ build:
 E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
 
 test: test-python
+	@bash scripts/check-tree.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
@@ -102,6 +103,7 @@ image:
 		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-kube-controller-image.tar) $(IMAGE_FLAGS)
 
 lint:
+	@bash scripts/check-tree.sh
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet $(PKGS)
 
