@@ -71,7 +71,18 @@ type Inventory struct {
 	Reasons []string `json:"reasons,omitempty"`
 	// UpdatedAt is when this inventory was discovered.
 	UpdatedAt time.Time `json:"updatedAt"`
+	// Liveness says what proves the node alive besides the record's own
+	// lease: LivenessAliveKey, or empty (the lease alone, as older agents
+	// and hand-written records have it).
+	Liveness string `json:"liveness,omitempty"`
 }
+
+// LivenessAliveKey in Inventory.Liveness: the node counts only while its
+// agent's alive/<node> key exists. That key lives under a lease whose id
+// only the agent knows (package secretlease), so nobody else can keep a
+// dead node alive by sending keepalives for the record's lease, whose id
+// every reader of the record sees.
+const LivenessAliveKey = "alive-key"
 
 // Accelerator is one GPU or Neuron device.
 type Accelerator struct {
@@ -248,6 +259,11 @@ func (inv *Inventory) Validate() error {
 	case "", StateReady, StateDraining:
 	default:
 		errs = append(errs, fmt.Errorf("unknown state %q", inv.State))
+	}
+	switch inv.Liveness {
+	case "", LivenessAliveKey:
+	default:
+		errs = append(errs, fmt.Errorf("unknown liveness %q", inv.Liveness))
 	}
 	if inv.VCPUs < 0 {
 		errs = append(errs, fmt.Errorf("negative vcpus %d", inv.VCPUs))

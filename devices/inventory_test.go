@@ -118,3 +118,31 @@ func TestMixedNodeFlavorsAndTable(t *testing.T) {
 		t.Errorf("cpu table: %q", cpu.String())
 	}
 }
+
+// Liveness is optional (older agents and hand-written records lack it),
+// and a value this coordinator does not know is refused rather than read
+// as "the lease alone".
+func TestInventoryLiveness(t *testing.T) {
+	for _, tc := range []struct {
+		name, liveness string
+		ok             bool
+	}{
+		{"absent: the lease alone", "", true},
+		{"alive key", LivenessAliveKey, true},
+		{"unknown: refused", "heartbeat", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, _ := json.Marshal(Inventory{Node: "n", Flavor: FlavorCPU, Liveness: tc.liveness})
+			inv, err := ParseInventory("/k", b)
+			if (err == nil) != tc.ok {
+				t.Fatalf("ParseInventory(%s) = %v", b, err)
+			}
+			if tc.ok && inv.Liveness != tc.liveness {
+				t.Errorf("liveness %q, want %q", inv.Liveness, tc.liveness)
+			}
+			if tc.liveness == "" && strings.Contains(string(b), "liveness") {
+				t.Errorf("an absent liveness is written: %s", b)
+			}
+		})
+	}
+}
