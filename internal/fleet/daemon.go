@@ -46,6 +46,12 @@ func (s *Store) PutAssignmentOp(node string, d Desired) (clientv3.Op, error) {
 	return putOp(s.Keys.Assignment(node, d.Job), Assignment{Job: d.Job, Generation: d.Generation, UID: d.UID})
 }
 
+// PutAssignmentRecordOp writes an assignment record whole (the
+// coordinator's, with the job's uid and its credentials for that node).
+func (s *Store) PutAssignmentRecordOp(node string, a Assignment) (clientv3.Op, error) {
+	return putOp(s.Keys.Assignment(node, a.Job), a)
+}
+
 // DeleteAssignmentOp removes job's assignment to node, for a transaction.
 func (s *Store) DeleteAssignmentOp(node, job string) clientv3.Op {
 	return clientv3.OpDelete(s.Keys.Assignment(node, job))
@@ -81,6 +87,10 @@ type CoordinatorSnapshot struct {
 	Nodes, Teams, Specs, Finished       []*mvccpb.KeyValue
 	Desired, Statuses, Assigned, Events []*mvccpb.KeyValue
 	Usage                               []*mvccpb.KeyValue
+	// Reports are the nodes' reports not yet processed (reports/).
+	Reports []*mvccpb.KeyValue
+	// Alive are the nodes' alive keys (alive/).
+	Alive []*mvccpb.KeyValue
 }
 
 // ReadSnapshot reads every prefix the coordinator keeps, at one revision.
@@ -92,14 +102,15 @@ func (s *Store) ReadSnapshot(ctx context.Context) (*CoordinatorSnapshot, error) 
 	for _, p := range prefixes {
 		ops = append(ops, clientv3.OpGet(p, clientv3.WithPrefix()))
 	}
-	ops = append(ops, clientv3.OpGet(k.Usage()))
+	ops = append(ops, clientv3.OpGet(k.Usage()), clientv3.OpGet(k.ReportsPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(k.AlivePrefix(), clientv3.WithPrefix()))
 	r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read the coordinator's records: %w", err)
 	}
 	kvs := func(i int) []*mvccpb.KeyValue { return r.Responses[i].GetResponseRange().Kvs }
 	return &CoordinatorSnapshot{Rev: r.Header.Revision, Nodes: kvs(0), Teams: kvs(1), Specs: kvs(2), Finished: kvs(3),
-		Desired: kvs(4), Statuses: kvs(5), Assigned: kvs(6), Events: kvs(7), Usage: kvs(8)}, nil
+		Desired: kvs(4), Statuses: kvs(5), Assigned: kvs(6), Events: kvs(7), Usage: kvs(8), Reports: kvs(9), Alive: kvs(10)}, nil
 }
 
 // DecodeSpec decodes and checks a job spec read from key (its name and

@@ -157,6 +157,52 @@ func (k Keys) Problems(job string) string { return k.ProblemsPrefix() + job + "/
 // Problem is a node's problem record of a job.
 func (k Keys) Problem(job, node string) string { return k.Problems(job) + node }
 
+// AlivePrefix is the prefix of the nodes' liveness keys.
+func (k Keys) AlivePrefix() string { return k.under("alive") }
+
+// Alive is a node's liveness key: written by that node's own etcd user
+// under a lease only it knows, read by the coordinator (docs/security.md).
+func (k Keys) Alive(node string) string { return k.AlivePrefix() + node }
+
+// ReportsPrefix is the prefix of what node agents report about the jobs
+// placed on them: a node's etcd role writes only its own reports/<node>/,
+// and the coordinator copies a report into finished/ or problems/ only
+// when the job is placed on that node.
+func (k Keys) ReportsPrefix() string { return k.under("reports") }
+
+// NodeReports is the prefix of one node's reports.
+func (k Keys) NodeReports(node string) string { return k.ReportsPrefix() + node + "/" }
+
+// Report kinds: the segment after reports/<node>/.
+const (
+	ReportFinished = "finished"
+	ReportProblem  = "problems"
+)
+
+// FinishReport is node's report that job finished there: Finish.
+func (k Keys) FinishReport(node, job string) string {
+	return k.NodeReports(node) + ReportFinished + "/" + job
+}
+
+// ProblemReport is node's report of a problem with job: Problem.
+func (k Keys) ProblemReport(node, job string) string {
+	return k.NodeReports(node) + ReportProblem + "/" + job
+}
+
+// ReportOwner splits a report key into its node, kind (ReportFinished or
+// ReportProblem) and job; ok is false for any other key.
+func (k Keys) ReportOwner(key string) (node, kind, job string, ok bool) {
+	rest, ok := strings.CutPrefix(key, k.ReportsPrefix())
+	if !ok {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[2] == "" || (parts[1] != ReportFinished && parts[1] != ReportProblem) {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
+}
+
 // CoordinatorPrefix is the prefix of the coordinators' own records (usage,
 // leader election).
 func (k Keys) CoordinatorPrefix() string { return k.under("coordinator") }
@@ -301,6 +347,9 @@ func (k Keys) Documented() []string {
 		k.Finish("<job>"),
 		k.Problem("<job>", "<node>"),
 		k.Node("<node>"),
+		k.Alive("<node>"),
+		k.FinishReport("<node>", "<job>"),
+		k.ProblemReport("<node>", "<job>"),
 		k.Team("<team>"),
 		k.Spec("<team>", "<job>"),
 		k.Creds("<job>"),

@@ -758,9 +758,9 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 	// coordinator to have forgotten them instead.
 	wipe := true
 	for i := 0; i < len(jobs); {
-		per := MaxTxnOps / (1 + len(s.forgetOps(""))) // put + forgetOps' deletes; or 6 compares
+		per := MaxTxnOps / (1 + len(s.forgetOps(""))) // put + forgetOps' deletes; or 4 compares
 		if !wipe {
-			per = MaxTxnOps / 6
+			per = MaxTxnOps / (1 + len(s.forgottenCmps("")))
 		}
 		batch := jobs[i:min(len(jobs), i+per)]
 		var cmps []clientv3.Cmp
@@ -772,9 +772,10 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 				rollback()
 				return err
 			}
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0), s.noMembers(j.Name))
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 			ops = append(ops, op)
 			if wipe {
+				cmps = append(cmps, s.noMembers(j.Name))
 				ops = append(ops, s.forgetOps(j.Name)...)
 			} else {
 				cmps = append(cmps, s.forgottenCmps(j.Name)...)
@@ -813,6 +814,17 @@ func (s *Store) whyNotSubmitted(ctx context.Context, jobs []JobSpec) error {
 				clientv3.OpGet(s.Keys.Rdzv(j.Name).Members, clientv3.WithPrefix(), clientv3.WithCountOnly()))
 		}
 		r, err := s.Cli.Txn(ctx).Then(ops...).Commit()
+		if IsPermissionDenied(err) {
+			// A team's role may not read jobs/: an earlier job of the
+			// name is leaving while the coordinator keeps its desired
+			// record (it deletes it once no node is left).
+			ops = ops[:0]
+			for _, j := range batch {
+				ops = append(ops, clientv3.OpGet(s.Keys.Spec(j.Team, j.Name), clientv3.WithCountOnly()),
+					clientv3.OpGet(s.Keys.Desired(j.Name), clientv3.WithCountOnly()))
+			}
+			r, err = s.Cli.Txn(ctx).Then(ops...).Commit()
+		}
 		if err != nil {
 			return fmt.Errorf("submit jobs: %w", err)
 		}

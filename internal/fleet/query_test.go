@@ -69,7 +69,7 @@ func TestJobRecordsReadOnlyTheNamedJobs(t *testing.T) {
 	if err := st.SetTarget(ctx, "j-07", 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.MarkFinished(ctx, "j-39", fleet.Finish{Outcome: fleet.Succeeded, Node: "n"}); err != nil {
+	if err := st.RecordFinish(ctx, "j-39", fleet.Finish{Outcome: fleet.Succeeded, Node: "n"}); err != nil {
 		t.Fatal(err)
 	}
 	names := []string{"j-07", "j-39", "nope"}
