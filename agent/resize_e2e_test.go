@@ -16,11 +16,6 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
-type ckptRecord struct {
-	Step      int64 `json:"step"`
-	WorldSize int   `json:"world_size"`
-}
-
 func latestCheckpoint(t *testing.T, cli *clientv3.Client, job string) (int64, bool) {
 	t.Helper()
 	r, err := cli.Get(context.Background(), fleet.NewKeys("").Checkpoint(job))

@@ -243,6 +243,7 @@ func (c *testClient) check(keys ...string) bool {
 	}
 }
 
+//lint:ignore ST1005 torch's own message, which clients match
 var errSocketTimeout = errors.New("Socket Timeout")
 
 // doWait is torch 2.x's TCPStore::doWait: WAIT, then wait for input up to

@@ -1,7 +1,6 @@
 package containers
 
 import (
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -95,6 +94,6 @@ func TestPickTakesTheFirstHealthyOfTheFlavor(t *testing.T) {
 		t.Errorf("none: %v %v", got, err)
 	}
 	if _, err := Pick(nil, "", 1); err == nil {
-		t.Error(fmt.Sprint("nil inventory accepted"))
+		t.Error("nil inventory accepted")
 	}
 }

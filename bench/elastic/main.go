@@ -221,11 +221,6 @@ func recovery(hpr, py, script, ep, job string, extra ...string) float64 {
 	return s.At.Sub(killed).Seconds()
 }
 
-func scaleUp(hpr, py, script, ep, job string, extra ...string) float64 {
-	up, _ := scaleUpDowntime(hpr, py, script, ep, job, extra...)
-	return up
-}
-
 // scaleUpDowntime starts a third node next to two and returns the seconds
 // from its start to the first step at world size 3, and the survivors'
 // downtime: their last step at world size 2 to that first step.

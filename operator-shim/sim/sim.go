@@ -65,7 +65,6 @@ type sjob struct {
 	gpus      int
 	prodFrom  float64 // productive from this time (restart delays)
 	started   bool
-	admitted  float64
 	owedSince float64
 	finish    float64
 	flavor    string

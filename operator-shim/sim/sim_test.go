@@ -14,8 +14,6 @@ import (
 
 const h100 = "nvidia-h100-80gb"
 
-func ip(n int) *int { return &n }
-
 func TestGenerateIsHeliosShaped(t *testing.T) {
 	o := GenOptions{Seed: 7, Jobs: 20000, Capacity: 256, Load: 1, ElasticFraction: 0.5,
 		Teams: []TeamLoad{{Name: "a", Share: 2}, {Name: "b", Share: 1}}}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,7 +21,7 @@ func buildStatic(t *testing.T, dir, program string) string {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		goBin = "go"
 	}
 	out := filepath.Join(dir, program)
 	cmd := exec.Command(goBin, "build", "-tags", "osusergo,netgo,no_dynamic_plugins",
