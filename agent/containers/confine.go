@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd/contrib/seccomp"
 	"github.com/containerd/containerd/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // What every job container gets, whatever its spec says (issue 22,
@@ -184,15 +185,38 @@ func CheckAllowMountSource(dir string) error {
 	return nil
 }
 
-// nrOpen is the node's fs.nr_open, the most a process's RLIMIT_NOFILE may
-// be (0 when it cannot be read).
-func nrOpen() uint64 {
-	b, err := os.ReadFile("/proc/sys/fs/nr_open")
-	if err != nil {
-		return 0
+// maxNoFile is the most RLIMIT_NOFILE runc can give a container here (0
+// when unknown): the node's fs.nr_open, and, where this process lacks
+// CAP_SYS_RESOURCE (a sandbox's "root"), its own hard limit, since no
+// process here can raise one above it.
+func maxNoFile() uint64 {
+	var max uint64
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		max, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
 	}
-	n, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	return n
+	if !hasCap(unix.CAP_SYS_RESOURCE) {
+		var l unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &l); err == nil && (max == 0 || l.Max < max) {
+			max = l.Max
+		}
+	}
+	return max
+}
+
+// hasCap reports whether this process has capability c in its effective
+// set.
+func hasCap(c int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && set&(1<<uint(c)) != 0
+		}
+	}
+	return false
 }
 
 // withConfinement takes every capability away, sets no_new_privileges and

@@ -124,14 +124,15 @@ func Connect(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.PullProgress <= 0 {
 		cfg.PullProgress = 10 * time.Second
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
 	if cfg.NoFile == 0 {
 		cfg.NoFile = DefaultNoFile
 	}
-	if n := nrOpen(); n > 0 && cfg.NoFile > n {
+	if n := maxNoFile(); n > 0 && cfg.NoFile > n {
+		cfg.Logger.Warn("containers get a lower RLIMIT_NOFILE than asked: this node allows no more", "asked", cfg.NoFile, "given", n)
 		cfg.NoFile = n
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
 	}
 	if _, err := os.Stat(cfg.Address); err != nil {
 		return nil, fmt.Errorf("containerd socket %s: %w", cfg.Address, err)

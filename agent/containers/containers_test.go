@@ -56,6 +56,11 @@ func (f *fixture) runWith(t *testing.T, s Spec, script string, during func(*Task
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if s.Image == "" && s.UID == nil {
+		// busybox's user is root: these tests run it as root on purpose
+		// (confine_test.go runs it as a job's uid).
+		s.AllowRoot = true
+	}
 	if s.Image == "" {
 		s.Image = f.image
 	}
@@ -182,7 +187,7 @@ func TestAdoptFindsARunningContainerByLabel(t *testing.T) {
 	f := newFixture(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := Spec{Image: f.image, Job: "job-a", Team: "t", Node: "node-1", Generation: 4, Args: []string{"/bin/sh", "-c", "trap 'echo bye; exit 5' USR2; while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")}
+	s := Spec{Image: f.image, Job: "job-a", Team: "t", Node: "node-1", Generation: 4, AllowRoot: true, Args: []string{"/bin/sh", "-c", "trap 'echo bye; exit 5' USR2; while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")}
 	task, err := f.rt.Start(ctx, s)
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +281,7 @@ func TestFixtureCleanupKillsContainersATestLeft(t *testing.T) {
 		f := newFixture(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		task, err := f.rt.Start(ctx, Spec{Image: f.image, Job: "left", Node: "n", Args: []string{"/bin/sh", "-c", "while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")})
+		task, err := f.rt.Start(ctx, Spec{Image: f.image, Job: "left", Node: "n", AllowRoot: true, Args: []string{"/bin/sh", "-c", "while :; do sleep 0.1; done"}, LogPath: filepath.Join(t.TempDir(), "o.log")})
 		if err != nil {
 			t.Fatal(err)
 		}
