@@ -10,7 +10,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
-.PHONY: build test test-python test-short bench soak soak-short demo demo-standalone image lint clean
+.PHONY: architecture build test test-python test-short bench soak soak-short demo demo-standalone image lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -108,6 +108,11 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+
+## architecture: rewrite ARCHITECTURE.md's package picture from go list
+## (a test fails when it is stale or an import goes up a layer).
+architecture:
+	$(GO) run ./internal/archgraph/cmd
 
 clean:
 	rm -rf $(BIN)
