@@ -2,6 +2,7 @@ package jobrunner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -82,6 +83,15 @@ type containerFleet struct {
 	mu     sync.Mutex
 	agents map[string]context.CancelFunc
 	done   map[string]chan struct{}
+	// What the agents started after a change get: the host directories
+	// jobs may mount (default: the temp dir, where the tests' checkpoint
+	// directories are), the job user (default none), whether a root image
+	// may run as root (default yes: busybox's user is root) and the
+	// containers' RLIMIT_NOFILE (0: the runtime's default).
+	allowMounts []string
+	jobUser     JobUser
+	allowRoot   bool
+	noFile      uint64
 }
 
 const e2eFlavor = "fake-gpu"
@@ -105,7 +115,8 @@ func newContainerFleet(t *testing.T) *containerFleet {
 	srv, cli := etcdtest.Start(t)
 	f := &containerFleet{t: t, ctx: ctx, ctrd: ctrd, reg: reg, image: image, cli: cli, eps: srv.Endpoints, st: fleet.New(cli, ""),
 		hpr: hpr, devDir: t.TempDir(), out: &syncBuf{}, logs: &syncBuf{}, logDir: t.TempDir(),
-		agents: map[string]context.CancelFunc{}, done: map[string]chan struct{}{}}
+		agents: map[string]context.CancelFunc{}, done: map[string]chan struct{}{},
+		allowMounts: []string{os.TempDir()}, allowRoot: true}
 	// Two fake GPUs per node: character devices with /dev/null's numbers
 	// (no CDI spec: the device nodes themselves go into the container).
 	for _, n := range []string{"nvidia0", "nvidia1"} {
@@ -144,7 +155,8 @@ func newContainerFleet(t *testing.T) *containerFleet {
 func (f *containerFleet) startAgent(name string) {
 	f.t.Helper()
 	log := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("agent", name)
-	rt, err := containers.Connect(f.ctx, containers.Config{Address: f.ctrd.Address, CDIDirs: []string{filepath.Join(f.devDir, "cdi")}, DevRoot: f.devDir, Logger: log})
+	rt, err := containers.Connect(f.ctx, containers.Config{Address: f.ctrd.Address, CDIDirs: []string{filepath.Join(f.devDir, "cdi")}, DevRoot: f.devDir, Logger: log,
+		AllowMountSources: f.allowMounts, NoFile: f.noFile})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -153,7 +165,8 @@ func (f *containerFleet) startAgent(name string) {
 		f.t.Fatal(err)
 	}
 	r := New(Config{Endpoints: f.eps, Output: f.out, Logger: log, TempDir: tmp, LogDir: f.logDir, RdzvConf: "lease_ttl=3",
-		Containers: rt, ContainerHyperpodrun: f.hpr, BackoffBase: 200 * time.Millisecond, DrainMargin: time.Second})
+		Containers: rt, ContainerHyperpodrun: f.hpr, BackoffBase: 200 * time.Millisecond, DrainMargin: time.Second,
+		JobUser: f.jobUser, AllowRootJobs: f.allowRoot})
 	devDir := f.devDir
 	agent, err := nodeagent.New(f.cli, nodeagent.Config{NodeName: name, LeaseTTL: 10 * time.Second, Workloads: r, Logger: log,
 		Discover: func(context.Context) (*devices.Inventory, error) {
@@ -408,10 +421,11 @@ func compact(ws []int) []int {
 }
 
 // A real PyTorch DDP run (gloo, 2 workers) in a container: the image is a
-// merged-/usr skeleton (bin, lib, lib64 and sbin link into /usr) and the
-// job mounts the host's /usr read-only (with /etc/alternatives, where
-// Debian's BLAS links point, and the loader cache), so the host's Python and Debian's
-// torch run inside; the training script comes in through a mount too. The
+// merged-/usr skeleton (bin, lib, lib64 and sbin link into /usr, with
+// copies of the host's /etc/alternatives links, where Debian's BLAS links
+// point, and loader cache) and the job mounts the host's /usr read-only
+// (allowed by the agent's --allow-mount-source), so the host's Python and
+// Debian's torch run inside; the training script comes in through a mount too. The
 // agent's static hyperpodrun launches the workers; the Python helper
 // reaches them on PYTHONPATH from hyperpodrun itself.
 func TestPyTorchDDPTrainsInAContainer(t *testing.T) {
@@ -423,20 +437,34 @@ func TestPyTorchDDPTrainsInAContainer(t *testing.T) {
 	}
 	f := newContainerFleet(t)
 	skeleton := []ctrdtest.File{{Path: "tmp/", Mode: 0o1777}, {Path: "usr/", Mode: 0o755}, {Path: "etc/passwd", Data: []byte("root:x:0:0:root:/root:/bin/sh\n")},
-		{Path: "bin", Link: "usr/bin"}, {Path: "lib", Link: "usr/lib"}, {Path: "lib64", Link: "usr/lib64"}, {Path: "sbin", Link: "usr/sbin"}}
+		{Path: "bin", Link: "usr/bin"}, {Path: "lib", Link: "usr/lib"}, {Path: "lib64", Link: "usr/lib64"}, {Path: "sbin", Link: "usr/sbin"},
+		{Path: "etc/ld.so.cache", Source: "/etc/ld.so.cache"}}
+	// The host's /etc is never mounted into a job (containers.
+	// DangerousMountSource): Debian's alternatives links, where its BLAS
+	// links point, come as links in the image.
+	alts, err := os.ReadDir("/etc/alternatives")
+	if err != nil {
+		t.Skipf("no /etc/alternatives: %v", err)
+	}
+	for _, a := range alts {
+		if target, err := os.Readlink(filepath.Join("/etc/alternatives", a.Name())); err == nil {
+			skeleton = append(skeleton, ctrdtest.File{Path: "etc/alternatives/" + a.Name(), Link: target})
+		}
+	}
 	image, err := f.reg.Push(f.ctx, "team/host-python", "v1", ctrdtest.Image{Files: skeleton})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.startAgent("node-1")
 	scripts, err := filepath.Abs("../../examples/pytorch")
 	if err != nil {
 		t.Fatal(err)
 	}
+	f.allowMounts = append(f.allowMounts, "/usr", scripts)
+	f.startAgent("node-1")
 	f.submit("ddp", 1, 1, fleet.RunSpec{Image: image, Script: "/scripts/train_elastic.py", NProcPerNode: "2", Python: "/usr/bin/python3",
 		Args: []string{"--steps", "8", "--ckpt-dir", "/ckpt", "--backend", "gloo"},
-		Mounts: []fleet.Mount{{Source: "/usr", Target: "/usr", ReadOnly: true}, {Source: "/etc/alternatives", Target: "/etc/alternatives", ReadOnly: true},
-			{Source: "/etc/ld.so.cache", Target: "/etc/ld.so.cache", ReadOnly: true}, {Source: scripts, Target: "/scripts", ReadOnly: true}, {Source: t.TempDir(), Target: "/ckpt"}},
+		Mounts: []fleet.Mount{{Source: "/usr", Target: "/usr", ReadOnly: true},
+			{Source: scripts, Target: "/scripts", ReadOnly: true}, {Source: t.TempDir(), Target: "/ckpt"}},
 		Env: map[string]string{"OMP_NUM_THREADS": "1"}, ShmSize: 256 << 20})
 	f.waitFor("the DDP job to finish", 4*time.Minute, func() bool { return f.finished("ddp") != nil })
 	if fin := f.finished("ddp"); fin.Outcome != fleet.Succeeded {
@@ -518,5 +546,148 @@ func TestStopEscalatesToSIGKILLAfterTheJobsTimeout(t *testing.T) {
 	}
 	if took := time.Since(start); took < 2*time.Second {
 		t.Errorf("killed after %s, before the job's graceful timeout (1 s) + margin (1 s)", took)
+	}
+}
+
+// submitAround writes a job's spec as SubmitJob does, or, where SubmitJob
+// refuses it (a submit-time check), straight into etcd: the agent must
+// refuse what reaches it anyway (an older coordinator, a hand-written
+// record).
+func (f *containerFleet) submitAround(name string, run fleet.RunSpec) {
+	f.t.Helper()
+	j := fleet.JobSpec{Job: policy.Job{Name: name, Team: "t", Flavor: e2eFlavor, PerNode: policy.Resources{Accelerators: 2, VCPUs: 1, Memory: 512 << 20},
+		MinNodes: 1, MaxNodes: 1, SubmitTime: time.Now().UTC()}, Run: run}
+	err := f.st.SubmitJob(f.ctx, j)
+	if err == nil {
+		return
+	}
+	f.t.Logf("submit refused %s (%v): writing its spec around the check", name, err)
+	b, err := json.Marshal(j)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.cli.Put(f.ctx, f.st.Keys.Spec(j.Team, j.Name), string(b)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// problemOf is node's problem record of job ("" when none).
+func (f *containerFleet) problemOf(job string) string {
+	ps, _, err := f.st.Problems(f.ctx, job)
+	if err != nil || len(ps) == 0 {
+		return ""
+	}
+	return ps[0].Node + ": " + ps[0].Message
+}
+
+// A running job container, seen from inside by the job itself: no
+// capability in any set, containerd's default seccomp filter,
+// no_new_privileges, the job's uid and gid, RLIMIT_NOFILE as the node
+// sets it; a mount within the node's allowed directories works.
+func TestConfinedJobContainerHasNoCapabilitiesSeccompNoNewPrivsAndTheJobsUID(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	f := newContainerFleet(t)
+	f.jobUser, f.allowRoot, f.noFile = JobUser{UID: 4242, GID: 4343, Set: true}, false, 4096
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "shard"), []byte("shard-0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(data, 0o755)
+	f.startAgent("node-1")
+	f.submit("confined", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, GracefulTimeoutSeconds: 1,
+		Mounts:  []fleet.Mount{{Source: data, Target: "/data", ReadOnly: true}},
+		Command: []string{"/bin/sh", "-c", "grep -E '^(Cap|Seccomp|NoNewPrivs|Uid|Gid)' /proc/self/status; grep 'open files' /proc/self/limits; cat /data/shard; echo confined-ready; trap 'exit 0' USR2; while :; do sleep 0.1; done", "sh"}})
+	f.waitFor("the job's container to report", 60*time.Second, func() bool { return strings.Contains(f.out.String(), "confined-ready") })
+	out := f.out.String()
+	for _, want := range []string{
+		"CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
+		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000",
+		"Seccomp:\t2", "NoNewPrivs:\t1", "Uid:\t4242\t4242\t4242\t4242", "Gid:\t4343\t4343\t4343\t4343",
+		"shard-0",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the job's container lacks %q:\n%s", want, out)
+		}
+	}
+	if !regexp.MustCompile(`Max open files\s+4096\s+4096\s+files`).MatchString(out) {
+		t.Errorf("the job's RLIMIT_NOFILE is not 4096 (the node's setting):\n%s", out)
+	}
+	if _, err := f.st.UpdateJob(f.ctx, "confined", func(j *fleet.JobSpec) error { j.Suspended = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("its container gone", 60*time.Second, func() bool { return len(f.containers()) == 0 })
+}
+
+// Host mounts the node does not allow are refused before any container is
+// made, with a problem record (elasticctl describe job) that names the
+// mount, the node's allow-list and the fix: the host's /, containerd's
+// socket, and a symlink inside an allowed directory that leads out of it.
+func TestConfineRefusesHostRootSocketAndSymlinkEscapeMounts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and three agents")
+	}
+	f := newContainerFleet(t)
+	allowed := t.TempDir()
+	secret := t.TempDir()
+	if err := os.Symlink(secret, filepath.Join(allowed, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	f.allowMounts = []string{allowed}
+	for _, n := range []string{"node-1", "node-2", "node-3"} {
+		f.startAgent(n)
+	}
+	jobs := map[string]struct {
+		source, why string
+	}{
+		"root-fs": {"/", "root file system"},
+		"socket":  {f.ctrd.Address, "agent's own directory"},
+		"escape":  {filepath.Join(allowed, "escape"), "through a symbolic link"},
+	}
+	for name, j := range jobs {
+		f.submitAround(name, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, Args: []string{"--steps", "3"},
+			Mounts: []fleet.Mount{{Source: j.source, Target: "/host"}}})
+	}
+	for name, j := range jobs {
+		f.waitFor("a problem record for "+name, 60*time.Second, func() bool { return f.problemOf(name) != "" })
+		p := f.problemOf(name)
+		for _, want := range []string{"refuses the job's container", fmt.Sprintf("%q", j.source), j.why, allowed, "--allow-mount-source"} {
+			if !strings.Contains(p, want) {
+				t.Errorf("job %s's problem record lacks %q: %s", name, want, p)
+			}
+		}
+		if fin := f.finished(name); fin != nil {
+			t.Errorf("job %s finished (%+v): a refused mount is the node's word, not the job's end", name, fin)
+		}
+	}
+	if c := f.containers(); len(c) != 0 {
+		t.Errorf("containers made for refused specs: %v", c)
+	}
+	if strings.Contains(f.logs.String(), "started job in a container") {
+		t.Errorf("a container started for a refused spec:\n%s", f.logs.String())
+	}
+}
+
+// With no identity for the job (no --job-user, no --job-uid-range) an
+// image whose user is root is refused with the reason and the fix; it
+// never runs as root unasked.
+func TestConfineRefusesARootImageWithoutAJobIdentity(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	f := newContainerFleet(t)
+	f.allowRoot = false
+	f.startAgent("node-1")
+	f.submit("as-root", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, Args: []string{"--steps", "3"}})
+	f.waitFor("a problem record", 60*time.Second, func() bool { return f.problemOf("as-root") != "" })
+	p := f.problemOf("as-root")
+	for _, want := range []string{"runs as root", "--job-uid-range", "--job-user"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("the problem record lacks %q: %s", want, p)
+		}
+	}
+	if strings.Contains(f.logs.String(), "started job in a container") || len(f.containers()) != 0 {
+		t.Errorf("the root image ran:\n%s", f.logs.String())
 	}
 }
