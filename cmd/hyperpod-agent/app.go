@@ -109,6 +109,8 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "containerd-snapshotter", Usage: "containerd snapshotter (default: containerd's)"},
 					&cli.StringFlag{Name: "container-hyperpodrun", Usage: "static hyperpodrun mounted into containers whose job names no run.command (default: hyperpodrun-static beside this binary or on PATH)"},
 					&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs live (the NVIDIA container toolkit writes them)"},
+					&cli.StringSliceFlag{Name: "allow-mount-source", Usage: "a host directory whose contents container jobs may bind-mount (run.mounts); repeat for several; none by default: no host mounts. Never /, /etc, /proc, /sys, /dev, /run, /var/run, /boot, /root, containerd's or docker's state, nor a directory holding one"},
+					&cli.Uint64Flag{Name: "container-nofile", Value: containers.DefaultNoFile, Usage: "RLIMIT_NOFILE (soft and hard) of the jobs' containers, at most the node's fs.nr_open"},
 					&cli.StringFlag{Name: "registry-config", Usage: "docker-style config.json with registry credentials (auths)"},
 					&cli.StringSliceFlag{Name: "insecure-registry", Usage: "registries (host:port) pulled over plain HTTP; loopback always is"},
 					&cli.StringFlag{Name: "job-etcd-cert", Usage: "client certificate the jobs' hyperpodrun present to etcd (with --job-etcd-key); the agent's own --etcd-cert never reaches a job"},

@@ -31,6 +31,17 @@ func pickRuntime(ctx context.Context, c *cli.Context, log *slog.Logger) (*contai
 		Snapshotter: c.String("containerd-snapshotter"), PlainHTTP: c.StringSlice("insecure-registry"),
 		DockerConfig: c.String("registry-config"), CDIDirs: c.StringSlice("cdi-spec-dir"),
 		DevRoot: c.String("dev-root"), Logger: log,
+		AllowMountSources: c.StringSlice("allow-mount-source"), NoFile: c.Uint64("container-nofile"),
+	}
+	// The mount allow-list is the node admin's word: a directory no job
+	// may ever mount is a mistake, refused before anything runs.
+	for _, d := range cfg.AllowMountSources {
+		if err := containers.CheckAllowMountSource(d); err != nil {
+			return nil, usagef("%v", err)
+		}
+	}
+	if cfg.NoFile == 0 {
+		return nil, usagef("--container-nofile 0: give the containers' RLIMIT_NOFILE, e.g. %d", containers.DefaultNoFile)
 	}
 	switch mode {
 	case runtimeProcess:
@@ -48,7 +59,8 @@ func pickRuntime(ctx context.Context, c *cli.Context, log *slog.Logger) (*contai
 		log.Info("runtime: process (containerd does not answer, so jobs naming run.image fail on this node)", "containerd", cfg.Address, "why", err)
 		return nil, nil
 	}
-	log.Info("runtime: containerd: jobs naming run.image run in containers, the others as host processes", "containerd", rt.Address(), "namespace", rt.Namespace())
+	log.Info("runtime: containerd: jobs naming run.image run in containers, the others as host processes", "containerd", rt.Address(), "namespace", rt.Namespace(),
+		"allow_mount_sources", cfg.AllowMountSources)
 	return rt, nil
 }
 
