@@ -3,9 +3,17 @@
 // <prefix>/nodes/<node>, keeps it current as health changes, marks the node
 // draining before it leaves, and serves /healthz and Prometheus /metrics.
 //
-// Liveness is the lease: a node whose agent dies disappears from etcd when
-// its lease expires (LeaseTTL); a drained node is first rewritten with
-// state "draining", then its lease is revoked and it disappears at once.
+// Liveness is two leases of LeaseTTL. The inventory is under one whose id
+// every reader of the record sees; since etcd lets any user keep any lease
+// alive, that lease proves nothing. So the agent also writes
+// <prefix>/alive/<node> under a second lease whose id it picks at random
+// and never shows (package secretlease), a key only its own etcd user and
+// the coordinator may read, and its record says so (Inventory.Liveness).
+// The coordinator counts the node only while that key exists: a node whose
+// agent dies is gone when the alive lease expires, and the coordinator
+// then deletes its record too. A drained node is first rewritten with
+// state "draining", then both leases are revoked and it disappears at
+// once.
 //
 // Several agents can run in one process (the demo, tests): each has its own
 // metrics registry and, optionally, its own HTTP listener.
@@ -29,6 +37,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
 )
 
 // Defaults.
@@ -103,6 +112,7 @@ type Agent struct {
 	cli     *clientv3.Client
 	cfg     Config
 	key     string
+	alive   string // the alive key
 	ttl     int64
 	log     *slog.Logger
 	ln      net.Listener
@@ -118,6 +128,7 @@ type Agent struct {
 
 	mu         sync.Mutex // guards the fields below
 	lease      clientv3.LeaseID
+	aliveLease clientv3.LeaseID // 0 when the roles did not let the agent write its alive key
 	registered bool
 	draining   bool
 	current    *devices.Inventory
@@ -153,6 +164,7 @@ func New(cli *clientv3.Client, cfg Config) (*Agent, error) {
 		cli:     cli,
 		cfg:     cfg,
 		key:     fleet.NewKeys(cfg.Prefix).Node(cfg.NodeName),
+		alive:   fleet.NewKeys(cfg.Prefix).Alive(cfg.NodeName),
 		ttl:     int64(math.Ceil(cfg.LeaseTTL.Seconds())),
 		log:     cfg.Logger.With("node", cfg.NodeName),
 		metrics: newMetrics(cfg.NodeName),
@@ -249,6 +261,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	var (
 		keepAlive     <-chan *clientv3.LeaseKeepAliveResponse
+		aliveKA       <-chan *clientv3.LeaseKeepAliveResponse
 		stopKeepAlive = func() {}
 		workloads     sync.Once
 		backoff       = 200 * time.Millisecond
@@ -258,7 +271,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if !a.isRegistered() && !a.isDraining() {
 			stopKeepAlive()
 			kaCtx, kaCancel := context.WithCancel(ctx)
-			ka, err := a.register(ctx, kaCtx)
+			ka, aka, err := a.register(ctx, kaCtx)
 			if err != nil {
 				kaCancel()
 				a.setLastErr(err)
@@ -276,7 +289,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				continue
 			}
 			backoff = 200 * time.Millisecond
-			keepAlive, stopKeepAlive = ka, kaCancel
+			keepAlive, aliveKA, stopKeepAlive = ka, aka, kaCancel
 			if a.cfg.Workloads != nil {
 				workloads.Do(func() {
 					wg.Add(1)
@@ -301,6 +314,13 @@ func (a *Agent) Run(ctx context.Context) error {
 				keepAlive = nil
 				if !a.isDraining() {
 					a.leaseLost(errors.New("lease keep-alive ended (etcd unreachable for longer than the lease TTL, or the lease was revoked)"))
+				}
+			}
+		case _, ok := <-aliveKA:
+			if !ok {
+				aliveKA = nil
+				if !a.isDraining() {
+					a.leaseLost(errors.New("alive key's lease keep-alive ended (etcd unreachable for longer than the lease TTL, or the lease was revoked)"))
 				}
 			}
 		case <-ticker.C:
@@ -333,7 +353,14 @@ func (a *Agent) leaseLost(err error) {
 	a.mu.Lock()
 	a.registered = false
 	a.lastErr = err.Error()
+	// Whichever of the two leases is left holds nothing the next
+	// registration keeps: it is revoked, not left for others to extend.
+	lease, aliveLease := a.lease, a.aliveLease
 	a.mu.Unlock()
+	a.revokeQuietly(lease)
+	if aliveLease != 0 {
+		a.revokeQuietly(aliveLease)
+	}
 	a.metrics.registered.Set(0)
 	a.metrics.leaseLost.Inc()
 	a.log.Warn("registration lost; re-registering", "err", err)
@@ -365,53 +392,96 @@ func (a *Agent) discover(ctx context.Context) (*devices.Inventory, error) {
 	return inv, nil
 }
 
-// register grants a lease, writes the inventory under it and starts keeping
-// it alive (until kaCtx is done).
-func (a *Agent) register(ctx, kaCtx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
+// register grants the two leases, writes the alive key and the inventory
+// under them in one transaction and starts keeping both alive (until kaCtx
+// is done). The second channel is nil when the agent's etcd role may not
+// write its alive key (roles from before alive keys): the node then
+// registers as older agents did, on its record's lease alone.
+func (a *Agent) register(ctx, kaCtx context.Context) (ka, aliveKA <-chan *clientv3.LeaseKeepAliveResponse, err error) {
 	inv, err := a.discover(ctx)
 	if err != nil {
-		return nil, err
-	}
-	data, err := json.Marshal(inv)
-	if err != nil {
-		return nil, fmt.Errorf("encode inventory: %w", err)
+		return nil, nil, err
 	}
 	gctx, gcancel := context.WithTimeout(ctx, etcdTimeout)
 	grant, err := a.cli.Grant(gctx, a.ttl)
 	gcancel()
 	if err != nil {
-		return nil, fmt.Errorf("etcd lease grant: %w", err)
+		return nil, nil, fmt.Errorf("etcd lease grant: %w", err)
+	}
+	gctx, gcancel = context.WithTimeout(ctx, etcdTimeout)
+	secret, err := secretlease.Grant(gctx, a.cli, a.ttl)
+	gcancel()
+	if err != nil {
+		a.revokeQuietly(grant.ID)
+		return nil, nil, fmt.Errorf("etcd lease grant for the alive key: %w", err)
+	}
+	aliveLease := secret.ID
+	revoke := func() {
+		a.revokeQuietly(grant.ID)
+		if aliveLease != 0 {
+			a.revokeQuietly(aliveLease)
+		}
 	}
 	if err := a.lockWriter(ctx); err != nil {
-		a.revokeQuietly(grant.ID)
-		return nil, err
+		revoke()
+		return nil, nil, err
 	}
 	defer a.unlockWriter()
 	if a.isDraining() {
-		a.revokeQuietly(grant.ID)
-		return nil, errors.New("draining")
+		revoke()
+		return nil, nil, errors.New("draining")
 	}
-	pctx, pcancel := context.WithTimeout(ctx, etcdTimeout)
-	_, err = a.cli.Put(pctx, a.key, string(data), clientv3.WithLease(grant.ID))
-	pcancel()
-	if err != nil {
-		a.revokeQuietly(grant.ID)
-		return nil, fmt.Errorf("etcd put %s: %w", a.key, err)
+	inv.Liveness = devices.LivenessAliveKey
+	err = a.putRegistration(ctx, inv, grant.ID, aliveLease)
+	if errors.Is(err, rpctypes.ErrPermissionDenied) {
+		a.log.Warn("this agent's etcd role may not write its alive key; registering on the record's lease alone, "+
+			"which anyone can keep alive after the agent is gone: run elasticctl auth bootstrap again to update the roles",
+			"key", a.alive, "err", err)
+		a.revokeQuietly(aliveLease)
+		aliveLease, inv.Liveness = 0, ""
+		err = a.putRegistration(ctx, inv, grant.ID, 0)
 	}
-	ka, err := a.cli.KeepAlive(kaCtx, grant.ID)
 	if err != nil {
-		a.revokeQuietly(grant.ID)
-		return nil, fmt.Errorf("etcd lease keep-alive: %w", err)
+		revoke()
+		return nil, nil, err
+	}
+	ka, err = a.cli.KeepAlive(kaCtx, grant.ID)
+	if err == nil && aliveLease != 0 {
+		aliveKA, err = a.cli.KeepAlive(kaCtx, aliveLease)
+	}
+	if err != nil {
+		revoke()
+		return nil, nil, fmt.Errorf("etcd lease keep-alive: %w", err)
 	}
 	a.mu.Lock()
-	a.lease, a.registered, a.current, a.lastErr = grant.ID, true, inv, ""
+	a.lease, a.aliveLease, a.registered, a.current, a.lastErr = grant.ID, aliveLease, true, inv, ""
 	a.metrics.registered.Set(1) // under mu, so /healthz and the gauge agree
 	a.mu.Unlock()
 	a.metrics.writes.Inc()
 	a.log.Info("registered", "key", a.key, "lease", fmt.Sprintf("%x", int64(grant.ID)), "ttl_s", a.ttl,
-		"flavor", inv.Flavor, "accelerators", len(inv.Accelerators), "healthy_gpus", inv.Healthy(devices.KindNVIDIA),
-		"healthy_neuron", inv.Healthy(devices.KindNeuron))
-	return ka, nil
+		"liveness", inv.Liveness, "flavor", inv.Flavor, "accelerators", len(inv.Accelerators),
+		"healthy_gpus", inv.Healthy(devices.KindNVIDIA), "healthy_neuron", inv.Healthy(devices.KindNeuron))
+	return ka, aliveKA, nil
+}
+
+// putRegistration writes the inventory under lease and, when aliveLease
+// is not 0, the alive key under aliveLease, in one transaction: the
+// coordinator never sees a record that declares an alive key without it.
+func (a *Agent) putRegistration(ctx context.Context, inv *devices.Inventory, lease, aliveLease clientv3.LeaseID) error {
+	data, err := json.Marshal(inv)
+	if err != nil {
+		return fmt.Errorf("encode inventory: %w", err)
+	}
+	ops := []clientv3.Op{clientv3.OpPut(a.key, string(data), clientv3.WithLease(lease))}
+	if aliveLease != 0 {
+		ops = append([]clientv3.Op{clientv3.OpPut(a.alive, a.cfg.NodeName, clientv3.WithLease(aliveLease))}, ops...)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, etcdTimeout)
+	defer pcancel()
+	if _, err := a.cli.Txn(pctx).Then(ops...).Commit(); err != nil {
+		return fmt.Errorf("etcd put %s: %w", a.key, err)
+	}
+	return nil
 }
 
 func (a *Agent) revokeQuietly(id clientv3.LeaseID) {
@@ -434,6 +504,9 @@ func (a *Agent) refresh(ctx context.Context) {
 	}
 	defer a.unlockWriter()
 	a.mu.Lock()
+	if a.current != nil {
+		inv.Liveness = a.current.Liveness
+	}
 	lease, skip := a.lease, !a.registered || a.draining || inv.Equal(a.current)
 	a.mu.Unlock()
 	if skip {
@@ -494,7 +567,7 @@ func (a *Agent) Drain(ctx context.Context) error {
 		a.unlockWriter()
 	}
 	a.mu.Lock()
-	lease, registered, cur := a.lease, a.registered, a.current.Clone()
+	lease, aliveLease, registered, cur := a.lease, a.aliveLease, a.registered, a.current.Clone()
 	a.mu.Unlock()
 	if registered && cur != nil {
 		cur.State = devices.StateDraining
@@ -513,8 +586,15 @@ func (a *Agent) Drain(ctx context.Context) error {
 		}
 	}
 	if registered {
+		// The record's lease first: watchers see the record go, not
+		// the coordinator deleting it for want of its alive key.
 		if _, err := a.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			errs = append(errs, fmt.Errorf("revoke lease: %w", err))
+		}
+		if aliveLease != 0 {
+			if _, err := a.cli.Revoke(ctx, aliveLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				errs = append(errs, fmt.Errorf("revoke the alive key's lease: %w", err))
+			}
 		}
 	}
 	a.mu.Lock()
@@ -534,7 +614,7 @@ func (a *Agent) Drain(ctx context.Context) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("nodeagent: drain: %w", err)
 	}
-	a.log.Info("drained; lease revoked")
+	a.log.Info("drained; leases revoked")
 	return nil
 }
 

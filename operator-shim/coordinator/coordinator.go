@@ -299,7 +299,7 @@ func (c *Coordinator) reload(ctx context.Context) error {
 // watched are the prefixes the view is fed from: what others write.
 func (c *Coordinator) watched() []string {
 	k := c.store.Keys
-	return []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix()}
+	return []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix(), k.AlivePrefix()}
 }
 
 type watchMsg struct {

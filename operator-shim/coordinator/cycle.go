@@ -35,6 +35,8 @@ const maxFollowUps = 8
 func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
 	start := time.Now()
 	v := c.view
+	// Node records whose alive key is gone are deleted (liveness.go).
+	c.reapDead(ctx)
 	if err := c.refreshJobs(ctx); err != nil {
 		c.stale = true
 		return false, err

@@ -33,6 +33,14 @@ type view struct {
 	teams    map[string]api.Team          // by team
 	specs    map[string]specRec           // by spec key
 	finished map[string]finishRec         // by job
+
+	// alive are the nodes whose alive key exists; nodeLease is each node
+	// record's lease; dead are the nodes whose record declares an alive
+	// key that is missing (nodeCounts), by their record's lease: the next
+	// cycle deletes those records (reapDead).
+	alive     map[string]bool
+	nodeLease map[string]int64
+	dead      map[string]int64
 	// names are the spec keys of each job name; owned the spec that owns
 	// each name; active the names of the owned jobs that have not
 	// finished, in order: kept as specs and finish records change, so a
@@ -104,6 +112,7 @@ func newView(keys fleet.Keys, log *slog.Logger) *view {
 func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.CoordinatorSnapshot, now time.Time) {
 	v.rev = snap.Rev
 	v.nodes = map[string]devices.Inventory{}
+	v.alive, v.nodeLease, v.dead = map[string]bool{}, map[string]int64{}, map[string]int64{}
 	v.teams = map[string]api.Team{}
 	v.specs = map[string]specRec{}
 	v.finished = map[string]finishRec{}
@@ -120,6 +129,9 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.jobEdits, v.allocAt = nil, nil
 	v.usage = nil
 	v.stale.nodes, v.stale.teams, v.stale.jobs, v.stale.allocs = true, true, true, true
+	for _, kv := range snap.Alive {
+		v.alive[strings.TrimPrefix(string(kv.Key), v.keys.AlivePrefix())] = true
+	}
 	for _, kv := range snap.Nodes {
 		v.putNode(kv)
 	}
@@ -197,20 +209,67 @@ func (v *view) putNode(kv *mvccpb.KeyValue) bool {
 		// An inventory counts only while its agent's lease proves the
 		// agent alive; one without a lease would never expire.
 		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", string(kv.Key))
-		_, had := v.nodes[node]
-		delete(v.nodes, node)
-		return had
+		return v.delNode(node)
 	}
 	inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
 	if err != nil {
 		v.log.Warn("ignoring malformed node inventory; keeping its last good value", "err", err)
 		return false
 	}
-	if old, ok := v.nodes[inv.Node]; ok && NodeFromInventory(old) == NodeFromInventory(*inv) {
-		v.nodes[inv.Node] = *inv
+	old, had := v.nodes[inv.Node]
+	alive := v.alive[inv.Node]
+	v.nodes[inv.Node] = *inv
+	v.nodeLease[inv.Node] = kv.Lease
+	v.checkDead(inv.Node)
+	if had && NodeFromInventory(old) == NodeFromInventory(*inv) && nodeCounts(old, alive) == nodeCounts(*inv, alive) {
 		return false // nothing the engine sees changed (a timestamp, say)
 	}
-	v.nodes[inv.Node] = *inv
+	return true
+}
+
+// delNode forgets a node's record; it reports whether the engine saw it.
+func (v *view) delNode(node string) bool {
+	inv, had := v.nodes[node]
+	delete(v.nodes, node)
+	delete(v.nodeLease, node)
+	delete(v.dead, node)
+	return had && nodeCounts(inv, v.alive[node])
+}
+
+// setAlive records whether node's alive key exists; it reports whether
+// the engine's view of the node changed.
+func (v *view) setAlive(node string, alive bool) bool {
+	was := v.alive[node]
+	if alive {
+		v.alive[node] = true
+	} else {
+		delete(v.alive, node)
+	}
+	v.checkDead(node)
+	inv, ok := v.nodes[node]
+	return ok && nodeCounts(inv, was) != nodeCounts(inv, alive)
+}
+
+// checkDead keeps dead: the nodes whose record does not count for want
+// of its alive key.
+func (v *view) checkDead(node string) {
+	if inv, ok := v.nodes[node]; ok && !nodeCounts(inv, v.alive[node]) {
+		v.dead[node] = v.nodeLease[node]
+	} else {
+		delete(v.dead, node)
+	}
+}
+
+// nodeCounts decides whether a node record counts as a node: the
+// record's lease alone cannot prove its agent alive (etcd lets any user
+// keep any lease alive, and every reader of the record sees its lease
+// id), so a record that declares an alive key counts only while that key,
+// under a lease only its agent knows, exists. A record without the
+// declaration (older agents, hand-written records) counts on its lease.
+func nodeCounts(inv devices.Inventory, alive bool) bool {
+	if inv.Liveness == devices.LivenessAliveKey {
+		return alive
+	}
 	return true
 }
 
@@ -307,11 +366,15 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 		case strings.HasPrefix(key, k.NodesPrefix()):
 			node := strings.TrimPrefix(key, k.NodesPrefix())
 			if del {
-				_, had := v.nodes[node]
-				delete(v.nodes, node)
+				had := v.delNode(node)
 				changed = changed || had
 				v.stale.nodes = v.stale.nodes || had
 			} else if v.putNode(e.Kv) {
+				changed = true
+				v.stale.nodes = true
+			}
+		case strings.HasPrefix(key, k.AlivePrefix()):
+			if v.setAlive(strings.TrimPrefix(key, k.AlivePrefix()), !del) {
 				changed = true
 				v.stale.nodes = true
 			}
@@ -367,7 +430,9 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 	if v.stale.nodes {
 		v.cNodes = v.cNodes[:0]
 		for _, inv := range v.nodes {
-			v.cNodes = append(v.cNodes, NodeFromInventory(inv))
+			if nodeCounts(inv, v.alive[inv.Node]) {
+				v.cNodes = append(v.cNodes, NodeFromInventory(inv))
+			}
 		}
 		slices.SortFunc(v.cNodes, func(a, b policy.Node) int { return strings.Compare(a.Name, b.Name) })
 		v.stale.nodes = false
