@@ -10,7 +10,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
-.PHONY: architecture build test test-python test-short bench soak soak-short demo demo-standalone image lint clean
+.PHONY: architecture build deps test test-python test-short bench soak soak-short demo demo-standalone image lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -31,7 +31,12 @@ build:
 # time, so they never starve each other's lease keepalives on a 2-core box.
 E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
 
-test: test-python lint
+## deps: what the tests need (as root: installed when missing; otherwise
+## the exact command to run is printed).
+deps:
+	@bash scripts/check-deps.sh
+
+test: deps test-python lint
 	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
 	@# The chaos soak's short version (issue 10): real etcd killed and
