@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,9 +181,22 @@ func TestConfinedContainerHasNoCapabilitiesSeccompNoNewPrivsTheJobsUIDAndNoFile(
 	// CAP_SYS_RESOURCE (containerd's default is 1024).
 	f.rt = f.connect(t, Config{NoFile: 4096})
 	uid, gid := uint32(4242), uint32(4343)
-	ex, out := f.run(t, Spec{UID: &uid, GID: &gid}, `cat /proc/self/status; cat /proc/self/limits; id`)
+	// The run's files become the job's (the password file is 0600); a
+	// link among them is not followed.
+	runDir, outside := t.TempDir(), filepath.Join(t.TempDir(), "root-owned")
+	os.WriteFile(filepath.Join(runDir, "etcd.password"), []byte("pw-for-the-job\n"), 0o600)
+	os.WriteFile(outside, []byte("x"), 0o600)
+	os.Symlink(outside, filepath.Join(runDir, "link"))
+	ex, out := f.run(t, Spec{UID: &uid, GID: &gid, RunDir: runDir, Mounts: []Mount{{Source: runDir, Target: RunDir, ReadOnly: true}}},
+		`cat /proc/self/status; cat /proc/self/limits; id; cat `+RunDir+`/etcd.password`)
 	if ex.Code != 0 {
 		t.Fatalf("exit %d:\n%s", ex.Code, out)
+	}
+	if !strings.Contains(out, "pw-for-the-job") {
+		t.Errorf("the job's uid cannot read the run's password file:\n%s", out)
+	}
+	if fi, err := os.Stat(outside); err != nil || fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Errorf("a file a link in the run's directory points to changed owner: %v", err)
 	}
 	for _, want := range []string{
 		"CapInh:\t0000000000000000\n", "CapPrm:\t0000000000000000\n", "CapEff:\t0000000000000000\n",

@@ -542,12 +542,7 @@ func (rt *Runtime) Start(ctx context.Context, s Spec) (*Task, error) {
 			return fail(fmt.Errorf("read the container's spec: %w", err))
 		}
 		uid, gid := int(sp.Process.User.UID), int(sp.Process.User.GID)
-		if err := filepath.WalkDir(s.RunDir, func(p string, _ os.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			return os.Lchown(p, uid, gid)
-		}); err != nil {
+		if err := giveRunDir(s.RunDir, uid, gid); err != nil {
 			return fail(fmt.Errorf("give the run's files to the container's user %d: %w", uid, err))
 		}
 	}
@@ -567,6 +562,33 @@ func (rt *Runtime) Start(ctx context.Context, s Spec) (*Task, error) {
 		return fail(fmt.Errorf("start the container's task: %w", err))
 	}
 	return t, nil
+}
+
+// giveRunDir gives the run's directory and the files the agent wrote in it
+// (one level: the agent writes no subdirectory) to uid:gid. It never
+// follows a symbolic link (os.Root, Lchown) and gives the directory itself
+// last, so nothing of uid's can change it while it is walked.
+func giveRunDir(dir string, uid, gid int) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	f, err := root.Open(".")
+	if err != nil {
+		return err
+	}
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if err := root.Lchown(n, uid, gid); err != nil {
+			return err
+		}
+	}
+	return root.Lchown(".", uid, gid)
 }
 
 // Adopt finds the containers this node's agent made (by label) and returns
