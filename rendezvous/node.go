@@ -20,6 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
 )
 
 // Reason says why a round ended (and why the next one formed).
@@ -283,7 +284,11 @@ func (n *Node) register(ctx context.Context) error {
 	err = n.retry(ctx, "grant lease", false, func(ctx context.Context) error {
 		sent = time.Now()
 		var err error
-		g, err = n.cli.Grant(ctx, ttlSec)
+		// A random id etcd never shows to others: a member's keys live
+		// under jobs/, which only the job (and the coordinator and node
+		// agents) may read, and a guessable id would let anyone keep a
+		// dead member alive (package secretlease).
+		g, err = secretlease.Grant(ctx, n.cli, ttlSec)
 		return err
 	})
 	if err != nil {

@@ -58,7 +58,7 @@ func grant(ctx context.Context, lc pb.LeaseClient, ttl int64, newID func() (clie
 				lastErr = err
 				continue
 			}
-			return nil, fmt.Errorf("secretlease: grant a %ds lease: %w", ttl, clientv3.ContextError(ctx, err))
+			return nil, fmt.Errorf("secretlease: grant a %ds lease: %w", ttl, clientv3.ContextError(ctx, rpctypes.Error(err)))
 		}
 		if resp.ID != int64(id) {
 			// An etcd that ignored the requested id chose one itself:
