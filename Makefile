@@ -10,7 +10,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
-.PHONY: architecture build deps test test-python test-short bench soak soak-short demo demo-standalone image lint clean
+.PHONY: architecture build deps generate test test-python test-short bench soak soak-short demo demo-standalone image lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -113,6 +113,17 @@ lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+
+## generate: the Kubernetes code generated from the hyperpodrun.io API types
+## (operator-shim/kubernetes/apis/v1alpha1): controller-gen's deep copies and
+## CRDs, client-gen's typed clientset (pinned, run through the Go module
+## proxy: nothing to install), then the example manifests built from them.
+## A test fails when a committed generated file is stale.
+CONTROLLER_GEN := sigs.k8s.io/controller-tools/cmd/controller-gen@v0.23.0
+CLIENT_GEN := k8s.io/code-generator/cmd/client-gen@v0.37.2
+generate:
+	$(GO) run ./operator-shim/kubernetes/gen/codegen -controller-gen $(CONTROLLER_GEN) -client-gen $(CLIENT_GEN)
+	$(GO) run ./operator-shim/kubernetes/gen
 
 ## architecture: rewrite ARCHITECTURE.md's package picture from go list
 ## (a test fails when it is stale or an import goes up a layer).

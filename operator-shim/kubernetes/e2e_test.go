@@ -371,7 +371,7 @@ func TestElasticJobEndToEnd(t *testing.T) {
 	bg(func(ctx context.Context) {
 		last := ""
 		for ctx.Err() == nil {
-			if j, err := cl.GetJob(ctx, "ml", "sweep"); err == nil {
+			if j, err := cl.ElasticJobs("ml").Get(ctx, "sweep", metav1.GetOptions{}); err == nil {
 				cur := fmt.Sprintf("%s %d/%d %s %s", j.Status.Phase, j.Status.CurrentReplicas, j.Status.DesiredReplicas, j.Status.Decision, j.Status.Reason)
 				if cur != last {
 					hmu.Lock()
@@ -385,7 +385,7 @@ func TestElasticJobEndToEnd(t *testing.T) {
 	})
 
 	// 1. The elastic job of research grows into prod's idle quota: 4 pods.
-	if _, err := cl.CreateJob(ctx, elasticJob("sweep", "research", "low", 1, 4)); err != nil {
+	if _, err := cl.ElasticJobs("ml").Create(ctx, elasticJob("sweep", "research", "low", 1, 4), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	status := e.status
@@ -401,7 +401,7 @@ func TestElasticJobEndToEnd(t *testing.T) {
 
 	// 2. prod's high-priority job takes its quota back: sweep shrinks to 2;
 	// the leaving pods drain (exit 0, "drained") and only then go.
-	if _, err := cl.CreateJob(ctx, elasticJob("serve", "prod", "high", 2, 2)); err != nil {
+	if _, err := cl.ElasticJobs("ml").Create(ctx, elasticJob("serve", "prod", "high", 2, 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "sweep shrunk to 2 for serve, serve on the 2 freed nodes", func() (bool, string) {
@@ -454,13 +454,13 @@ func TestElasticJobEndToEnd(t *testing.T) {
 
 	// 4. serve is deleted: its pods drain and go, the ElasticJob goes with
 	// its finalizer, and sweep grows back to 4.
-	if err := cl.DeleteJob(ctx, "ml", "serve"); err != nil {
+	if err := cl.ElasticJobs("ml").Delete(ctx, "serve", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "sweep back on 4 nodes, serve gone", func() (bool, string) {
 		pods, _ := livePods(t, cs, "sweep")
 		_, all := livePods(t, cs, "serve")
-		_, err := cl.GetJob(ctx, "ml", "serve")
+		_, err := cl.ElasticJobs("ml").Get(ctx, "serve", metav1.GetOptions{})
 		s := status("sweep")
 		return len(pods) == 4 && all == 0 && apierrors.IsNotFound(err) && s.CurrentReplicas == 4 && s.DesiredReplicas == 4,
 			fmt.Sprintf("sweep %d pods %+v, serve pods %d, get serve: %v", len(pods), s, all, err)
@@ -539,7 +539,7 @@ func (e *env) bg(f func(context.Context)) {
 }
 
 func (e *env) status(name string) v1alpha1.ElasticJobStatus {
-	j, err := e.cl.GetJob(e.ctx, "ml", name)
+	j, err := e.cl.ElasticJobs("ml").Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return v1alpha1.ElasticJobStatus{Phase: err.Error()}
 	}
@@ -635,8 +635,8 @@ func startEnv(t *testing.T, o envOptions) *env {
 		name    string
 		nominal int32
 	}{{"research", 8}, {"prod", 24}} {
-		if _, err := e.cl.CreateTeam(ctx, &v1alpha1.ElasticTeam{ObjectMeta: metav1.ObjectMeta{Name: tm.name},
-			Spec: v1alpha1.ElasticTeamSpec{Quotas: []v1alpha1.FlavorQuota{{Flavor: "nvidia-h100-80gb", Nominal: tm.nominal}}}}); err != nil {
+		if _, err := e.cl.ElasticTeams().Create(ctx, &v1alpha1.ElasticTeam{ObjectMeta: metav1.ObjectMeta{Name: tm.name},
+			Spec: v1alpha1.ElasticTeamSpec{Quotas: []v1alpha1.FlavorQuota{{Flavor: "nvidia-h100-80gb", Nominal: tm.nominal}}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

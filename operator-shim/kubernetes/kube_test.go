@@ -83,7 +83,7 @@ func installCRDs(t *testing.T, s *kubetest.Server) {
 	// The resource answers (discovery can lag the condition).
 	cl, _ := kube.NewClient(s.Admin())
 	waitFor(t, 30*time.Second, "elasticjobs served", func() (bool, string) {
-		_, err := cl.GetJob(ctx, "default", "none")
+		_, err := cl.ElasticJobs("default").Get(ctx, "none", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), "get: " + errString(err)
 	})
 }
@@ -157,28 +157,28 @@ func TestCRDsOnARealAPIServer(t *testing.T) {
 	} {
 		j := good()
 		tc.mod(j)
-		_, err := cl.CreateJob(ctx, j)
+		_, err := cl.ElasticJobs("ml").Create(ctx, j, metav1.CreateOptions{})
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("want Invalid with %q, got %v", tc.want, err)
 		}
 	}
-	j, err := cl.CreateJob(ctx, good())
+	j, err := cl.ElasticJobs("ml").Create(ctx, good(), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	j.Spec.Team = "prod"
-	if _, err := cl.UpdateJob(ctx, j); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "team is immutable") {
+	if _, err := cl.ElasticJobs(j.Namespace).Update(ctx, j, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "team is immutable") {
 		t.Errorf("team change: %v", err)
 	}
 	// Status is a subresource: the main resource ignores it, /status takes it.
-	j, _ = cl.GetJob(ctx, "ml", "sweep")
+	j, _ = cl.ElasticJobs("ml").Get(ctx, "sweep", metav1.GetOptions{})
 	j.Status = v1alpha1.ElasticJobStatus{Phase: v1alpha1.PhaseRunning, CurrentReplicas: 3, DesiredReplicas: 4, Reason: "Borrowing"}
-	if j, err = cl.UpdateJob(ctx, j); err != nil || j.Status.Phase != "" {
+	if j, err = cl.ElasticJobs(j.Namespace).Update(ctx, j, metav1.UpdateOptions{}); err != nil || j.Status.Phase != "" {
 		t.Fatalf("status through the main resource: %v %+v", err, j.Status)
 	}
 	j.Status = v1alpha1.ElasticJobStatus{Phase: v1alpha1.PhaseRunning, CurrentReplicas: 3, DesiredReplicas: 4, Reason: "Borrowing"}
 	j.Spec.ElasticPolicy.MaxReplicas = 8
-	if j, err = cl.UpdateJobStatus(ctx, j); err != nil || j.Status.CurrentReplicas != 3 || j.Spec.ElasticPolicy.MaxReplicas != 4 {
+	if j, err = cl.ElasticJobs(j.Namespace).UpdateStatus(ctx, j, metav1.UpdateOptions{}); err != nil || j.Status.CurrentReplicas != 3 || j.Spec.ElasticPolicy.MaxReplicas != 4 {
 		t.Fatalf("status subresource: %v status %+v max %d", err, j.Status, j.Spec.ElasticPolicy.MaxReplicas)
 	}
 	out, err := s.Kubectl(t, "get", "elasticjobs", "-n", "ml")
@@ -243,7 +243,7 @@ func TestControllerRBACIsLeastPrivilege(t *testing.T) {
 	}
 	ctx := ctxT(t, time.Minute)
 	cl, _ := kube.NewClient(cfg)
-	if _, err := cl.GetJob(ctx, "ml", "nothing"); !apierrors.IsNotFound(err) {
+	if _, err := cl.ElasticJobs("ml").Get(ctx, "nothing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("get elasticjobs: %v", err)
 	}
 	if _, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {

@@ -24,12 +24,12 @@ import (
 func (e *env) update(name string, f func(*v1alpha1.ElasticJob)) {
 	e.t.Helper()
 	for range 10 {
-		j, err := e.cl.GetJob(e.ctx, "ml", name)
+		j, err := e.cl.ElasticJobs("ml").Get(e.ctx, name, metav1.GetOptions{})
 		if err != nil {
 			e.t.Fatal(err)
 		}
 		f(j)
-		if _, err = e.cl.UpdateJob(e.ctx, j); err == nil {
+		if _, err = e.cl.ElasticJobs(j.Namespace).Update(e.ctx, j, metav1.UpdateOptions{}); err == nil {
 			return
 		} else if !apierrors.IsConflict(err) {
 			e.t.Fatal(err)
@@ -44,7 +44,7 @@ func (e *env) update(name string, f func(*v1alpha1.ElasticJob)) {
 // are draining in the fleet, a node agent's own record wins over the Node's.
 func TestSuspendInvalidNamesAndNodes(t *testing.T) {
 	e := startEnv(t, envOptions{})
-	if _, err := e.cl.CreateJob(e.ctx, elasticJob("sweep", "research", "", 1, 2)); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("sweep", "research", "", 1, 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep on 2 nodes", func() (bool, string) {
@@ -77,7 +77,7 @@ func TestSuspendInvalidNamesAndNodes(t *testing.T) {
 	// A spec that cannot run.
 	bad := elasticJob("bad", "research", "", 1, 2)
 	bad.Spec.Template.Spec.Containers[0].Command = []string{"torchrun", "--nproc-per-node=8", "train.py"}
-	if _, err := e.cl.CreateJob(e.ctx, bad); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, bad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "bad is Invalid", func() (bool, string) {
@@ -92,7 +92,7 @@ func TestSuspendInvalidNamesAndNodes(t *testing.T) {
 		Run: fleet.RunSpec{Script: "x.py"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.cl.CreateJob(e.ctx, elasticJob("taken", "research", "", 1, 1)); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("taken", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "taken is NameTaken", func() (bool, string) {
@@ -103,11 +103,11 @@ func TestSuspendInvalidNamesAndNodes(t *testing.T) {
 		t.Errorf("elasticctl's job was touched: %+v %v", spec, err)
 	}
 	// Deleting it leaves elasticctl's job alone.
-	if err := e.cl.DeleteJob(e.ctx, "ml", "taken"); err != nil {
+	if err := e.cl.ElasticJobs("ml").Delete(e.ctx, "taken", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 30*time.Second, "taken's ElasticJob gone", func() (bool, string) {
-		_, err := e.cl.GetJob(e.ctx, "ml", "taken")
+		_, err := e.cl.ElasticJobs("ml").Get(e.ctx, "taken", metav1.GetOptions{})
 		return apierrors.IsNotFound(err), errString(err)
 	})
 	if _, err := e.st.Job(e.ctx, "taken"); err != nil {
@@ -166,7 +166,7 @@ func TestSuspendInvalidNamesAndNodes(t *testing.T) {
 // write it but not read Secrets), deleted with the job.
 func TestCredentialsSecret(t *testing.T) {
 	e := startEnv(t, envOptions{Auth: true})
-	if _, err := e.cl.CreateJob(e.ctx, elasticJob("sweep", "research", "", 1, 1)); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("sweep", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep placed", func() (bool, string) {
@@ -204,12 +204,12 @@ func TestCredentialsSecret(t *testing.T) {
 	if !mounted {
 		t.Error("the Secret is not mounted")
 	}
-	if err := e.cl.DeleteJob(e.ctx, "ml", "sweep"); err != nil {
+	if err := e.cl.ElasticJobs("ml").Delete(e.ctx, "sweep", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep, its pods and its Secret gone", func() (bool, string) {
 		_, all := livePods(t, e.cs, "sweep")
-		_, jerr := e.cl.GetJob(e.ctx, "ml", "sweep")
+		_, jerr := e.cl.ElasticJobs("ml").Get(e.ctx, "sweep", metav1.GetOptions{})
 		_, serr := e.cs.CoreV1().Secrets("ml").Get(e.ctx, "sweep-etcd", metav1.GetOptions{})
 		return all == 0 && apierrors.IsNotFound(jerr) && apierrors.IsNotFound(serr), fmt.Sprintf("%d pods, job %v, secret %v", all, jerr, serr)
 	})
@@ -239,7 +239,7 @@ func TestLeaderElection(t *testing.T) {
 	if h := holder(); h != fmt.Sprintf("ctl-%d", leader) {
 		t.Fatalf("Lease held by %q, leader is ctl-%d", h, leader)
 	}
-	if _, err := e.cl.CreateJob(e.ctx, elasticJob("sweep", "research", "", 1, 2)); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("sweep", "research", "", 1, 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep on 2 nodes", func() (bool, string) {
@@ -268,7 +268,7 @@ func TestLeaderElection(t *testing.T) {
 // spec and the job's etcd user.
 func TestControllerAsItsOwnEtcdUser(t *testing.T) {
 	e := startEnv(t, envOptions{EtcdAuth: true})
-	if _, err := e.cl.CreateJob(e.ctx, elasticJob("sweep", "research", "", 1, 1)); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("sweep", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep running on one pod with its minted credentials", func() (bool, string) {
@@ -286,7 +286,7 @@ func TestControllerAsItsOwnEtcdUser(t *testing.T) {
 			string(sec.Data["user"]) == etcdauth.JobRole("sweep") && strings.TrimSpace(string(sec.Data["password"])) == creds.Password
 		return ok, fmt.Sprintf("status %+v, %d pods, Secret user %q", s, len(pods), sec.Data["user"])
 	})
-	if err := e.cl.DeleteJob(e.ctx, "ml", "sweep"); err != nil {
+	if err := e.cl.ElasticJobs("ml").Delete(e.ctx, "sweep", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Minute, "sweep's pods, Secret, spec and etcd user gone", func() (bool, string) {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 )
 
@@ -43,7 +45,7 @@ func TestPlannedShrinkWithRealHyperpodrun(t *testing.T) {
 	sweep := elasticJob("sweep", "research", "low", 1, 2)
 	sweep.Spec.NProcPerNode = "1"
 	sweep.Spec.Template.Spec.Containers[0].Command = []string{worker, "--steps", "1000000", "--step-time", "50ms", "--ckpt-dir", ckpt}
-	if _, err := e.cl.CreateJob(e.ctx, sweep); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, sweep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "sweep's two hyperpodruns in one rendezvous", func() (bool, string) {
@@ -55,7 +57,7 @@ func TestPlannedShrinkWithRealHyperpodrun(t *testing.T) {
 	time.Sleep(2 * time.Second) // some training
 
 	serve := elasticJob("serve", "prod", "high", 3, 3)
-	if _, err := e.cl.CreateJob(e.ctx, serve); err != nil {
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, serve, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 2*time.Minute, "sweep shrunk to 1 pod, serve on 3 nodes", func() (bool, string) {

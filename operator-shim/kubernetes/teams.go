@@ -51,7 +51,7 @@ func TeamFrom(et *v1alpha1.ElasticTeam) (api.Team, error) {
 // differs, e.g. after an elasticctl apply), and deleting the ElasticTeam
 // deletes the record it wrote.
 func (c *Controller) bridgeTeams(ctx context.Context) {
-	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(c.crd.REST(), v1alpha1.ElasticTeams, metav1.NamespaceAll, fields.Everything()),
+	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(c.crd.RESTClient(), v1alpha1.ElasticTeams, metav1.NamespaceAll, fields.Everything()),
 		&v1alpha1.ElasticTeam{}, 0, cache.Indexers{})
 	work := make(chan *v1alpha1.ElasticTeam, 64)
 	gone := make(chan *v1alpha1.ElasticTeam, 64)
@@ -111,7 +111,7 @@ func (c *Controller) applyTeam(ctx context.Context, et *v1alpha1.ElasticTeam) {
 	}
 	u := et.DeepCopy()
 	u.Status = st
-	if _, err := c.crd.UpdateTeamStatus(ctx, u); err != nil {
+	if _, err := c.crd.ElasticTeams().UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
 		c.log.Warn("cannot update an ElasticTeam's status", "team", et.Name, "err", err)
 	}
 }

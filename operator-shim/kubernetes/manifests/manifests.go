@@ -1,10 +1,18 @@
+// Package manifests generates the Kubernetes install of the ElasticJob
+// controller: the CRDs (controller-gen's output in crd/, written by `make
+// generate` from the v1alpha1 types and their +kubebuilder markers), the
+// RBAC rules the controller needs and nothing more, and its Deployment. The
+// gen program (operator-shim/kubernetes/gen) writes them into
+// examples/kubernetes/, and tests fail when the committed files differ from
+// what the generators write.
 package manifests
 
 import (
 	"bytes"
+	"embed"
 	"encoding/json"
 	"fmt"
-	"reflect"
+	"io/fs"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -115,80 +123,42 @@ func dropNulls(v any) {
 	}
 }
 
-// Rules are the CEL validation rules of the API types, by type name.
-var Rules = map[string][]apiextv1.ValidationRule{
-	"ElasticPolicy": {
-		{Rule: "!has(self.minReplicas) || !has(self.maxReplicas) || self.maxReplicas >= self.minReplicas", Message: "maxReplicas must be at least minReplicas"},
-		{Rule: "!has(self.replicaIncrementStep) || !has(self.replicaDiscreteValues)", Message: "set replicaIncrementStep or replicaDiscreteValues, not both"},
-		{Rule: "!has(self.replicaDiscreteValues) || self.replicaDiscreteValues.all(i, self.replicaDiscreteValues.exists_one(j, j == i))", Message: "replicaDiscreteValues must not repeat a value"},
-	},
-	"ElasticJobSpec": {
-		{Rule: "!has(self.priority) || !has(self.priorityClassName)", Message: "set priority or priorityClassName, not both"},
-		{Rule: "self.team == oldSelf.team", Message: "team is immutable: delete the job and create it in the other team"},
-	},
-}
-
 var labels = map[string]string{"app.kubernetes.io/name": Controller, "app.kubernetes.io/part-of": "hyperpodrun"}
 
-// CRDs are the ElasticJob and ElasticTeam CustomResourceDefinitions.
-func CRDs() ([]*apiextv1.CustomResourceDefinition, error) {
-	d, err := parseDocs(v1alpha1.Source)
-	if err != nil {
-		return nil, err
-	}
-	job, err := crd(reflect.TypeOf(v1alpha1.ElasticJob{}), d, apiextv1.NamespaceScoped, v1alpha1.ElasticJobs, "elasticjob", []string{"ej"},
-		[]apiextv1.CustomResourceColumnDefinition{
-			{Name: "Team", Type: "string", JSONPath: ".spec.team"},
-			{Name: "Phase", Type: "string", JSONPath: ".status.phase"},
-			{Name: "Current", Type: "integer", JSONPath: ".status.currentReplicas", Description: "pods running on allocated nodes"},
-			{Name: "Desired", Type: "integer", JSONPath: ".status.desiredReplicas", Description: "the coordinator's size"},
-			{Name: "Min", Type: "integer", JSONPath: ".spec.elasticPolicy.minReplicas"},
-			{Name: "Max", Type: "integer", JSONPath: ".spec.elasticPolicy.maxReplicas"},
-			{Name: "Reason", Type: "string", JSONPath: ".status.reason"},
-			{Name: "Age", Type: "date", JSONPath: ".metadata.creationTimestamp"},
-			{Name: "Nodes", Type: "string", JSONPath: ".status.nodes", Priority: 1},
-			{Name: "Message", Type: "string", JSONPath: ".status.message", Priority: 1},
-		})
-	if err != nil {
-		return nil, err
-	}
-	team, err := crd(reflect.TypeOf(v1alpha1.ElasticTeam{}), d, apiextv1.ClusterScoped, v1alpha1.ElasticTeams, "elasticteam", []string{"et"},
-		[]apiextv1.CustomResourceColumnDefinition{
-			{Name: "Cohort", Type: "string", JSONPath: ".spec.cohort"},
-			{Name: "Weight", Type: "string", JSONPath: ".spec.weight"},
-			{Name: "Applied", Type: "boolean", JSONPath: ".status.applied"},
-			{Name: "Age", Type: "date", JSONPath: ".metadata.creationTimestamp"},
-			{Name: "Message", Type: "string", JSONPath: ".status.message", Priority: 1},
-		})
-	if err != nil {
-		return nil, err
-	}
-	return []*apiextv1.CustomResourceDefinition{job, team}, nil
-}
+// crdFiles are controller-gen's CRDs (`make generate`), one file a
+// resource, named group_plural.yaml.
+//
+//go:embed crd/*.yaml
+var crdFiles embed.FS
 
-func crd(t reflect.Type, d docs, scope apiextv1.ResourceScope, plural, singular string, short []string, cols []apiextv1.CustomResourceColumnDefinition) (*apiextv1.CustomResourceDefinition, error) {
-	s, err := schemaOf(t, d, Rules)
+// CRDs are the ElasticJob and ElasticTeam CustomResourceDefinitions, as
+// controller-gen wrote them from the v1alpha1 types, labelled as part of
+// hyperpodrun.
+func CRDs() ([]*apiextv1.CustomResourceDefinition, error) {
+	names, err := fs.Glob(crdFiles, "crd/*.yaml") // sorted: elasticjobs, elasticteams
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("list the generated CRDs: %w", err)
 	}
-	s.Description = d[t.Name()]
-	s.Required = []string{"spec"}
-	return &apiextv1.CustomResourceDefinition{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apiextensions.k8s.io/v1", Kind: "CustomResourceDefinition"},
-		ObjectMeta: metav1.ObjectMeta{Name: plural + "." + v1alpha1.Group, Labels: map[string]string{"app.kubernetes.io/part-of": "hyperpodrun"}},
-		Spec: apiextv1.CustomResourceDefinitionSpec{
-			Group: v1alpha1.Group,
-			Scope: scope,
-			Names: apiextv1.CustomResourceDefinitionNames{Plural: plural, Singular: singular, Kind: t.Name(), ListKind: t.Name() + "List",
-				ShortNames: short, Categories: []string{"hyperpodrun"}},
-			Versions: []apiextv1.CustomResourceDefinitionVersion{{
-				Name: v1alpha1.Version, Served: true, Storage: true,
-				Schema:                   &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &s},
-				Subresources:             &apiextv1.CustomResourceSubresources{Status: &apiextv1.CustomResourceSubresourceStatus{}},
-				AdditionalPrinterColumns: cols,
-			}},
-		},
-	}, nil
+	var out []*apiextv1.CustomResourceDefinition
+	for _, n := range names {
+		b, err := crdFiles.ReadFile(n)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", n, err)
+		}
+		c := &apiextv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(b, c); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", n, err)
+		}
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		c.Labels["app.kubernetes.io/part-of"] = "hyperpodrun"
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no CRDs in crd/: run make generate")
+	}
+	return out, nil
 }
 
 // ServiceAccount is the controller's identity.

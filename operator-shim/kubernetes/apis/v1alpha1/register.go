@@ -1,8 +1,6 @@
 package v1alpha1
 
 import (
-	_ "embed"
-
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -22,12 +20,6 @@ const (
 	ElasticJobs  = "elasticjobs"
 	ElasticTeams = "elasticteams"
 )
-
-// Source is this package's types.go: the CRD generator reads the doc
-// comments of types and fields from it.
-//
-//go:embed types.go
-var Source string
 
 var (
 	// SchemeBuilder registers the types.

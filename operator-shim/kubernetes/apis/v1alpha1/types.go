@@ -1,9 +1,3 @@
-// Package v1alpha1 is the hyperpodrun.io/v1alpha1 API: ElasticJob (a
-// namespaced elastic PyTorch job whose size and placement the coordinator
-// decides) and ElasticTeam (a cluster-scoped team with quotas). The CRDs in
-// examples/kubernetes/ are generated from these types and their doc
-// comments by operator-shim/kubernetes/gen; struct tags `kube:"..."` carry
-// the schema's validation (see operator-shim/kubernetes/schema.go).
 package v1alpha1
 
 import (
@@ -15,6 +9,21 @@ import (
 // elasticPolicy.minReplicas and maxReplicas by quota and fair share, and the
 // controller runs one pod per allocated node, pinned to it, whose container
 // runs the template's command under hyperpodrun with the etcd rendezvous.
+//
+// +genclient
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=elasticjobs,singular=elasticjob,scope=Namespaced,shortName=ej,categories=hyperpodrun
+// +kubebuilder:printcolumn:name="Team",type=string,JSONPath=`.spec.team`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Current",type=integer,JSONPath=`.status.currentReplicas`,description="pods running on allocated nodes"
+// +kubebuilder:printcolumn:name="Desired",type=integer,JSONPath=`.status.desiredReplicas`,description="the coordinator's size"
+// +kubebuilder:printcolumn:name="Min",type=integer,JSONPath=`.spec.elasticPolicy.minReplicas`
+// +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.elasticPolicy.maxReplicas`
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`,priority=1
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.message`,priority=1
 type ElasticJob struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -26,28 +35,42 @@ type ElasticJob struct {
 }
 
 // ElasticJobSpec is what an ElasticJob asks for.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.priority) || !has(self.priorityClassName)",message="set priority or priorityClassName, not both"
+// +kubebuilder:validation:XValidation:rule="self.team == oldSelf.team",message="team is immutable: delete the job and create it in the other team"
 type ElasticJobSpec struct {
 	// Team owns the job and is charged for it (an ElasticTeam, or a team
 	// applied with elasticctl apply).
-	Team string `json:"team" kube:"required,pattern=^[a-z0-9]([-a-z0-9]*[a-z0-9])?$,maxLength=63"`
+	// +required
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	Team string `json:"team"`
 	// PriorityClassName is one of the coordinator's priority classes:
 	// lowest, low, normal (default), high, critical.
-	PriorityClassName string `json:"priorityClassName,omitempty" kube:"maxLength=63"`
+	// +kubebuilder:validation:MaxLength=63
+	PriorityClassName string `json:"priorityClassName,omitempty"`
 	// Priority is a number 0-99 instead of a class.
-	Priority *int32 `json:"priority,omitempty" kube:"min=0,max=99"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=99
+	Priority *int32 `json:"priority,omitempty"`
 	// Flavor is the accelerator flavor (e.g. nvidia-h100-80gb, trainium2);
 	// empty means the team's only flavor.
-	Flavor string `json:"flavor,omitempty" kube:"maxLength=63"`
+	// +kubebuilder:validation:MaxLength=63
+	Flavor string `json:"flavor,omitempty"`
 	// Suspend holds the job without nodes (its pods drain and go); false
 	// lets it be admitted again.
 	Suspend bool `json:"suspend,omitempty"`
 	// NProcPerNode is hyperpodrun's --nproc-per-node: worker processes per
 	// node (default: the accelerators per node, else 1).
-	NProcPerNode string `json:"nprocPerNode,omitempty" kube:"maxLength=16"`
+	// +kubebuilder:validation:MaxLength=16
+	NProcPerNode string `json:"nprocPerNode,omitempty"`
 	// MaxRestarts is hyperpodrun's --max-restarts: failures the job
 	// survives (global, counted in etcd) before it fails.
-	MaxRestarts int32 `json:"maxRestarts,omitempty" kube:"min=0,max=10000"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	MaxRestarts int32 `json:"maxRestarts,omitempty"`
 	// ElasticPolicy bounds the job's size; names as HyperPod's.
+	// +optional
 	ElasticPolicy ElasticPolicy `json:"elasticPolicy"`
 	// Template is the pod each allocated node runs. Its first container is
 	// the trainer: its command and args are the worker's command line as
@@ -56,25 +79,46 @@ type ElasticJobSpec struct {
 	// resource limits (nvidia.com/gpu, aws.amazon.com/neuron or
 	// aws.amazon.com/neuroncore) and requests (cpu, memory) are the job's
 	// per-node resources.
+	//
+	// The CRD keeps the template's fields as written: the API server checks
+	// them when the controller creates the pod (the status reports an error).
+	// +optional
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	// +kubebuilder:pruning:PreserveUnknownFields
 	Template corev1.PodTemplateSpec `json:"template"`
 }
 
 // ElasticPolicy bounds an ElasticJob's size in nodes (replicas).
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.minReplicas) || !has(self.maxReplicas) || self.maxReplicas >= self.minReplicas",message="maxReplicas must be at least minReplicas"
+// +kubebuilder:validation:XValidation:rule="!has(self.replicaIncrementStep) || !has(self.replicaDiscreteValues)",message="set replicaIncrementStep or replicaDiscreteValues, not both"
+// +kubebuilder:validation:XValidation:rule="!has(self.replicaDiscreteValues) || self.replicaDiscreteValues.all(i, self.replicaDiscreteValues.exists_one(j, j == i))",message="replicaDiscreteValues must not repeat a value"
 type ElasticPolicy struct {
 	// MinReplicas is the smallest size the job runs at (default 1).
-	MinReplicas int32 `json:"minReplicas,omitempty" kube:"min=1,max=100000"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	MinReplicas int32 `json:"minReplicas,omitempty"`
 	// MaxReplicas is the largest size (default minReplicas).
-	MaxReplicas int32 `json:"maxReplicas,omitempty" kube:"min=1,max=100000"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	MaxReplicas int32 `json:"maxReplicas,omitempty"`
 	// ReplicaIncrementStep: the allowed sizes are minReplicas,
 	// minReplicas+step, ... up to maxReplicas (default 1).
-	ReplicaIncrementStep int32 `json:"replicaIncrementStep,omitempty" kube:"min=1,max=100000"`
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	ReplicaIncrementStep int32 `json:"replicaIncrementStep,omitempty"`
 	// ReplicaDiscreteValues lists the allowed sizes instead of a step
 	// (ascending).
-	ReplicaDiscreteValues []int32 `json:"replicaDiscreteValues,omitempty" kube:"itemMin=1,maxItems=1000"`
+	// +kubebuilder:validation:items:Minimum=1
+	// +kubebuilder:validation:MaxItems=1000
+	ReplicaDiscreteValues []int32 `json:"replicaDiscreteValues,omitempty"`
 	// GracefulShutdownTimeoutInSeconds is how long workers have to
 	// checkpoint and exit at a planned change (hyperpodrun's
 	// --graceful-timeout) before they are stopped.
-	GracefulShutdownTimeoutInSeconds int32 `json:"gracefulShutdownTimeoutInSeconds,omitempty" kube:"min=0,max=86400"`
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=86400
+	GracefulShutdownTimeoutInSeconds int32 `json:"gracefulShutdownTimeoutInSeconds,omitempty"`
 }
 
 // ElasticJob phases.
@@ -92,8 +136,10 @@ type ElasticJobStatus struct {
 	// Phase is Pending, Running, Suspended, Succeeded, Failed or Invalid.
 	Phase string `json:"phase,omitempty"`
 	// DesiredReplicas is the size the coordinator allocated.
+	// +optional
 	DesiredReplicas int32 `json:"desiredReplicas"`
 	// CurrentReplicas counts the job's pods running on allocated nodes.
+	// +optional
 	CurrentReplicas int32 `json:"currentReplicas"`
 	// Nodes are the allocated nodes, in rank order.
 	Nodes []string `json:"nodes,omitempty"`
@@ -119,6 +165,8 @@ type ElasticJobStatus struct {
 }
 
 // ElasticJobList is a list of ElasticJobs.
+//
+// +kubebuilder:object:root=true
 type ElasticJobList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
@@ -128,6 +176,17 @@ type ElasticJobList struct {
 // ElasticTeam is a tenant with quotas: the controller applies it to the
 // coordinator's team record, as elasticctl apply -f teams.yaml does. A team
 // declared here is owned by Kubernetes (the controller rewrites it).
+//
+// +genclient
+// +genclient:nonNamespaced
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:path=elasticteams,singular=elasticteam,scope=Cluster,shortName=et,categories=hyperpodrun
+// +kubebuilder:printcolumn:name="Cohort",type=string,JSONPath=`.spec.cohort`
+// +kubebuilder:printcolumn:name="Weight",type=string,JSONPath=`.spec.weight`
+// +kubebuilder:printcolumn:name="Applied",type=boolean,JSONPath=`.status.applied`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.message`,priority=1
 type ElasticTeam struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -142,33 +201,46 @@ type ElasticTeam struct {
 type ElasticTeamSpec struct {
 	// Cohort groups teams that lend to each other; empty is the default
 	// cohort.
-	Cohort string `json:"cohort,omitempty" kube:"maxLength=63"`
+	// +kubebuilder:validation:MaxLength=63
+	Cohort string `json:"cohort,omitempty"`
 	// Weight is the fair-share weight, as a decimal string (default "1").
-	Weight string `json:"weight,omitempty" kube:"pattern=^[0-9]+(\\.[0-9]+)?$"`
+	// +kubebuilder:validation:Pattern=`^[0-9]+(\.[0-9]+)?$`
+	Weight string `json:"weight,omitempty"`
 	// Preemption is Never (default) or LowerPriority: whether the team's
 	// jobs may shrink and preempt its own lower-priority jobs.
-	Preemption string `json:"preemption,omitempty" kube:"enum=Never|LowerPriority"`
+	// +kubebuilder:validation:Enum=Never;LowerPriority
+	Preemption string `json:"preemption,omitempty"`
 	// Quotas lists the flavors the team may use.
-	Quotas []FlavorQuota `json:"quotas" kube:"required,maxItems=64"`
+	// +required
+	// +kubebuilder:validation:MaxItems=64
+	Quotas []FlavorQuota `json:"quotas"`
 }
 
 // FlavorQuota is a team's quota on one accelerator flavor.
 type FlavorQuota struct {
 	// Flavor names the accelerator flavor.
-	Flavor string `json:"flavor" kube:"required,minLength=1,maxLength=63"`
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Flavor string `json:"flavor"`
 	// Nominal is the guaranteed number of accelerators.
-	Nominal int32 `json:"nominal" kube:"required,min=0"`
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	Nominal int32 `json:"nominal"`
 	// BorrowingLimit caps the accelerators borrowed above nominal (unset:
 	// unlimited).
-	BorrowingLimit *int32 `json:"borrowingLimit,omitempty" kube:"min=0"`
+	// +kubebuilder:validation:Minimum=0
+	BorrowingLimit *int32 `json:"borrowingLimit,omitempty"`
 	// LendingLimit caps how many of the nominal accelerators others may
 	// borrow while idle (unset: all).
-	LendingLimit *int32 `json:"lendingLimit,omitempty" kube:"min=0"`
+	// +kubebuilder:validation:Minimum=0
+	LendingLimit *int32 `json:"lendingLimit,omitempty"`
 }
 
 // ElasticTeamStatus says whether the coordinator's record matches.
 type ElasticTeamStatus struct {
 	// Applied is true once the team's record in etcd equals the spec.
+	// +optional
 	Applied bool `json:"applied"`
 	// Message says why it is not applied.
 	Message string `json:"message,omitempty"`
@@ -177,6 +249,8 @@ type ElasticTeamStatus struct {
 }
 
 // ElasticTeamList is a list of ElasticTeams.
+//
+// +kubebuilder:object:root=true
 type ElasticTeamList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
