@@ -65,7 +65,7 @@ func ContainerNProc(nproc string, accelerators int) string {
 // writes the run's files (the rendezvous endpoint and settings, and the
 // job's etcd password) into runDir, which the container mounts read-only:
 // none of them is on the command line.
-func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.JobCreds, runDir string, gen int64) (containers.Spec, error) {
+func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.JobCreds, runDir string, gen int64, id Identity) (containers.Spec, error) {
 	rt := r.cfg.Containers
 	var accels int
 	var plan containers.Plan
@@ -97,7 +97,7 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 			if err != nil {
 				return containers.Spec{}, fmt.Errorf("read the jobs' etcd %s: %w", k, err)
 			}
-			if err := os.WriteFile(filepath.Join(runDir, k+".pem"), b, 0o600); err != nil {
+			if err := WriteJobFile(runDir, k+".pem", b, id); err != nil {
 				return containers.Spec{}, fmt.Errorf("copy the jobs' etcd %s: %w", k, err)
 			}
 			v = containers.RunDir + "/" + k + ".pem"
@@ -108,7 +108,7 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		if strings.ContainsAny(creds.User, ",= ") {
 			return containers.Spec{}, fmt.Errorf("job %s's credentials record names user %q, which cannot pass in --rdzv-conf", creds.Job, creds.User)
 		}
-		if err := os.WriteFile(filepath.Join(runDir, "etcd.password"), []byte(creds.Password+"\n"), 0o600); err != nil {
+		if err := WriteJobFile(runDir, "etcd.password", []byte(creds.Password+"\n"), id); err != nil {
 			return containers.Spec{}, fmt.Errorf("write the job's etcd password file: %w", err)
 		}
 		conf += ",user=" + creds.User + ",password_file=" + containers.RunDir + "/etcd.password"
@@ -118,7 +118,7 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		"rdzv-conf":     conf,
 	}
 	for name, v := range files {
-		if err := os.WriteFile(filepath.Join(runDir, name), []byte(v+"\n"), 0o600); err != nil {
+		if err := WriteJobFile(runDir, name, []byte(v+"\n"), id); err != nil {
 			return containers.Spec{}, fmt.Errorf("write the run's %s file: %w", name, err)
 		}
 	}
@@ -130,9 +130,19 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 			args[i+1] = "@" + containers.RunDir + "/rdzv-conf"
 		}
 	}
+	// The job's log directory, <log-dir>/<node>/<job>/, the job's own
+	// (jobdirs.go); its console log beside it, root's.
+	logDir, err := JobLogDir(r.logBase(), r.node.Name, spec.Name, id)
+	if err != nil {
+		return containers.Spec{}, fmt.Errorf("the job's log directory: %w", err)
+	}
+	consoleLog, err := JobConsoleLog(r.logBase(), r.node.Name, spec.Name)
+	if err != nil {
+		return containers.Spec{}, fmt.Errorf("the job's console log: %w", err)
+	}
 	mounts := []containers.Mount{
 		{Source: runDir, Target: containers.RunDir, ReadOnly: true},
-		{Source: filepath.Join(r.logBase(), spec.Name), Target: containers.LogDir},
+		{Source: logDir, Target: containers.LogDir},
 	}
 	launcher := spec.Run.Command
 	if len(launcher) == 0 {
@@ -165,18 +175,19 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		CPUs:        spec.PerNode.VCPUs,
 		MemoryBytes: int64(spec.PerNode.Memory),
 		Devices:     plan,
-		LogPath:     filepath.Join(r.logBase(), spec.Name, r.node.Name+".log"),
+		LogPath:     consoleLog,
 		RunDir:      runDir,
 		CDI:         reg,
 	}
-	if u := r.cfg.JobUser; u.Set {
+	if u := id; u.Set { // the job's own uid (--job-uid-range) or --job-user
 		uid, gid := u.UID, u.GID
 		cs.UID, cs.GID = &uid, &gid
 	}
 	return cs, nil
 }
 
-// logBase is where the containers' logs go on the host: <log-dir>/<job>/.
+// logBase is where the containers' logs go on the host:
+// <log-dir>/<node>/<job>/ (see JobLogDir).
 func (r *Runner) logBase() string {
 	if r.cfg.LogDir != "" {
 		return r.cfg.LogDir
@@ -193,7 +204,7 @@ func exists(p string) bool {
 // start happen in the background (a pull may take minutes; the runner's
 // loop goes on); the job counts as running here meanwhile, so it is not
 // started twice, and a drain that comes first stops it as soon as it is up.
-func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []string, creds *fleet.JobCreds) error {
+func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []string, creds *fleet.JobCreds, id Identity) error {
 	job := spec.Name
 	if r.cfg.Containers == nil {
 		msg := fmt.Sprintf("node %s runs jobs as host processes (hyperpod-agent --runtime process), and the job names image %s: run the node's agent with --runtime containerd, or drop run.image", r.node.Name, spec.Run.Image)
@@ -211,7 +222,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		r.mu.Unlock()
 		return nil
 	}
-	runDir, err := os.MkdirTemp(r.tmp, "")
+	runDir, err := RunDir(r.tmp, id)
 	if err != nil {
 		r.mu.Unlock()
 		return fmt.Errorf("make the run's directory: %w", err)
@@ -220,7 +231,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 	r.jobs[job] = p
 	r.wg.Add(1)
 	r.mu.Unlock()
-	cs, err := r.containerSpec(spec, env, creds, runDir, r.gens[job])
+	cs, err := r.containerSpec(spec, env, creds, runDir, r.gens[job], id)
 	go func() {
 		defer r.wg.Done()
 		var task *containers.Task

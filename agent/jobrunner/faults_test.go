@@ -2,6 +2,7 @@ package jobrunner
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -141,14 +142,65 @@ func (f *fixture) hyperpodrunPID() int {
 
 // finish is the job's finish record, nil if none.
 func (f *fixture) finish() *fleet.Finish {
-	fin, _, err := f.st.Finished(f.ctx)
+	fin, ok := finishOf(f.t, f.ctx, f.st, "j")
+	if !ok {
+		return nil
+	}
+	return &fin
+}
+
+// finishOf is a job's finish: the coordinator's record, else a node
+// agent's report of it (no coordinator runs in these tests).
+func finishOf(t *testing.T, ctx context.Context, st *fleet.Store, job string) (fleet.Finish, bool) {
+	t.Helper()
+	fin, _, err := st.Finished(ctx)
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	if x, ok := fin["j"]; ok {
-		return &x
+	if x, ok := fin[job]; ok {
+		return x, true
 	}
-	return nil
+	var rep fleet.Finish
+	if ok := nodeReport(t, ctx, st, fleet.ReportFinished, job, &rep); ok {
+		return rep, true
+	}
+	return fleet.Finish{}, false
+}
+
+// problemOf is a node's problem record of a job: the coordinator's copy,
+// else the node agent's report of it; ok is false when there is none (or
+// the report says it is cleared).
+func problemOf(t *testing.T, ctx context.Context, st *fleet.Store, job, node string) (fleet.Problem, bool) {
+	t.Helper()
+	ps, _, err := st.Problems(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Node == node {
+			return p, true
+		}
+	}
+	var p fleet.Problem
+	if ok := nodeReport(t, ctx, st, fleet.ReportProblem, job, &p); ok && !p.Cleared && p.Node == node {
+		return p, true
+	}
+	return fleet.Problem{}, false
+}
+
+// nodeReport decodes any node's report of kind about job into v.
+func nodeReport(t *testing.T, ctx context.Context, st *fleet.Store, kind, job string, v any) bool {
+	t.Helper()
+	r, err := st.Cli.Get(ctx, st.Keys.ReportsPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range r.Kvs {
+		if _, k, j, ok := st.Keys.ReportOwner(string(kv.Key)); ok && k == kind && j == job {
+			return json.Unmarshal(kv.Value, v) == nil
+		}
+	}
+	return false
 }
 
 // alive reports whether pid is a live (not zombie) process.
@@ -166,7 +218,7 @@ while :; do sleep 0.05; done
 // SIGTERM to a node's hyperpodrun is a node failure, not the job's: the
 // runner restarts it, the worker runs again and the job is not Failed.
 func TestSIGTERMToHyperpodrunRestartsIt(t *testing.T) {
-	f := newFixture(t, loopWorker, 0, "")
+	f := newFixture(t, loopWorker, 1, "")
 	f.waitFor("the worker", func() bool { return f.runs() == 1 })
 	pid := f.hyperpodrunPID()
 	if pid == 0 {
@@ -200,7 +252,7 @@ while :; do sleep 0.05; done
 func TestSIGKILLOfHyperpodrunRestartsItAndLeavesNothing(t *testing.T) {
 	for _, mode := range []struct{ name, parent string }{{"cgroup", ""}, {"subreaper", NoCgroup}} {
 		t.Run(mode.name, func(t *testing.T) {
-			f := newFixture(t, daemonWorker, 0, mode.parent)
+			f := newFixture(t, daemonWorker, 1, mode.parent)
 			if mode.parent == "" && f.r.box.cgroupBase == "" {
 				t.Skip("no writable cgroup v2 here")
 			}
@@ -348,11 +400,7 @@ if [ "$HYPERPODRUN_NODE_ID" = node-b ]; then while [ ! -f "$OUT/finish" ]; do sl
 		b, _ := os.ReadFile(filepath.Join(dir, "runs."+node))
 		return strings.Count(string(b), "\n")
 	}
-	finished := func() (fleet.Finish, bool) {
-		f, _, _ := st.Finished(ctx)
-		fin, ok := f["j"]
-		return fin, ok
-	}
+	finished := func() (fleet.Finish, bool) { return finishOf(t, ctx, st, "j") }
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(45 * time.Second)

@@ -159,8 +159,7 @@ env > "$OUT/env.tmp"; id -u >> "$OUT/env.tmp"; mv "$OUT/env.tmp" "$OUT/env"
 		t.Errorf("the job sees the agent's credentials in its environment:\n%s", s)
 	}
 	for {
-		f, _, _ := st.Finished(ctx)
-		if e, ok := f["evil"]; ok {
+		if e, ok := finishOf(t, ctx, st, "evil"); ok {
 			if e.Outcome != fleet.Failed || !strings.Contains(e.Message, "run.env LD_PRELOAD is refused") || !strings.Contains(e.Message, "--allow-job-env LD_PRELOAD") {
 				t.Errorf("the LD_PRELOAD job's finish record: %+v", e)
 			}

@@ -21,12 +21,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -44,15 +46,19 @@ type Config struct {
 	Endpoints []string
 	// RdzvConf is extra --rdzv-conf for every job (e.g. lease_ttl=3).
 	RdzvConf string
-	// LogDir is the base --log-dir of the jobs.
+	// LogDir is the base of the jobs' log directories: a job's is
+	// <LogDir>/<node>/<job>/ (its hyperpodrun's --log-dir), owned by the
+	// job (see JobLogDir).
 	LogDir string
 	// Output receives the jobs' console output, each line prefixed with
 	// "<node>/<job> " (default os.Stdout).
 	Output io.Writer
 	Logger *slog.Logger
-	// TempDir holds each run's own TMPDIR (hyperpodrun's control
-	// directories and its workers' temporary files), removed when the run
-	// ends (default: "hyperpod-agent-<pid>" in os.TempDir()). Keep it
+	// TempDir (hyperpod-agent --job-run-dir) holds each run's own
+	// directory (its TMPDIR: hyperpodrun's control directories and its
+	// workers' temporary files; its etcd password file), removed when the
+	// run ends (default: DefaultRunDir()). It must be root's (or the
+	// agent's) and writable by no one else: see EnsureBaseDir. Keep it
 	// short: the control socket's path must fit in 107 bytes.
 	TempDir string
 	// CgroupParent is the cgroup v2 directory under which each run gets a
@@ -70,6 +76,10 @@ type Config struct {
 	// AllowRootJobs.
 	JobUser       JobUser
 	AllowRootJobs bool
+	// UIDRange (hyperpod-agent --job-uid-range) runs each job as its own
+	// uid, the one the coordinator gave it (fleet.Assignment.UID), which
+	// must be in the range; it wins over JobUser. See identityFor.
+	UIDRange UIDRange
 	// AllowEnv lists run.env names allowed although refusedEnv refuses
 	// them (--allow-job-env).
 	AllowEnv []string
@@ -116,6 +126,13 @@ type Runner struct {
 	// quit ends the watches of containers when the runner stops without
 	// a drain: the containers go on, for the next agent to adopt.
 	quit chan struct{}
+	// uids is the uid the coordinator gave each job (its assignment's).
+	uids map[string]uint32
+	// claims are the uids this runner claimed on the host, by job.
+	claims map[string]uint32
+	// problems are the jobs this runner wrote a problem record for, and
+	// whether it says the job is restarting (a crash loop).
+	problems map[string]bool
 }
 
 // proc is one run of a job's hyperpodrun: a host process or a container.
@@ -134,6 +151,9 @@ type proc struct {
 	// grace bounds a drain; then the run is killed (deadline).
 	grace    time.Duration
 	deadline *time.Timer
+	// healthy clears a crash loop's problem record once the run has
+	// lasted HealthyAfter.
+	healthy *time.Timer
 }
 
 // drain asks the run's hyperpodrun to checkpoint and leave (SIGUSR2) and
@@ -175,7 +195,7 @@ func New(cfg Config) *Runner {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.TempDir == "" {
-		cfg.TempDir = filepath.Join(os.TempDir(), "hyperpod-agent-"+strconv.Itoa(os.Getpid()))
+		cfg.TempDir = DefaultRunDir()
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = time.Second
@@ -192,7 +212,18 @@ func New(cfg Config) *Runner {
 	if cfg.ContainerStartTimeout <= 0 {
 		cfg.ContainerStartTimeout = 15 * time.Minute
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{})}
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
+		uids: map[string]uint32{}, claims: map[string]uint32{}, problems: map[string]bool{}}
+}
+
+// DefaultRunDir is the default base of the runs' directories:
+// /run/hyperpod-agent for an agent running as root, else
+// $TMPDIR/hyperpod-agent-<uid> (refused if someone else made it first).
+func DefaultRunDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/hyperpod-agent"
+	}
+	return filepath.Join(os.TempDir(), "hyperpod-agent-"+strconv.Itoa(os.Geteuid()))
 }
 
 var _ nodeagent.Workloads = (*Runner)(nil)
@@ -216,16 +247,14 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	r.st = fleet.New(node.Client, node.Prefix)
 	r.log = r.log.With("node", node.Name)
 	r.box = newContainment(r.cfg.CgroupParent, r.log)
-	// 0711: a job user may reach its own run's directory (chowned to it)
-	// but not list the others'.
-	err := os.MkdirAll(r.cfg.TempDir, 0o711)
-	if err == nil {
-		err = os.Chmod(r.cfg.TempDir, 0o711)
-	}
+	// 0711, root's: a job reaches its own run's directory (made for it)
+	// but cannot list or add to the others'.
+	base, err := EnsureBaseDir(r.cfg.TempDir)
 	if err != nil {
-		return fmt.Errorf("jobrunner: make the runs' temporary directory: %w", err)
+		return fmt.Errorf("jobrunner: the runs' directory (--job-run-dir): %w", err)
 	}
-	r.tmp = r.cfg.TempDir
+	base.Close()
+	r.tmp = filepath.Clean(r.cfg.TempDir)
 	defer r.killAll()
 	if r.cfg.Containers != nil {
 		// Containers started by an earlier agent of this node go on as
@@ -313,6 +342,7 @@ func (r *Runner) apply(placed map[string]bool, key, value []byte) {
 	}
 	placed[a.Job] = true
 	r.gens[a.Job] = a.Generation
+	r.uids[a.Job] = a.UID
 }
 
 // reconcile starts jobs placed here (a failed one once its backoff is
@@ -337,6 +367,19 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 			delete(r.retry, job)
 		}
 	}
+	// A job that left the node (placed elsewhere, no run here) gives its
+	// uid back, and its problem record goes.
+	var gone []string
+	for job := range r.claims {
+		if _, running := r.jobs[job]; !placed[job] && !running {
+			gone = append(gone, job)
+		}
+	}
+	for job := range r.problems {
+		if _, running := r.jobs[job]; !placed[job] && !running && !slices.Contains(gone, job) {
+			gone = append(gone, job)
+		}
+	}
 	for job := range r.doneHere {
 		if !placed[job] {
 			delete(r.doneHere, job)
@@ -352,6 +395,9 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 		start = append(start, job)
 	}
 	r.mu.Unlock()
+	for _, job := range gone {
+		r.leave(job)
+	}
 	sort.Strings(start)
 	for _, job := range start {
 		if err := r.start(ctx, job); err != nil {
@@ -393,16 +439,31 @@ func (r *Runner) forget(job string) {
 // restartLater schedules a restart of a job's hyperpodrun after its
 // backoff; a run that lasted HealthyAfter starts the backoff over.
 func (r *Runner) restartLater(job, why string, ran time.Duration, attrs ...any) {
+	r.scheduleRestart(job, why, r.countFailure(job, ran), attrs...)
+}
+
+// countFailure counts a failure of a job's run that lasted ran and
+// returns the job's consecutive failures on this node: a run that lasted
+// HealthyAfter starts the count over.
+func (r *Runner) countFailure(job string, ran time.Duration) int {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	rt := r.retryOf(job)
 	if ran >= r.cfg.HealthyAfter {
 		rt.failures = 0
 	}
 	rt.failures++
-	d := Backoff(rt.failures, r.cfg.BackoffBase, r.cfg.BackoffMax)
+	return rt.failures
+}
+
+// scheduleRestart restarts a job's hyperpodrun after the backoff of its
+// n-th consecutive failure.
+func (r *Runner) scheduleRestart(job, why string, n int, attrs ...any) {
+	r.mu.Lock()
+	rt := r.retryOf(job)
+	d := Backoff(n, r.cfg.BackoffBase, r.cfg.BackoffMax)
 	rt.notBefore = time.Now().Add(d)
 	rt.timer.Reset(d)
-	n := rt.failures
 	r.mu.Unlock()
 	r.log.Warn("node failure: restarting the job's hyperpodrun after a backoff while the job is placed on this node",
 		append([]any{"job", job, "why", why, "backoff", d, "consecutive_failures", n}, attrs...)...)
@@ -447,8 +508,9 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 
 // credsConf adds a job's etcd credentials to the --rdzv-conf the agent
 // gives every job: the user, and the password in a file of mode 0600 in
-// the run's own directory (never on the command line, never the agent's).
-func credsConf(conf string, creds *fleet.JobCreds, dir string) (string, error) {
+// the run's own directory, the job's alone (never on the command line,
+// never the agent's).
+func credsConf(conf string, creds *fleet.JobCreds, dir string, id Identity) (string, error) {
 	if creds == nil {
 		return conf, nil
 	}
@@ -456,7 +518,7 @@ func credsConf(conf string, creds *fleet.JobCreds, dir string) (string, error) {
 		return "", fmt.Errorf("job %s's credentials record names user %q, which cannot pass in --rdzv-conf", creds.Job, creds.User)
 	}
 	pw := filepath.Join(dir, "etcd.password")
-	if err := os.WriteFile(pw, []byte(creds.Password+"\n"), 0o600); err != nil {
+	if err := WriteJobFile(dir, "etcd.password", []byte(creds.Password+"\n"), id); err != nil {
 		return "", fmt.Errorf("write the job's etcd password file: %w", err)
 	}
 	add := "user=" + creds.User + ",password_file=" + pw
@@ -487,15 +549,30 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
-	// A container is the job's boundary: it runs as the image's user
-	// (or --job-user); a host process may not run as root unasked.
-	if why := refuseRoot(os.Geteuid(), r.cfg.JobUser, r.cfg.AllowRootJobs); why != "" && spec.Run.Image == "" {
+	// Who the job runs as: its own uid (--job-uid-range), --job-user, or
+	// (a container) its image's user; a host process may not run as
+	// root unasked.
+	id, why := identityFor(IdentityPolicy{AgentUID: os.Geteuid(), Range: r.cfg.UIDRange, User: r.cfg.JobUser, AllowRoot: r.cfg.AllowRootJobs},
+		job, r.uids[job], spec.Run.Image != "")
+	if why != "" {
+		if r.cfg.UIDRange.Set() {
+			r.problem(job, why)
+			r.noteProblem(job, false)
+		}
 		return errors.New(why)
+	}
+	if id.Set && r.cfg.UIDRange.Set() {
+		if err := r.claimUID(job, id.UID); err != nil {
+			msg := fmt.Sprintf("cannot run the job as uid %d on this host: %v", id.UID, err)
+			r.problem(job, msg)
+			r.noteProblem(job, false)
+			return errors.New(msg)
+		}
 	}
 	// The job's environment: its spec and the torchrun contract, nothing
 	// of the agent's. A refused variable fails the job with the reason
 	// (elasticctl describe job); the node is not at fault.
-	baseEnv, err := jobEnv(*spec, EnvOptions{Allow: r.cfg.AllowEnv, Home: r.cfg.JobUser.Home}, nil)
+	baseEnv, err := jobEnv(*spec, EnvOptions{Allow: r.cfg.AllowEnv, Home: id.Home}, nil)
 	if err != nil {
 		r.log.Warn("job refused", "job", job, "err", err)
 		if ferr := r.st.MarkFinished(rctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: err.Error(), Time: time.Now().UTC()}); ferr != nil {
@@ -505,29 +582,33 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	}
 	// The job's own etcd user (etcd auth on: the coordinator minted it);
 	// never the agent's.
-	creds, err := r.st.Creds(rctx, job)
+	creds, err := r.st.NodeCreds(rctx, r.node.Name, job)
 	if err != nil {
 		return err
 	}
 	if spec.Run.Image != "" {
-		return r.startContainer(ctx, spec, baseEnv, creds)
+		return r.startContainer(ctx, spec, baseEnv, creds, id)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, running := r.jobs[job]; running {
 		return nil
 	}
+	// The job's own directories, made for it (never a walk, never a
+	// symlink followed): its log directory on this node and the run's.
 	logDir := ""
 	if r.cfg.LogDir != "" {
-		logDir = filepath.Join(r.cfg.LogDir, r.node.Name)
+		if logDir, err = JobLogDir(r.cfg.LogDir, r.node.Name, job, id); err != nil {
+			return fmt.Errorf("the job's log directory: %w", err)
+		}
 	}
-	tmp, err := os.MkdirTemp(r.tmp, "")
+	tmp, err := RunDir(r.tmp, id)
 	if err != nil {
-		return fmt.Errorf("make the run's TMPDIR: %w", err)
+		return err
 	}
 	r.seq++
 	b := r.box.open(fmt.Sprintf("%d.%s.%s", r.seq, r.node.Name, job))
-	rdzvConf, err := credsConf(r.cfg.RdzvConf, creds, tmp)
+	rdzvConf, err := credsConf(r.cfg.RdzvConf, creds, tmp, id)
 	if err != nil {
 		b.abandon()
 		os.RemoveAll(tmp)
@@ -545,31 +626,15 @@ func (r *Runner) start(ctx context.Context, job string) error {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
 	}
+	// A job with a uid of its own has no home but its run's directory.
+	if _, own := spec.Run.Env["HOME"]; id.Set && id.Home == "" && !own {
+		cmd.Env = append(cmd.Env, "HOME="+tmp)
+	}
 	cmd.Dir = spec.Run.WorkDir
 	// Its own session: the fallback finds the run's processes by it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	if u := r.cfg.JobUser; u.Set {
-		// The run's own directories become the job user's; nothing of
-		// the agent's is.
-		for _, d := range []string{tmp, logDir} {
-			if d == "" {
-				continue
-			}
-			if err := os.MkdirAll(d, 0o755); err == nil {
-				err = filepath.WalkDir(d, func(p string, _ os.DirEntry, err error) error {
-					if err != nil {
-						return err
-					}
-					return os.Lchown(p, int(u.UID), int(u.GID))
-				})
-			}
-			if err != nil {
-				b.abandon()
-				os.RemoveAll(tmp)
-				return fmt.Errorf("give %s to the job user %d: %w", d, u.UID, err)
-			}
-		}
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: []uint32{}}
+	if id.Set {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
 	b.apply(cmd.SysProcAttr)
 	// A pipe of our own, not an io.Writer: Wait then returns when
@@ -604,8 +669,23 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		signal: func(sig syscall.Signal) error { return syscall.Kill(pid, sig) },
 		kill:   func() { syscall.Kill(-pid, syscall.SIGKILL) }}
 	r.jobs[job] = p
+	if r.problems[job] {
+		// A crash loop's record goes once a run has lasted HealthyAfter.
+		p.healthy = time.AfterFunc(r.cfg.HealthyAfter, func() {
+			r.mu.Lock()
+			still := r.jobs[job] == p
+			r.mu.Unlock()
+			if still {
+				r.clearProblemOf(job)
+			}
+		})
+	} else if _, had := r.problems[job]; had {
+		// Whatever kept it from starting is gone.
+		go r.clearProblemOf(job)
+	}
 	prefix := r.node.Name + "/" + job + " "
 	output := make(chan struct{})
+	var lastLine string // the run's last line of output (a crash's reason)
 	r.wg.Add(2)
 	go func() {
 		defer r.wg.Done()
@@ -614,6 +694,9 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			fmt.Fprintln(r.cfg.Output, prefix+sc.Text())
+			if t := strings.TrimSpace(sc.Text()); t != "" {
+				lastLine = t
+			}
 		}
 		io.Copy(io.Discard, pr)
 	}()
@@ -633,11 +716,23 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		if err := os.RemoveAll(tmp); err != nil {
 			r.log.Warn("cannot remove the run's TMPDIR", "job", job, "dir", tmp, "err", err)
 		}
+		if err != nil && lastLine != "" {
+			err = &runError{err: err, output: lastLine}
+		}
 		draining := r.release(job, p, err != nil)
 		r.exited(job, err, draining, ran, p.maxRestarts)
 	}()
 	return nil
 }
+
+// runError is a run's failure with its last line of output.
+type runError struct {
+	err    error
+	output string
+}
+
+func (e *runError) Error() string { return e.err.Error() + ": " + e.output }
+func (e *runError) Unwrap() error { return e.err }
 
 // release forgets a run that ended (or never started) and reports whether
 // it was being drained. A failed run that was not drained is not
@@ -649,11 +744,15 @@ func (r *Runner) release(job string, p *proc, failed bool) (draining bool) {
 	if p.deadline != nil {
 		p.deadline.Stop()
 	}
+	if p.healthy != nil {
+		p.healthy.Stop()
+	}
 	if !draining && failed && !r.leaving {
 		r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
 	}
 	r.mu.Unlock()
 	close(p.done)
+	r.poke() // a job that left the node gives its uid back
 	return draining
 }
 
@@ -668,9 +767,11 @@ func rebuild(cmd *exec.Cmd) *exec.Cmd {
 // exited judges a run's end. Drained: nothing to do. Exit 0: the job
 // finished training (Succeeded). Any other end (a non-zero exit, a signal,
 // an error) is a node failure, restarted after a backoff while the job is
-// placed here, unless the job's global restart budget is spent: its
-// restart count exceeds maxRestarts, as hyperpodrun itself decides (then
-// Failed).
+// placed here (with a problem record saying so, its count and its last
+// error: elasticctl get jobs shows Restarting), unless judgeFailure says
+// the job is Failed: its global restart budget is spent, or its
+// hyperpodrun keeps exiting on this node (a crash loop) more times in a
+// row than maxRestarts.
 func (r *Runner) exited(job string, err error, draining bool, ran time.Duration, maxRestarts int) {
 	if draining || err == nil {
 		r.forget(job)
@@ -682,6 +783,7 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 		r.log.Info("job drained off this node", "job", job, "err", err)
 		return
 	case err == nil:
+		r.clearProblemOf(job)
 		r.finishedHere(ctx, job, "its workers succeeded")
 		return
 	}
@@ -697,20 +799,164 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 	if problem != nil {
 		r.log.Warn("malformed restart count", "job", job, "err", problem)
 	}
-	if rerr != nil {
-		r.restartLater(job, why, ran, "restart_count_unknown", rerr.Error())
-		return
-	}
-	if n > int64(maxRestarts) {
+	failures := r.countFailure(job, ran)
+	switch judgeFailure(n, rerr == nil, failures, maxRestarts) {
+	case ruleBudgetSpent:
 		msg := fmt.Sprintf("hyperpodrun %s; the job's %d restart(s) exceed maxRestarts %d (counted for the whole job)", why, n, maxRestarts)
-		r.forget(job)
 		r.log.Warn("job failed: its restart budget is spent", "job", job, "why", why, "restarts", n, "max_restarts", maxRestarts)
-		if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: msg, Time: time.Now().UTC()}); err != nil {
-			r.log.Error("cannot record the job's failure", "job", job, "err", err)
-		}
+		r.failHere(ctx, job, msg)
+		return
+	case ruleCrashLoop:
+		msg := fmt.Sprintf("hyperpodrun failed %d time(s) in a row on node %s, each run ending within %s, more than maxRestarts %d; last: %s",
+			failures, r.node.Name, r.cfg.HealthyAfter, maxRestarts, why)
+		r.log.Warn("job failed: its hyperpodrun keeps failing on this node", "job", job, "why", why, "failures", failures, "max_restarts", maxRestarts)
+		r.failHere(ctx, job, msg)
 		return
 	}
-	r.restartLater(job, why, ran, "restarts", n, "max_restarts", maxRestarts)
+	r.restartingProblem(job, failures, maxRestarts, why)
+	if rerr != nil {
+		r.scheduleRestart(job, why, failures, "restart_count_unknown", rerr.Error())
+		return
+	}
+	r.scheduleRestart(job, why, failures, "restarts", n, "max_restarts", maxRestarts)
+}
+
+// Rules of judgeFailure.
+const (
+	ruleRestart     = "restart"
+	ruleBudgetSpent = "budget-spent"
+	ruleCrashLoop   = "crash-loop"
+)
+
+// judgeFailure decides what a node failure of a job leads to, given the
+// job's global restart count (as hyperpodrun counts it; known is false
+// when it could not be read), the job's consecutive failures on this node
+// (this one included) and the job's maxRestarts. Rules:
+//
+//   - budget-spent: the global count exceeds maxRestarts (hyperpodrun's
+//     own rule): Failed;
+//   - crash-loop: its hyperpodrun failed more than maxRestarts times in a
+//     row on this node, each run shorter than HealthyAfter: Failed (a
+//     hyperpodrun that cannot even join its rendezvous never moves the
+//     global count, and was restarted forever);
+//   - restart: anything else: restart after a backoff.
+func judgeFailure(globalRestarts int64, known bool, nodeFailures int, maxRestarts int) string {
+	switch {
+	case known && globalRestarts > int64(maxRestarts):
+		return ruleBudgetSpent
+	case nodeFailures > maxRestarts:
+		return ruleCrashLoop
+	}
+	return ruleRestart
+}
+
+// failHere marks a job Failed from this node (msg: why) and does not
+// start it here again while it stays placed.
+func (r *Runner) failHere(ctx context.Context, job, msg string) {
+	r.forget(job)
+	r.mu.Lock()
+	r.doneHere[job] = true
+	r.mu.Unlock()
+	r.clearProblemOf(job)
+	if err := r.st.MarkFinished(ctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: clipMessage(msg), Time: time.Now().UTC()}); err != nil {
+		r.log.Error("cannot record the job's failure", "job", job, "err", err)
+	}
+}
+
+// restartingProblem records that the job's hyperpodrun keeps failing on
+// this node: how many times in a row, and how the last run ended.
+func (r *Runner) restartingProblem(job string, failures, maxRestarts int, why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
+	defer cancel()
+	why = clipMessage(why)
+	msg := fmt.Sprintf("restarting on node %s: hyperpodrun failed %d time(s) in a row (maxRestarts %d); last: %s", r.node.Name, failures, maxRestarts, why)
+	if err := r.st.PutProblem(ctx, fleet.Problem{Job: job, Node: r.node.Name, Message: msg, Restarts: failures, LastError: why, Time: time.Now().UTC()}); err != nil {
+		r.log.Warn("cannot record the job's restarts on this node", "job", job, "err", err)
+		return
+	}
+	r.noteProblem(job, true)
+}
+
+// noteProblem remembers that this runner wrote a problem record for job
+// (restarting: a crash loop's).
+func (r *Runner) noteProblem(job string, restarting bool) {
+	r.mu.Lock()
+	r.problems[job] = restarting
+	r.mu.Unlock()
+}
+
+// clearProblemOf removes the problem record this runner wrote for job, if
+// it wrote one.
+func (r *Runner) clearProblemOf(job string) {
+	r.mu.Lock()
+	_, had := r.problems[job]
+	delete(r.problems, job)
+	r.mu.Unlock()
+	if had {
+		r.clearProblem(job)
+	}
+}
+
+// clipMessage bounds a message (a last line of output) put in a record.
+func clipMessage(s string) string {
+	const max = 512
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+// claimUID claims uid on this host for job (see uidClaims).
+func (r *Runner) claimUID(job string, uid uint32) error {
+	r.mu.Lock()
+	if held, ok := r.claims[job]; ok && held == uid {
+		r.mu.Unlock()
+		return nil
+	}
+	r.mu.Unlock()
+	c := uidClaims{dir: filepath.Join(r.tmp, "uids"), node: r.node.Name}
+	runsHere := func(other string) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		_, running := r.jobs[other]
+		_, claimed := r.claims[other]
+		return running || claimed
+	}
+	if err := c.claim(uid, job, runsHere); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.claims[job] = uid
+	r.mu.Unlock()
+	return nil
+}
+
+// leave is a job's leaving this node (no longer placed, no run here): its
+// problem record goes, its uid claim is released, and its log directory is
+// taken back (root's, 0700), so a later job given the same uid cannot read
+// it.
+func (r *Runner) leave(job string) {
+	r.mu.Lock()
+	uid, claimed := r.claims[job]
+	delete(r.claims, job)
+	r.mu.Unlock()
+	r.clearProblemOf(job)
+	if !claimed {
+		return
+	}
+	if err := ReleaseJobLogDir(r.logBase(), r.node.Name, job); err != nil {
+		r.log.Warn("cannot take the job's log directory back", "job", job, "err", err)
+	}
+	c := uidClaims{dir: filepath.Join(r.tmp, "uids"), node: r.node.Name}
+	if err := c.release(uid, job); err != nil {
+		r.log.Warn("cannot release the job's uid", "job", job, "uid", uid, "err", err)
+		return
+	}
+	r.log.Info("job left this node: its uid is released", "job", job, "uid", uid)
 }
 
 // finishedHere records that the job's hyperpodrun on this node is done:
@@ -738,6 +984,10 @@ func (r *Runner) finishedHere(ctx context.Context, job, why string) {
 
 // describeExit says how a hyperpodrun ended.
 func describeExit(err error) string {
+	var re *runError
+	if errors.As(err, &re) {
+		return describeExit(re.err) + ": " + re.output
+	}
 	var ce *containerExit
 	if errors.As(err, &ce) {
 		return "(in its container) " + ce.Error()

@@ -90,7 +90,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 		}
 		os.Remove(filepath.Join(dir, "drained"))
 		os.Remove(filepath.Join(dir, "started"))
-		if f, _, _ := st.Finished(ctx); len(f) != 0 {
+		if f, ok := finishOf(t, ctx, st, "j"); ok {
 			t.Errorf("a drained job was recorded as finished: %v", f)
 		}
 		return ev
@@ -115,7 +115,7 @@ while [ ! -f "$OUT/finish" ]; do sleep 0.02; done
 	alloc("node-a")
 	waitFor("the job to start again", exists("started"))
 	os.WriteFile(filepath.Join(dir, "finish"), nil, 0o644)
-	waitFor("the finish record", func() bool { f, _, _ := st.Finished(ctx); return f["j"].Outcome == fleet.Succeeded })
+	waitFor("the finish record", func() bool { f, _ := finishOf(t, ctx, st, "j"); return f.Outcome == fleet.Succeeded })
 }
 
 // A job without maxNodes runs at minNodes: it used to get --nnodes 1:0
