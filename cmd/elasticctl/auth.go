@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/urfave/cli/v2"
@@ -20,18 +21,34 @@ func authCommand() *cli.Command {
 		Subcommands: []*cli.Command{{
 			Name:  "bootstrap",
 			Usage: "create the fleet's roles and users on etcd, write their passwords, and turn etcd auth on",
-			Description: "Creates the roles hyperpod-admin, hyperpod-coordinator, hyperpod-agent and hyperpod-team-<team>\n" +
-				"(one per team: the teams in etcd plus every --team), a user of each name and root, writes each new\n" +
+			Description: "Creates the roles hyperpod-admin, hyperpod-coordinator, hyperpod-agent, hyperpod-team-<team>\n" +
+				"(one per team: the teams in etcd plus every --team) and hyperpod-node-<node> (one per --node: that node's\n" +
+				"agent may speak only for its own node), a user of each name and root, writes each new\n" +
 				"user's password to <password-dir>/<user>.password (mode 0600), and enables auth. Run it again to add\n" +
 				"teams: existing users keep their passwords. Once auth is on, connect as root to run it\n" +
 				"(--etcd-user root --etcd-password-file <password-dir>/root.password).\n\n" +
 				examples("elasticctl auth bootstrap --password-dir /etc/hyperpod/etcd-passwords",
-					"elasticctl auth bootstrap --team research --team prod --password-dir ./pw"),
+					"elasticctl auth bootstrap --team research --team prod --password-dir ./pw",
+					"elasticctl auth bootstrap --node node-0 --node node-1 --password-dir ./pw"),
 			Flags: []cli.Flag{
 				&cli.StringSliceFlag{Name: "team", Usage: "a team to create a role and user for (repeatable; the teams in etcd are added)"},
+				&cli.StringSliceFlag{Name: "node", Usage: "a node to create a role and user for, hyperpod-node-<node> (repeatable; copy its password file to that node only)"},
 				&cli.StringFlag{Name: "password-dir", Required: true, Usage: "directory for the new users' password files (created 0700)"},
 			},
 			Action: withStore(checkBootstrap, cmdBootstrap),
+		}, {
+			Name:      "add-node",
+			Usage:     "create the etcd role and user of nodes added to the fleet (as root)",
+			ArgsUsage: "NODE...",
+			Description: "Creates hyperpod-node-<node> for each NODE: it may write only its own node record, liveness key and\n" +
+				"reports, and read its own assignments (with the credentials of the jobs placed on it) and what users see.\n" +
+				"Writes each new user's password to <password-dir>/hyperpod-node-<node>.password (mode 0600): copy it to that\n" +
+				"node only. Existing users keep their passwords. Needs etcd's root user.\n\n" +
+				examples("elasticctl --etcd-user root --etcd-password-file pw/root.password auth add-node node-7 --password-dir ./pw"),
+			Flags: []cli.Flag{
+				&cli.StringFlag{Name: "password-dir", Required: true, Usage: "directory for the new users' password files (created 0700)"},
+			},
+			Action: withStore(checkAddNode, cmdAddNode),
 		}},
 	}
 }
@@ -45,7 +62,53 @@ func checkBootstrap(c *cli.Context) error {
 			return err
 		}
 	}
+	return nodeArgs(c, c.StringSlice("node"))
+}
+
+// nodeArgs checks node names given on the command line.
+func nodeArgs(c *cli.Context, nodes []string) error {
+	for _, n := range nodes {
+		if devices.ValidateNodeName(n) != nil {
+			if len(n) > 80 {
+				n = n[:80] + "..."
+			}
+			return usage(c, "node %q: a node name is 1-253 characters [A-Za-z0-9._-], starting and ending with a letter or digit", n)
+		}
+	}
 	return nil
+}
+
+func checkAddNode(c *cli.Context) error {
+	if c.Args().Len() == 0 {
+		return usage(c, "add-node needs at least one node name")
+	}
+	return nodeArgs(c, c.Args().Slice())
+}
+
+func cmdAddNode(c *cli.Context, st *fleet.Store) error {
+	res, err := etcdauth.AddNodes(c.Context, st.Cli, st.Keys, c.Args().Slice(), c.String("password-dir"))
+	if err != nil {
+		return fmt.Errorf("auth add-node: %w", err)
+	}
+	printUsers(c, res)
+	return nil
+}
+
+// printUsers says which users were created (and where their passwords
+// are) and which existed.
+func printUsers(c *cli.Context, res *etcdauth.BootstrapResult) {
+	w := c.App.Writer
+	users := make([]string, 0, len(res.Created))
+	for u := range res.Created {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	for _, u := range users {
+		fmt.Fprintf(w, "user %s created: password in %s\n", u, res.Created[u])
+	}
+	for _, u := range res.Kept {
+		fmt.Fprintf(w, "user %s exists: password unchanged\n", u)
+	}
 }
 
 func cmdBootstrap(c *cli.Context, st *fleet.Store) error {
@@ -67,22 +130,13 @@ func cmdBootstrap(c *cli.Context, st *fleet.Store) error {
 			return err
 		}
 	}
-	res, err := etcdauth.Bootstrap(c.Context, st.Cli, st.Keys, teams, c.String("password-dir"))
+	nodes := slices.Compact(slices.Sorted(slices.Values(c.StringSlice("node"))))
+	res, err := etcdauth.BootstrapFleet(c.Context, st.Cli, st.Keys, etcdauth.Parties{Teams: teams, Nodes: nodes}, c.String("password-dir"))
 	if err != nil {
 		return fmt.Errorf("auth bootstrap: %w", err)
 	}
+	printUsers(c, res)
 	w := c.App.Writer
-	users := make([]string, 0, len(res.Created))
-	for u := range res.Created {
-		users = append(users, u)
-	}
-	slices.Sort(users)
-	for _, u := range users {
-		fmt.Fprintf(w, "user %s created: password in %s\n", u, res.Created[u])
-	}
-	for _, u := range res.Kept {
-		fmt.Fprintf(w, "user %s exists: password unchanged\n", u)
-	}
 	if res.Enabled {
 		fmt.Fprintln(w, "etcd auth is now on: every client needs a user (docs/security.md)")
 	} else {

@@ -55,3 +55,36 @@ func TestAuthTeamCannotTouchAnotherTeamsJob(t *testing.T) {
 		t.Errorf("password from $ELASTICCTL_ETCD_PASSWORD: exit %d, %q", code, errs)
 	}
 }
+
+// Node users: `auth bootstrap --node` creates one per node, `auth
+// add-node` (as root) one for a node added later; a team may not, and a
+// node name that would escape its key is a usage error.
+func TestAuthNodeUsers(t *testing.T) {
+	ep, _ := startFleet(t, 1)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	dir := filepath.Join(t.TempDir(), "pw")
+	out := mustCtl(t, ep, "auth", "bootstrap", "--node", "node-a", "--password-dir", dir)
+	if !strings.Contains(out, "user hyperpod-node-node-a created: password in "+filepath.Join(dir, "hyperpod-node-node-a.password")) {
+		t.Errorf("bootstrap --node output:\n%s", out)
+	}
+	as := func(user string) []string {
+		return []string{"--etcd-user", user, "--etcd-password-file", filepath.Join(dir, user+".password")}
+	}
+	if _, errs, code := ctl(t, ep, append(as("hyperpod-team-research"), "auth", "add-node", "node-b", "--password-dir", dir)...); code != 1 || !strings.Contains(errs, "permission denied") {
+		t.Errorf("a team adds a node user: exit %d, %q; want permission denied", code, errs)
+	}
+	out, errs, code := ctl(t, ep, append(as("root"), "auth", "add-node", "node-b", "node-a", "--password-dir", dir)...)
+	if code != 0 || !strings.Contains(out, "user hyperpod-node-node-b created") || !strings.Contains(out, "user hyperpod-node-node-a exists: password unchanged") {
+		t.Errorf("root adds node-b: exit %d, %s\n%s", code, errs, out)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "hyperpod-node-node-b.password")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("node-b's password file: %v", err)
+	}
+	if _, errs, code := ctl(t, ep, append(as("root"), "auth", "add-node", "a/b", "--password-dir", dir)...); code != 2 {
+		t.Errorf("add-node a/b: exit %d, %q; want a usage error", code, errs)
+	}
+	// A node's user sees what users see, not another node's keys.
+	if _, errs, code := ctl(t, ep, append(as("hyperpod-node-node-a"), "get", "jobs")...); code != 0 {
+		t.Errorf("node-a's user reads jobs: exit %d, %q", code, errs)
+	}
+}

@@ -57,6 +57,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
+			&cli.StringFlag{Name: "job-uid-range", Value: coordinator.DefaultJobUIDRange, Usage: "FIRST-LAST: give each admitted job a uid of this range that no other live job holds (its desired record's and assignments' uid; the node agent runs the job as it); it comes free when the job is forgotten. Keep it apart from the nodes' own users and other uid ranges; none: no uids (docs/security.md)"},
 		},
 		ErrWriter:      stderr,
 		OnUsageError:   func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
@@ -98,6 +99,10 @@ func serve(c *cli.Context) error {
 		if d := c.Duration(f); d < 0 || (d > 0 && d < time.Second) {
 			return usageError{fmt.Errorf("--%s %s: must be 0 (off) or at least 1s", f, d)}
 		}
+	}
+	uidFirst, uidLast, err := coordinator.ParseUIDRange(c.String("job-uid-range"))
+	if err != nil {
+		return usageError{fmt.Errorf("--job-uid-range: %w", err)}
 	}
 	if d := c.Duration("event-dedup-window"); d < time.Second {
 		return usageError{fmt.Errorf("--event-dedup-window %s: must be at least 1s", d)}
@@ -161,7 +166,8 @@ func serve(c *cli.Context) error {
 	}
 	co := coordinator.New(cli, coordinator.Config{
 		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Debounce: c.Duration("debounce"), Logger: log,
-		JobCredentials:  opts.User != "" && c.Bool("job-credentials"),
+		JobCredentials: opts.User != "" && c.Bool("job-credentials"),
+		JobUIDFirst:    uidFirst, JobUIDLast: uidLast,
 		Engine:          policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
 		FinishedRetention: off(c.Duration("finished-retention")), CompactRetention: off(c.Duration("compact-retention")),

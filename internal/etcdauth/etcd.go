@@ -72,11 +72,42 @@ func gone(err error) bool {
 	return errors.Is(err, rpctypes.ErrUserNotFound) || errors.Is(err, rpctypes.ErrRoleNotFound)
 }
 
-// ensureRole creates r (if missing) and grants its permissions (granting
-// an existing permission again is harmless).
+// ensureRole creates r (if missing), grants its permissions (granting an
+// existing permission again is harmless) and revokes any other permission
+// the role holds: an etcd bootstrapped by an earlier release loses what
+// the role no longer grants (jobs/ to teams, creds/ to node agents).
 func ensureRole(ctx context.Context, cli *clientv3.Client, r Role) error {
 	if err := call(ctx, func(ctx context.Context) error { _, err := cli.RoleAdd(ctx, r.Name); return err }); err != nil && !already(err) {
 		return fmt.Errorf("create role %s: %w", r.Name, err)
+	}
+	want := map[[2]string]bool{}
+	for _, p := range r.Perms {
+		key, end := p.Key, ""
+		if p.Prefix != "" {
+			key, end = p.Prefix, clientv3.GetPrefixRangeEnd(p.Prefix)
+		}
+		want[[2]string{key, end}] = true
+	}
+	var held []*authpb.Permission
+	if err := call(ctx, func(ctx context.Context) error {
+		g, err := cli.RoleGet(ctx, r.Name)
+		if err == nil {
+			held = g.Perm
+		}
+		return err
+	}); err != nil {
+		return fmt.Errorf("read role %s: %w", r.Name, err)
+	}
+	for _, h := range held {
+		if want[[2]string{string(h.Key), string(h.RangeEnd)}] {
+			continue
+		}
+		if err := call(ctx, func(ctx context.Context) error {
+			_, err := cli.RoleRevokePermission(ctx, r.Name, string(h.Key), string(h.RangeEnd))
+			return err
+		}); err != nil {
+			return fmt.Errorf("revoke role %s's permission on %s: %w", r.Name, h.Key, err)
+		}
 	}
 	for _, p := range r.Perms {
 		key, end := p.Key, ""
@@ -127,12 +158,79 @@ type BootstrapResult struct {
 
 // Bootstrap creates the fleet's roles (FleetRoles, and one per team) and a
 // user for each (root, admin, coordinator, agent, kube controller, and
-// hyperpod-team-<team>)
-// on the etcd cli talks to, writes each new user's password to
-// <dir>/<user>.password (mode 0600, dir 0700), and turns auth on. It is
-// idempotent: users that exist keep their passwords. cli must be
-// unauthenticated (auth still off) or root's.
+// hyperpod-team-<team>) on the etcd cli talks to, writes each new user's
+// password to <dir>/<user>.password (mode 0600, dir 0700), and turns auth
+// on. It is idempotent: users that exist keep their passwords. cli must
+// be unauthenticated (auth still off) or root's.
 func Bootstrap(ctx context.Context, cli *clientv3.Client, k fleet.Keys, teams []string, dir string) (*BootstrapResult, error) {
+	return BootstrapFleet(ctx, cli, k, Parties{Teams: teams}, dir)
+}
+
+// Parties are the teams and nodes that get a role and user of their own.
+type Parties struct {
+	Teams []string
+	// Nodes get hyperpod-node-<node> (NodeRoleFor), one per node agent.
+	Nodes []string
+}
+
+// BootstrapFleet is Bootstrap with node users too: one role and user per
+// node (NodeRoleFor), password in <dir>/hyperpod-node-<node>.password.
+func BootstrapFleet(ctx context.Context, cli *clientv3.Client, k fleet.Keys, p Parties, dir string) (*BootstrapResult, error) {
+	roles := FleetRoles(k)
+	for _, t := range p.Teams {
+		r, err := TeamRoleFor(k, t)
+		if err != nil {
+			return nil, err
+		}
+		roles = append(roles, r)
+	}
+	for _, n := range p.Nodes {
+		r, err := NodeRoleFor(k, n)
+		if err != nil {
+			return nil, err
+		}
+		roles = append(roles, r)
+	}
+	res, err := createUsers(ctx, cli, roles, true, dir)
+	if err != nil {
+		return nil, err
+	}
+	st, err := authStatus(ctx, cli)
+	if errors.Is(err, errNoAuthStatus) {
+		// etcd 3.4 has no AuthStatus; a client that logged in as a user
+		// finds auth on (it could not have logged in otherwise).
+		st, err = cli.Username != "", nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !st {
+		if err := call(ctx, func(ctx context.Context) error { _, err := cli.AuthEnable(ctx); return err }); err != nil {
+			return nil, fmt.Errorf("enable auth: %w", err)
+		}
+		res.Enabled = true
+	}
+	return res, nil
+}
+
+// AddNodes creates the role and user of each node (NodeRoleFor) on an etcd
+// whose auth is on, as Bootstrap does for nodes added later: cli must be
+// root's; existing users keep their passwords. It does not touch auth.
+func AddNodes(ctx context.Context, cli *clientv3.Client, k fleet.Keys, nodes []string, dir string) (*BootstrapResult, error) {
+	var roles []Role
+	for _, n := range nodes {
+		r, err := NodeRoleFor(k, n)
+		if err != nil {
+			return nil, err
+		}
+		roles = append(roles, r)
+	}
+	return createUsers(ctx, cli, roles, false, dir)
+}
+
+// createUsers creates roles and a user of each (and root's, with withRoot),
+// writing new users' passwords under dir.
+func createUsers(ctx context.Context, cli *clientv3.Client, roles []Role, withRoot bool, dir string) (*BootstrapResult, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("password directory: %w", err)
 	}
@@ -152,31 +250,25 @@ func Bootstrap(ctx context.Context, cli *clientv3.Client, k fleet.Keys, teams []
 		res.Created[user] = p
 		return nil
 	}
-	roles := FleetRoles(k)
-	for _, t := range teams {
-		r, err := TeamRoleFor(k, t)
-		if err != nil {
-			return nil, err
-		}
-		roles = append(roles, r)
-	}
 	for _, r := range roles {
 		if err := ensureRole(ctx, cli, r); err != nil {
 			return nil, err
 		}
 	}
-	pw, err := ensureUser(ctx, cli, RootUser, "root")
-	if err != nil {
-		return nil, err
-	}
-	if err := save(RootUser, pw); err != nil {
-		return nil, err
+	if withRoot {
+		pw, err := ensureUser(ctx, cli, RootUser, "root")
+		if err != nil {
+			return nil, err
+		}
+		if err := save(RootUser, pw); err != nil {
+			return nil, err
+		}
 	}
 	users := map[string]string{AdminRole: AdminUser, CoordinatorRole: CoordinatorUser, AgentRole: AgentUser, KubeControllerRole: KubeControllerUser}
 	for _, r := range roles {
 		user, ok := users[r.Name]
 		if !ok {
-			user = r.Name // teams: the user is named as its role
+			user = r.Name // teams and nodes: the user is named as its role
 		}
 		grant := []string{r.Name}
 		if r.Root {
@@ -189,21 +281,6 @@ func Bootstrap(ctx context.Context, cli *clientv3.Client, k fleet.Keys, teams []
 		if err := save(user, pw); err != nil {
 			return nil, err
 		}
-	}
-	st, err := authStatus(ctx, cli)
-	if errors.Is(err, errNoAuthStatus) {
-		// etcd 3.4 has no AuthStatus; a client that logged in as a user
-		// finds auth on (it could not have logged in otherwise).
-		st, err = cli.Username != "", nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	if !st {
-		if err := call(ctx, func(ctx context.Context) error { _, err := cli.AuthEnable(ctx); return err }); err != nil {
-			return nil, fmt.Errorf("enable auth: %w", err)
-		}
-		res.Enabled = true
 	}
 	slices.Sort(res.Kept)
 	return res, nil

@@ -56,10 +56,15 @@ func TestRolesAreLeastPrivilege(t *testing.T) {
 	if reads(job, k.Checkpoint("sweep2")) || reads(job, k.Spec("research", "sweep")) || reads(job, k.Creds("sweep")) {
 		t.Error("a job may read beyond its own keys and desired record")
 	}
-	for _, r := range FleetRoles(k) {
-		if r.Name == AgentRole && !reads(r, k.Creds("sweep")) {
-			t.Error("the node agent cannot read the credentials it hands to jobs")
-		}
+	node, err := NodeRoleFor(k, "node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reads(node, k.Assignment("node-a", "sweep")) {
+		t.Error("a node agent cannot read its own assignments, which carry the credentials it hands to jobs")
+	}
+	if reads(node, k.Creds("sweep")) || reads(node, k.Assignment("node-b", "sweep")) {
+		t.Error("a node agent may read credentials of jobs not placed on it")
 	}
 	if _, err := TeamRoleFor(k, "../x"); err == nil {
 		t.Error("a team name escaping its prefix was accepted")
@@ -204,9 +209,11 @@ func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
 			if _, err := a.Creds(ctx, "a-job"); !fleet.IsPermissionDenied(err) {
 				t.Errorf("a team reads job credentials: %v, want permission denied", err)
 			}
-			agent := fleet.New(mustConnectAs(t, ep, AgentUser, pw(AgentUser)), "")
+			// Only the coordinator (and the kube controller, below) read creds/:
+			// a node agent gets a job's credentials in its assignment.
+			agent := fleet.New(coord, "")
 			if got, err := agent.Creds(ctx, "a-job"); err != nil || got.Password != creds.Password {
-				t.Fatalf("the node agent reads the job's credentials: %+v, %v", got, err)
+				t.Fatalf("the coordinator reads the job's credentials: %+v, %v", got, err)
 			}
 			pwFile := filepath.Join(t.TempDir(), "job.password")
 			os.WriteFile(pwFile, []byte(creds.Password), 0o600)
@@ -252,7 +259,7 @@ func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
 			if _, err := ctlCli.Do(ctx, op); err != nil {
 				t.Errorf("the controller writes a Kubernetes Node's record: %v", err)
 			}
-			if err := ctl.MarkFinished(ctx, "k-job", fleet.Finish{Outcome: fleet.Succeeded, Node: "kn1", Time: time.Now()}); err != nil {
+			if err := ctl.RecordFinish(ctx, "k-job", fleet.Finish{Outcome: fleet.Succeeded, Node: "kn1", Time: time.Now()}); err != nil {
 				t.Errorf("the controller writes a finish record: %v", err)
 			}
 			if got, err := ctl.Creds(ctx, "b-job"); err != nil || got == nil || got.User != JobRole("b-job") {
@@ -301,5 +308,185 @@ func TestSecurityDocListsTheRoles(t *testing.T) {
 	}
 	if want := Table(fleet.NewKeys("")); !strings.Contains(string(b), want) {
 		t.Errorf("docs/security.md's role table is out of date; want:\n%s", want)
+	}
+}
+
+// Issue 22: one node's etcd user speaks for its own node only. node-a's
+// agent cannot read a job's credentials (creds/) nor the assignment (and
+// so the credentials) of a job on node-b, cannot fail a job (finished/),
+// register node-b, report for node-b or read its liveness key; it can do
+// all of that for itself. A team reads no job's rendezvous keys (their
+// lease ids are the job's), and a re-bootstrap takes away what an
+// earlier release's roles granted beyond today's.
+func TestNodeUsersSpeakOnlyForTheirOwnNode(t *testing.T) {
+	for name, start := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			ep := start(t)
+			k := fleet.NewKeys("")
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			open := mustConnectAs(t, ep, "", "")
+			// An earlier release's team role read jobs/: a re-bootstrap
+			// must take that away.
+			if _, err := open.RoleAdd(ctx, TeamRole("team-b")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := open.RoleGrantPermission(ctx, TeamRole("team-b"), k.JobsPrefix(), clientv3.GetPrefixRangeEnd(k.JobsPrefix()), clientv3.PermissionType(clientv3.PermRead)); err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), "pw")
+			res, err := BootstrapFleet(ctx, open, k, Parties{Teams: []string{"team-a", "team-b"}, Nodes: []string{"node-a", "node-b"}}, dir)
+			if err != nil {
+				t.Fatalf("bootstrap: %v", err)
+			}
+			for _, u := range []string{NodeRole("node-a"), NodeRole("node-b")} {
+				if p := res.Created[u]; p != filepath.Join(dir, u+".password") {
+					t.Errorf("node user %s: password file %q", u, p)
+				}
+			}
+			pw := func(user string) string { return filepath.Join(dir, user+".password") }
+			root := mustConnectAs(t, ep, RootUser, pw(RootUser))
+			rst := fleet.New(root, "")
+			for _, job := range []string{"a-job", "b-job"} {
+				if err := rst.SubmitJob(ctx, spec(job, "team-a")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			creds, err := Mint(ctx, root, k, "b-job")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// b-job is placed on node-b, a-job on node-a, each with its
+			// credentials in its assignment, as the coordinator writes them.
+			for _, p := range []struct{ node, job string }{{"node-a", "a-job"}, {"node-b", "b-job"}} {
+				op, err := rst.PutAssignmentRecordOp(p.node, fleet.Assignment{Job: p.job, Generation: 1, UID: 200000, Creds: &fleet.JobCreds{Job: p.job, User: JobRole(p.job), Password: "pw-" + p.job}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := root.Do(ctx, op); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := root.Put(ctx, k.Rdzv("b-job").Member("node-b"), `{"lease":1}`); err != nil {
+				t.Fatal(err)
+			}
+
+			aCli := mustConnectAs(t, ep, NodeRole("node-a"), pw(NodeRole("node-a")))
+			a := fleet.New(aCli, "")
+			// What node-a may do for itself.
+			lease, err := aCli.Grant(ctx, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			op, err := a.PutNodeOp(devices.Inventory{Node: "node-a", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := aCli.Do(ctx, op); err != nil {
+				t.Errorf("node-a registers itself: %v", err)
+			}
+			if _, err := aCli.Put(ctx, k.Alive("node-a"), "1", clientv3.WithLease(lease.ID)); err != nil {
+				t.Errorf("node-a writes its liveness key: %v", err)
+			}
+			if c, err := a.NodeCreds(ctx, "node-a", "a-job"); err != nil || c == nil || c.Password != "pw-a-job" {
+				t.Errorf("node-a reads the credentials of its own job: %+v, %v", c, err)
+			}
+			if err := a.MarkFinished(ctx, "a-job", fleet.Finish{Outcome: fleet.Failed, Node: "node-a", Time: time.Now()}); err != nil {
+				t.Errorf("node-a reports its job's finish: %v", err)
+			}
+			if err := a.PutProblem(ctx, fleet.Problem{Job: "a-job", Node: "node-a", Message: "containerd is down", Time: time.Now()}); err != nil {
+				t.Errorf("node-a reports a problem: %v", err)
+			}
+			if _, _, err := a.Restarts(ctx, "a-job"); err != nil {
+				t.Errorf("node-a reads a job's restart count (its runner does): %v", err)
+			}
+			if _, _, err := a.Finished(ctx); err != nil {
+				t.Errorf("node-a reads the finish records: %v", err)
+			}
+			// What node-a may not do: read credentials of a job not on it.
+			if _, err := a.Creds(ctx, "b-job"); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a reads creds/b-job = %v, want permission denied", err)
+			}
+			if c, err := a.NodeCreds(ctx, "node-b", "b-job"); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a reads b-job's assignment on node-b = %+v, %v; want permission denied", c, err)
+			}
+			if _, err := aCli.Get(ctx, k.AssignPrefix(), clientv3.WithPrefix()); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a lists every assignment = %v, want permission denied", err)
+			}
+			// Fail a job on node-b, register node-b, speak for node-b.
+			if err := a.RecordFinish(ctx, "b-job", fleet.Finish{Outcome: fleet.Failed, Node: "node-b"}); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a writes finished/b-job = %v, want permission denied", err)
+			}
+			op, err = a.PutNodeOp(devices.Inventory{Node: "node-b", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := aCli.Do(ctx, op); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a registers node-b = %v, want permission denied", err)
+			}
+			for _, key := range []string{k.Alive("node-b"), k.FinishReport("node-b", "b-job"), k.ProblemReport("node-b", "b-job"),
+				k.Problem("b-job", "node-a"), k.Creds("a-job"), k.Assignment("node-a", "b-job"), k.Desired("b-job")} {
+				if _, err := aCli.Put(ctx, key, "x"); !fleet.IsPermissionDenied(err) {
+					t.Errorf("node-a writes %s = %v, want permission denied", key, err)
+				}
+			}
+			if err := a.MarkFinished(ctx, "b-job", fleet.Finish{Outcome: fleet.Failed, Node: "node-b"}); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a reports b-job's finish as node-b = %v, want permission denied", err)
+			}
+			if _, err := aCli.Get(ctx, k.Alive("node-b")); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-a reads node-b's liveness key = %v, want permission denied", err)
+			}
+			if r, err := root.Get(ctx, k.Finish("b-job")); err != nil || len(r.Kvs) != 0 {
+				t.Errorf("b-job's finish record after node-a's attempts: %v, %v", r, err)
+			}
+			if r, err := root.Get(ctx, k.Node("node-b")); err != nil || len(r.Kvs) != 0 {
+				t.Errorf("node-b's record after node-a's attempts: %v, %v", r, err)
+			}
+
+			// A team reads no job's rendezvous keys (lease ids), nor
+			// does the admin; the job itself does.
+			for _, user := range []string{TeamRole("team-a"), TeamRole("team-b"), AdminUser} {
+				c := mustConnectAs(t, ep, user, pw(user))
+				if _, err := c.Get(ctx, k.Rdzv("b-job").Member("node-b")); !fleet.IsPermissionDenied(err) {
+					t.Errorf("%s reads b-job's rendezvous member record = %v, want permission denied", user, err)
+				}
+				if _, err := c.Get(ctx, k.JobsPrefix(), clientv3.WithPrefix()); !fleet.IsPermissionDenied(err) {
+					t.Errorf("%s lists jobs/ = %v, want permission denied", user, err)
+				}
+			}
+			jobPW := filepath.Join(t.TempDir(), "job.password")
+			os.WriteFile(jobPW, []byte(creds.Password), 0o600)
+			if _, err := mustConnectAs(t, ep, creds.User, jobPW).Get(ctx, k.Rdzv("b-job").Member("node-b")); err != nil {
+				t.Errorf("b-job reads its own rendezvous: %v", err)
+			}
+			// A team still submits a job once an earlier namesake is
+			// forgotten, and is told when one is still leaving.
+			team := fleet.New(mustConnectAs(t, ep, TeamRole("team-a"), pw(TeamRole("team-a"))), "")
+			if err := team.SubmitJob(ctx, spec("c-job", "team-a")); err != nil {
+				t.Errorf("a team submits a job: %v", err)
+			}
+			if err := rst.SetTarget(ctx, "d-job", 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := team.SubmitJobs(ctx, []fleet.JobSpec{spec("d-job", "team-a")}); err == nil || !strings.Contains(err.Error(), "still leaving") {
+				t.Errorf("a team submits a job whose namesake still holds a desired record: %v, want 'still leaving'", err)
+			}
+
+			// A node added later gets its user from root.
+			added, err := AddNodes(ctx, root, k, []string{"node-c"}, dir)
+			if err != nil || added.Created[NodeRole("node-c")] == "" {
+				t.Fatalf("add node-c: %+v, %v", added, err)
+			}
+			cCli := mustConnectAs(t, ep, NodeRole("node-c"), pw(NodeRole("node-c")))
+			if _, err := cCli.Put(ctx, k.Alive("node-c"), "1"); err != nil {
+				t.Errorf("node-c writes its liveness key: %v", err)
+			}
+			if _, err := cCli.Put(ctx, k.Alive("node-a"), "1"); !fleet.IsPermissionDenied(err) {
+				t.Errorf("node-c writes node-a's liveness key = %v, want permission denied", err)
+			}
+			if _, err := AddNodes(ctx, root, k, []string{"a/b"}, dir); err == nil {
+				t.Error("a node name escaping its prefix was accepted")
+			}
+		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -56,7 +57,11 @@ const (
 	KubeControllerRole = "hyperpod-kube-controller"
 	teamRolePrefix     = "hyperpod-team-"
 	jobRolePrefix      = "hyperpod-job-"
+	nodeRolePrefix     = "hyperpod-node-"
 )
+
+// NodeRole is the role (and user) name of one node's agent.
+func NodeRole(node string) string { return nodeRolePrefix + node }
 
 // TeamRole is the role (and user) name of a team.
 func TeamRole(team string) string { return teamRolePrefix + team }
@@ -71,11 +76,14 @@ func IsJobRole(name string) (string, bool) {
 }
 
 // public are the prefixes every party may read: what elasticctl shows.
-// Not creds/ (other jobs' passwords).
+// Not creds/ (other jobs' passwords), not jobs/ (a job's rendezvous keys
+// carry its nodes' lease ids, which are the job's own), not assign/ (an
+// assignment carries the job's credentials for its node), not alive/ nor
+// reports/ (a node's own).
 func public(k fleet.Keys) []Perm {
 	var ps []Perm
 	for _, p := range []string{k.TeamsPrefix(), k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.EventsPrefix(),
-		k.NodesPrefix(), k.FinishedPrefix(), k.ProblemsPrefix(), k.CoordinatorPrefix(), k.JobsPrefix()} {
+		k.NodesPrefix(), k.FinishedPrefix(), k.ProblemsPrefix(), k.CoordinatorPrefix()} {
 		ps = append(ps, Perm{Prefix: p, Access: Read})
 	}
 	return ps
@@ -121,14 +129,18 @@ func FleetRoles(k fleet.Keys) []Role {
 			},
 		},
 		{
+			// One role for every node: it cannot tell node A from node
+			// B, so any node holding it can speak for every other. Kept
+			// for fleets that hand one Secret to a DaemonSet; per-node
+			// users (NodeRoleFor) are the recommended setup.
 			Name: AgentRole,
-			Doc:  "hyperpod-agent on every node: its node's inventory (under its lease), finish and problem records, the per-job credentials it hands to the jobs it runs; reads the assignments (its runner watches only its own node's) and the rest",
+			Doc:  "hyperpod-agent shared by every node (legacy, e.g. one Secret for a DaemonSet; per-node users are recommended): node records under its lease, liveness keys and reports of any node, every node's assignments (and so the credentials of every placed job), the jobs' rendezvous; never creds/, finished/ or problems/ directly",
 			Perms: merge(append([]Perm{
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
-				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
-				{Prefix: k.ProblemsPrefix(), Access: ReadWrite},
-				{Prefix: k.CredsPrefix(), Access: Read},
+				{Prefix: k.AlivePrefix(), Access: ReadWrite},
+				{Prefix: k.ReportsPrefix(), Access: ReadWrite},
 				{Prefix: k.AssignPrefix(), Access: Read},
+				{Prefix: k.JobsPrefix(), Access: Read},
 			}, public(k)...)),
 		},
 		{
@@ -164,6 +176,30 @@ func TeamRoleFor(k fleet.Keys, team string) (Role, error) {
 	}, nil
 }
 
+// NodeRoleFor is one node's agent's role: its own node record, liveness
+// key and reports (exact keys and its own prefix), its own assignments to
+// read (they carry the credentials of the jobs placed on it), the jobs'
+// rendezvous keys to read (the runner reads restart counts and members
+// there), and what elasticctl shows. Not creds/, not another node's
+// assignments, not finished/ or problems/ to write: the coordinator copies
+// a node's report there only when the job is placed on that node.
+func NodeRoleFor(k fleet.Keys, node string) (Role, error) {
+	if err := devices.ValidateNodeName(node); err != nil {
+		return Role{}, err
+	}
+	return Role{
+		Name: NodeRole(node),
+		Doc:  fmt.Sprintf("node %s's hyperpod-agent: its own node record, liveness key and reports; its own assignments (with the credentials of the jobs placed on it); read the rest", node),
+		Perms: merge(append([]Perm{
+			{Key: k.Node(node), Access: ReadWrite},
+			{Key: k.Alive(node), Access: ReadWrite},
+			{Prefix: k.NodeReports(node), Access: ReadWrite},
+			{Prefix: k.NodeAssignments(node), Access: Read},
+			{Prefix: k.JobsPrefix(), Access: Read},
+		}, public(k)...)),
+	}, nil
+}
+
 // JobRoleFor is a running job's role: its own rendezvous, restart count,
 // checkpoint record and barriers (jobs/<job>/), and its desired record to
 // read. Nothing of any other job.
@@ -187,14 +223,21 @@ func JobRoleFor(k fleet.Keys, job string) (Role, error) {
 func Table(k fleet.Keys) string {
 	team, _ := TeamRoleFor(k, "team")
 	job, _ := JobRoleFor(k, "job")
-	team.Name, job.Name = TeamRole("<team>"), JobRole("<job>")
+	node, _ := NodeRoleFor(k, "node")
+	team.Name, job.Name, node.Name = TeamRole("<team>"), JobRole("<job>"), NodeRole("<node>")
 	fix := func(s string) string {
 		s = strings.ReplaceAll(s, k.TeamSpecs("team"), k.TeamSpecs("<team>"))
+		for _, p := range [][2]string{{k.Node("node"), k.Node("<node>")}, {k.Alive("node"), k.Alive("<node>")},
+			{k.NodeReports("node"), k.NodeReports("<node>")}, {k.NodeAssignments("node"), k.NodeAssignments("<node>")}} {
+			if s == p[0] {
+				return p[1]
+			}
+		}
 		return strings.ReplaceAll(strings.ReplaceAll(s, k.Job("job"), k.Job("<job>")), k.Desired("job"), k.Desired("<job>"))
 	}
 	var b strings.Builder
 	b.WriteString("| role (user) | writes | reads | etcd root |\n| --- | --- | --- | --- |\n")
-	for _, r := range append(FleetRoles(k), team, job) {
+	for _, r := range append(FleetRoles(k), node, team, job) {
 		var w, rd []string
 		for _, p := range r.Perms {
 			key := "`" + fix(p.Prefix+p.Key) + "`"

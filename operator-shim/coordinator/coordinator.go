@@ -99,8 +99,16 @@ type Config struct {
 	// JobCredentials mints every admitted job an etcd user limited to its
 	// own keys (etcdauth.JobRoleFor) before its desired record is written,
 	// and revokes it when the job holds no nodes any more. It needs etcd
-	// auth on and this client's user to hold etcd's root role.
+	// auth on and this client's user to hold etcd's root role. The
+	// credentials travel to the nodes in the job's assignments (only the
+	// node's own etcd user reads those), and a job's user is revoked as
+	// soon as its spec is deleted.
 	JobCredentials bool
+	// JobUIDFirst and JobUIDLast are the range (--job-uid-range) of the
+	// uids the coordinator gives jobs: each admitted job gets one no other
+	// live job holds, recorded in its desired record (Desired.UID) and
+	// assignments, and kept until the job is forgotten. 0, 0: none.
+	JobUIDFirst, JobUIDLast uint32
 }
 
 // CycleStats are one scheduling cycle's figures.
@@ -128,8 +136,14 @@ type Coordinator struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	// minted are the jobs holding etcd credentials (JobCredentials); nil
-	// until read.
+	// until read. creds are those the coordinator knows the password of
+	// (minted by it, or read from creds/), for the assignments.
 	minted map[string]bool
+	creds  map[string]*fleet.JobCreds
+	// uids are the uids of the jobs the running cycle places.
+	uids map[string]uint32
+	// ignored are the reports ignored (logged once each).
+	ignored map[string]bool
 	// view is the in-memory copy of etcd; nil until loaded. stale says it
 	// must be loaded again (a write failed half-way).
 	view  *view
@@ -244,7 +258,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		c.cfg.OnLeader(true)
 		defer c.cfg.OnLeader(false)
 	}
-	c.minted = nil // another leader may have minted and revoked meanwhile
+	c.minted, c.creds = nil, nil // another leader may have minted and revoked meanwhile
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		el.Resign(rctx)
@@ -289,6 +303,7 @@ func (c *Coordinator) reload(ctx context.Context) error {
 		return err
 	}
 	v := newView(c.store.Keys, c.log)
+	v.wantCreds = c.cfg.JobCredentials
 	v.load(rctx, c.cli, snap, c.cfg.Now())
 	c.view, c.stale = v, false
 	c.observeRev(snap.Rev)
@@ -299,7 +314,7 @@ func (c *Coordinator) reload(ctx context.Context) error {
 // watched are the prefixes the view is fed from: what others write.
 func (c *Coordinator) watched() []string {
 	k := c.store.Keys
-	return []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix(), k.AlivePrefix()}
+	return []string{k.NodesPrefix(), k.TeamsPrefix(), k.SpecsPrefix(), k.FinishedPrefix(), k.ReportsPrefix(), k.AlivePrefix()}
 }
 
 type watchMsg struct {
@@ -358,6 +373,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			return err
 		}
 		revs[m.idx] = max(revs[m.idx], m.resp.Header.Revision)
+		c.revokeDeleted(ctx)
 		return nil
 	}
 	var catchUpSince time.Time // when the cycle due began waiting for the watches

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // credsTimeout bounds minting or revoking one job's credentials.
@@ -23,20 +24,70 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 	if err := c.loadMinted(ctx); err != nil {
 		return err
 	}
+	if c.creds == nil {
+		c.creds = map[string]*fleet.JobCreds{}
+	}
 	for _, a := range allocs {
-		if c.minted[a.Job] {
+		if c.creds[a.Job] != nil {
 			continue
 		}
 		mctx, cancel := context.WithTimeout(ctx, credsTimeout)
-		_, err := etcdauth.Mint(mctx, c.cli, c.store.Keys, a.Job)
+		var cr *fleet.JobCreds
+		var err error
+		if c.minted[a.Job] {
+			// Minted by an earlier leader: its record has the password
+			// the assignments carry.
+			cr, err = c.store.Creds(mctx, a.Job)
+		}
+		if err == nil && cr == nil {
+			cr, err = etcdauth.Mint(mctx, c.cli, c.store.Keys, a.Job)
+			if err == nil {
+				c.log.Info("minted the job's etcd credentials", "job", a.Job, "user", etcdauth.JobRole(a.Job))
+			}
+		}
 		cancel()
 		if err != nil {
 			return fmt.Errorf("mint job %s's etcd credentials (the coordinator's etcd user needs the root role: docs/security.md): %w", a.Job, err)
 		}
 		c.minted[a.Job] = true
-		c.log.Info("minted the job's etcd credentials", "job", a.Job, "user", etcdauth.JobRole(a.Job))
+		c.creds[a.Job] = cr
 	}
 	return nil
+}
+
+// revokeDeleted revokes at once the credentials of the jobs whose spec was
+// just deleted (the view's gone list), not at the next cycle: a deleted
+// job's hyperpodruns lose etcd within one watch event. Their records are
+// cleaned up afterwards as before (forgetDeleted).
+func (c *Coordinator) revokeDeleted(ctx context.Context) {
+	v := c.view
+	if v == nil || len(v.gone) == 0 {
+		return
+	}
+	gone := v.gone
+	v.gone = nil
+	if !c.cfg.JobCredentials {
+		return
+	}
+	for _, job := range gone {
+		if _, owned := v.owned[job]; owned {
+			continue // submitted again meanwhile
+		}
+		if c.minted != nil && !c.minted[job] {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, credsTimeout)
+		err := etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
+		cancel()
+		if err != nil {
+			// revokeEnded tries again once the job holds no nodes.
+			c.log.Warn("cannot revoke a deleted job's etcd credentials yet", "job", clipMsg(job), "err", err)
+			continue
+		}
+		delete(c.minted, job)
+		delete(c.creds, job)
+		c.log.Info("revoked the deleted job's etcd credentials", "job", clipMsg(job))
+	}
 }
 
 // revokeEnded revokes the credentials of every job that holds no
@@ -60,6 +111,7 @@ func (c *Coordinator) revokeEnded(ctx context.Context, running map[string]bool) 
 			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
 			if err == nil {
 				delete(c.minted, job)
+				delete(c.creds, job)
 				c.log.Info("revoked the job's etcd credentials: it holds no nodes", "job", job)
 			}
 		}

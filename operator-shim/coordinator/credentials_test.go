@@ -66,7 +66,9 @@ func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
 	if first != st.Keys.Creds("j") {
 		t.Fatalf("%s was written before the job's credentials: a node agent could start the job without its own etcd user", first)
 	}
-	agent := fleet.New(as(etcdauth.AgentUser), "")
+	// creds/ is the coordinator's (and the kube controller's): node agents
+	// get a job's credentials in its assignments.
+	agent := fleet.New(coordCli, "")
 	creds, err := agent.Creds(ctx, "j")
 	if err != nil || creds == nil || creds.User != etcdauth.JobRole("j") {
 		t.Fatalf("credentials of the admitted job: %+v, %v", creds, err)

@@ -41,6 +41,9 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		c.stale = true
 		return false, err
 	}
+	// The nodes' reports of jobs placed on them become finish and
+	// problem records; the others are ignored.
+	c.processReports(ctx, leader)
 	// Deleted jobs stopped by an earlier cycle go once their nodes left
 	// (one stopped in this cycle keeps its stop record until then).
 	_, owned := v.state(time.Time{}, c.cfg.Engine)
@@ -51,6 +54,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	d := policy.Schedule(st)
 	engine := time.Since(t0)
 	c.logProblems(d.Problems)
+	c.uids = c.decideUIDs(&d)
 	if err := c.mintFor(ctx, d.Allocations); err != nil {
 		return false, err
 	}
@@ -294,8 +298,12 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 			}
 		}
 		prev, had := v.desired[a.Job]
-		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) {
-			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1}
+		uid := c.uids[a.Job]
+		// A job's uid changes only when it gets its first (or the range
+		// changed): its assignments are written again with it.
+		newUID := prev.UID != uid
+		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) || newUID {
+			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1, UID: uid}
 			if !prev.Running() || prev.Size != a.Size {
 				r, _ := reason(a.Job)
 				nd.TraceParent = c.decisionSpan(d.Now, r, prev.Target(), a.Size)
@@ -311,10 +319,10 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		gen := v.desired[a.Job].Generation
 		have := v.assigned[a.Job]
 		for _, n := range a.Nodes {
-			if g, ok := have[n]; ok && g >= 0 {
+			if g, ok := have[n]; ok && g >= 0 && !newUID {
 				continue // placed earlier: its generation says when
 			}
-			op, err := c.store.PutAssignmentOp(n, fleet.Desired{Allocation: api.Allocation{Job: a.Job}, Generation: gen})
+			op, err := c.store.PutAssignmentRecordOp(n, fleet.Assignment{Job: a.Job, Generation: gen, UID: uid, Creds: c.creds[a.Job]})
 			add(a.Job, op, err)
 			if err == nil {
 				v.assign(a.Job, n, gen)
@@ -369,6 +377,7 @@ func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed 
 		nd := fleet.Desired{
 			Allocation: api.Allocation{Job: job, Team: prev.Team, Flavor: prev.Flavor},
 			Generation: prev.Generation + 1, Stop: &stop,
+			UID: prev.UID, // held until the job is forgotten
 		}
 		nd.TraceParent = c.decisionSpan(d.Now, r, prev.Size, 0)
 		op, err := c.store.PutDesiredOp(nd)

@@ -89,6 +89,16 @@ type view struct {
 	// again before the next cycle: a new spec of that name may have
 	// deleted what an earlier job of that name left (fleet.SubmitJob).
 	refresh map[string]bool
+
+	// reports are the nodes' reports not processed yet, by key
+	// (reports/<node>/...): the next cycle copies or ignores them.
+	reports map[string]*mvccpb.KeyValue
+	// gone are the job names whose last spec was deleted since the
+	// coordinator last looked: their etcd users are revoked at once.
+	gone []string
+	// wantCreds says assignments carry the job's credentials: one
+	// loaded without them is written again.
+	wantCreds bool
 }
 
 type specRec struct {
@@ -125,6 +135,8 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
 	v.touched = map[string]bool{}
+	v.reports = map[string]*mvccpb.KeyValue{}
+	v.gone = nil
 	v.haveLast, v.lastAllocs, v.lastReasons = false, nil, nil
 	v.jobEdits, v.allocAt = nil, nil
 	v.usage = nil
@@ -166,10 +178,15 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 		}
 		a, err := fleet.DecodeAssignment(string(kv.Key), kv.Value)
 		gen := int64(-1) // rewritten by the next cycle
-		if err == nil {
+		// One without the job's credentials or uid (an earlier release's)
+		// is rewritten too.
+		if err == nil && (a.Creds != nil) == v.wantCreds && a.UID == v.desired[job].UID {
 			gen = a.Generation
 		}
 		v.assign(job, node, gen)
+	}
+	for _, kv := range snap.Reports {
+		v.reports[string(kv.Key)] = kv
 	}
 	v.events = loadEvents(v.keys, snap.Events, v.log)
 	if len(snap.Usage) > 0 {
@@ -316,6 +333,9 @@ func (v *view) delSpec(key string) {
 		v.names[name] = keys
 	}
 	v.reindex(name)
+	if _, owned := v.owned[name]; !owned {
+		v.gone = append(v.gone, name)
+	}
 }
 
 func (v *view) delFinished(job string) bool {
@@ -414,6 +434,14 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			if del {
 				changed = v.delFinished(job) || changed
 			} else if v.putFinish(e.Kv, now) {
+				changed = true
+			}
+		case strings.HasPrefix(key, k.ReportsPrefix()):
+			// A node's report: the next cycle processes it.
+			if del {
+				delete(v.reports, key)
+			} else {
+				v.reports[key] = e.Kv
 				changed = true
 			}
 		}
