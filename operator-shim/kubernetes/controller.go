@@ -205,7 +205,7 @@ func (c *Controller) work(ctx context.Context) error {
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "elasticjobs"})
 	defer c.queue.ShutDown()
 
-	c.jobs = cache.NewSharedIndexInformer(cache.NewListWatchFromClient(c.crd.REST(), v1alpha1.ElasticJobs, metav1.NamespaceAll, fields.Everything()),
+	c.jobs = cache.NewSharedIndexInformer(cache.NewListWatchFromClient(c.crd.RESTClient(), v1alpha1.ElasticJobs, metav1.NamespaceAll, fields.Everything()),
 		&v1alpha1.ElasticJob{}, 0, cache.Indexers{byJob: func(o any) ([]string, error) { return []string{o.(*v1alpha1.ElasticJob).Name}, nil }})
 	hasJob, _ := labels.NewRequirement(JobLabel, selection.Exists, nil)
 	c.pods = cache.NewSharedIndexInformer(cache.NewFilteredListWatchFromClient(c.kube.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
@@ -521,7 +521,7 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	deleting := ej.DeletionTimestamp != nil
 	if !deleting && !hasFinalizer(ej) {
 		ej.Finalizers = append(ej.Finalizers, Finalizer)
-		updated, err := c.crd.UpdateJob(ctx, ej)
+		updated, err := c.crd.ElasticJobs(ej.Namespace).Update(ctx, ej, metav1.UpdateOptions{})
 		if err != nil {
 			return 0, fmt.Errorf("add the finalizer to %s/%s: %w", ej.Namespace, ej.Name, err)
 		}
@@ -652,7 +652,7 @@ func (c *Controller) releaseFinalizer(ctx context.Context, ej *v1alpha1.ElasticJ
 		}
 	}
 	ej.Finalizers = keep
-	if _, err := c.crd.UpdateJob(ctx, ej); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := c.crd.ElasticJobs(ej.Namespace).Update(ctx, ej, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove the finalizer of %s/%s: %w", ej.Namespace, ej.Name, err)
 	}
 	return nil
@@ -858,7 +858,7 @@ func (c *Controller) writeStatus(ctx context.Context, ej *v1alpha1.ElasticJob, i
 		c.log.Info("job phase", "job", ej.Namespace+"/"+ej.Name, "from", ej.Status.Phase, "to", s.Phase, "reason", s.Reason)
 	}
 	ej.Status = s
-	if _, err := c.crd.UpdateJobStatus(ctx, ej); err != nil {
+	if _, err := c.crd.ElasticJobs(ej.Namespace).UpdateStatus(ctx, ej, metav1.UpdateOptions{}); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 			return nil // a newer object is on its way through the informer
 		}
