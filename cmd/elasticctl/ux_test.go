@@ -348,7 +348,13 @@ func TestDescribeDedupQueueAndEstimate(t *testing.T) {
 		}
 		st.PutEvent(context.Background(), fleet.Event{Time: base.Add(time.Duration(i) * 10 * time.Second), Reason: policy.Reason{Job: "waiter-2", Kind: policy.KindPending, Code: code, Message: msg}})
 	}
-	if err := st.PutProblem(context.Background(), fleet.Problem{Job: "waiter-2", Node: "node-0", Message: "containerd is down", Time: base}); err != nil {
+	// The problem record as the coordinator writes it from a node's
+	// report (the job is placed nowhere, so a report would be ignored).
+	pop, err := st.PutProblemOp(fleet.Problem{Job: "waiter-2", Node: "node-0", Message: "containerd is down", Time: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Do(context.Background(), pop); err != nil {
 		t.Fatal(err)
 	}
 	out := mustCtl(t, ep, "describe", "job", "waiter-2")
