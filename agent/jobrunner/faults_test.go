@@ -421,3 +421,86 @@ if [ "$HYPERPODRUN_NODE_ID" = node-b ]; then while [ ! -f "$OUT/finish" ]; do sl
 		t.Errorf("workers ran %d time(s) on node-a and %d on node-b, want once each", a, b)
 	}
 }
+
+// A hyperpodrun that exits 1 before it does anything (it cannot make its
+// log directory, say) never joins its rendezvous, so the job's global
+// restart count never moves: it was restarted forever and the job looked
+// Running. Now each failure is a problem record that says the job is
+// restarting, how many times and how the last run ended, and once the
+// failures in a row pass maxRestarts the job is Failed with that reason.
+func TestCrashLoopIsVisibleAndFailsTheJob(t *testing.T) {
+	out := sharedDir(t)
+	hpr := filepath.Join(out, "hyperpodrun")
+	os.WriteFile(hpr, []byte("#!/bin/sh\necho x >> \"$OUT/runs\"\necho \"hyperpodrun: create log dir /logs/j: permission denied\" >&2\nexit 1\n"), 0o755)
+	tmp, err := os.MkdirTemp("", "hpa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, cli := etcdtest.Start(t)
+	st := fleet.New(cli, "")
+	const maxRestarts = 2
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: "/bin/true", NoPython: true, MaxRestarts: maxRestarts, Env: map[string]string{"OUT": out}}}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuf{}
+	// A slow backoff at first, to see the record while it restarts.
+	r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, Output: &syncBuf{}, AllowRootJobs: true, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		TempDir: tmp, CgroupParent: NoCgroup, BackoffBase: 700 * time.Millisecond, BackoffMax: time.Second})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()
+	defer func() { stop(); <-done }()
+	if err := st.Place(ctx, fleet.Desired{Allocation: policy.Allocation{Job: "j", Size: 1, Nodes: []string{"node-a"}}, Generation: 1}); err != nil {
+		t.Fatal(err)
+	}
+	runs := func() int {
+		b, _ := os.ReadFile(filepath.Join(out, "runs"))
+		return strings.Count(string(b), "\n")
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(45 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s\n%s", what, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	var p fleet.Problem
+	waitFor("the job's restarting record", func() bool {
+		var ok bool
+		p, ok = problemOf(t, ctx, st, "j", "node-a")
+		return ok && p.Restarts >= 1
+	})
+	if !strings.Contains(p.Message, "restarting") || !strings.Contains(p.LastError, "exited with status 1: hyperpodrun: create log dir /logs/j: permission denied") {
+		t.Errorf("problem record %+v: want restarting, its count and the last error", p)
+	}
+	if _, ok := finishOf(t, ctx, st, "j"); ok && p.Restarts <= maxRestarts {
+		t.Errorf("the job finished after %d failure(s), maxRestarts %d", p.Restarts, maxRestarts)
+	}
+	var fin fleet.Finish
+	waitFor("the job to be Failed", func() bool {
+		var ok bool
+		fin, ok = finishOf(t, ctx, st, "j")
+		return ok
+	})
+	if fin.Outcome != fleet.Failed || !strings.Contains(fin.Message, "failed 3 time(s) in a row on node node-a") || !strings.Contains(fin.Message, "maxRestarts 2") ||
+		!strings.Contains(fin.Message, "permission denied") {
+		t.Errorf("finish record %+v: want Failed, naming the failures in a row, maxRestarts and the last error", fin)
+	}
+	if n := runs(); n != maxRestarts+1 {
+		t.Errorf("hyperpodrun ran %d time(s), want maxRestarts+1 = %d", n, maxRestarts+1)
+	}
+	time.Sleep(1500 * time.Millisecond) // past a backoff: nothing restarts it
+	if n := runs(); n != maxRestarts+1 {
+		t.Errorf("a Failed job was restarted: %d runs", n)
+	}
+	if p, ok := problemOf(t, ctx, st, "j", "node-a"); ok {
+		t.Errorf("a Failed job still shows restarting: %+v", p)
+	}
+}
