@@ -323,7 +323,10 @@ func TestTwoJobsOnOneNodeCannotReachEachOther(t *testing.T) {
 	}
 	// The jobs without a uid of the range are refused, saying why.
 	for job, want := range map[string]string{"no-uid": "has no uid of its own", "outside": "outside this node's --job-uid-range 200000-200099"} {
-		waitFor(job+"'s problem record", func() bool { p, ok := problemOf(t, ctx, st, job, "node-a"); return ok && strings.Contains(p.Message, want) })
+		waitFor(job+"'s problem record", func() bool {
+			p, ok := problemOf(t, ctx, st, job, "node-a")
+			return ok && strings.Contains(p.Message, want)
+		})
 		if _, ran := report(job); ran {
 			t.Errorf("%s ran", job)
 		}
