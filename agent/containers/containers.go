@@ -127,11 +127,16 @@ func Connect(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.NoFile == 0 {
+	asked := cfg.NoFile != 0
+	if !asked {
 		cfg.NoFile = DefaultNoFile
 	}
 	if n := maxNoFile(); n > 0 && cfg.NoFile > n {
-		cfg.Logger.Warn("containers get a lower RLIMIT_NOFILE than asked: this node allows no more", "asked", cfg.NoFile, "given", n)
+		level := slog.LevelDebug
+		if asked {
+			level = slog.LevelWarn
+		}
+		cfg.Logger.Log(ctx, level, "containers get a lower RLIMIT_NOFILE than asked: this node allows no more", "asked", cfg.NoFile, "given", n)
 		cfg.NoFile = n
 	}
 	if _, err := os.Stat(cfg.Address); err != nil {

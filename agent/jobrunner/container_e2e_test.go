@@ -344,11 +344,11 @@ func TestContainerJobResizesLosesNoStepAndLeavesNoContainer(t *testing.T) {
 		t.Fatalf("job finished %+v", fin)
 	}
 	// Every step exactly once: rank 0's lines in the containers' log
-	// files (<log-dir>/<job>/<node>.log). The agents' consoles miss what
+	// files (consoleLog). The agents' consoles miss what
 	// was printed while node-1's agent was down; the files do not.
 	count := map[int]int{}
 	for _, node := range []string{"node-1", "node-2"} {
-		b, err := os.ReadFile(filepath.Join(f.logDir, "train", node+".log"))
+		b, err := os.ReadFile(f.consoleLog(node, "train"))
 		if err != nil && node == survivor {
 			t.Fatalf("container log file: %v", err)
 		}
@@ -569,6 +569,18 @@ func (f *containerFleet) submitAround(name string, run fleet.RunSpec) {
 	if _, err := f.cli.Put(f.ctx, f.st.Keys.Spec(j.Team, j.Name), string(b)); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// consoleLog is the host file of a job's container output on node:
+// <log-dir>/<node>/<job>.log (<log-dir>/<job>/<node>.log before issue 22).
+func (f *containerFleet) consoleLog(node, job string) string {
+	p := filepath.Join(f.logDir, node, job+".log")
+	if _, err := os.Stat(p); err != nil {
+		if old := filepath.Join(f.logDir, job, node+".log"); exists(old) {
+			return old
+		}
+	}
+	return p
 }
 
 // problemOf is node's problem record of job ("" when none).
