@@ -98,8 +98,9 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.DurationFlag{Name: "refresh-interval", Value: nodeagent.DefaultRefreshInterval, Usage: "how often health is rediscovered (>= 100ms)"},
 					&cli.BoolFlag{Name: "run-jobs", Value: true, Usage: "start and stop the hyperpodrun of every job the coordinator places on this node"},
 					&cli.StringFlag{Name: "hyperpodrun", Value: "hyperpodrun", Usage: "hyperpodrun binary the jobs run with"},
-					&cli.StringFlag{Name: "job-run-dir", Usage: "where each run of a job gets its own directory (TMPDIR; for containers, the files they mount); in a pod, a hostPath mounted at the same path, since containerd resolves mounts on the host (default: a directory under $TMPDIR)"},
-					&cli.StringFlag{Name: "job-log-dir", Usage: "base --log-dir of the jobs (default: hyperpodrun's temporary dirs)"},
+					&cli.StringFlag{Name: "job-run-dir", Usage: "where each run of a job gets its own directory, the job's alone (TMPDIR, HOME with --job-uid-range, its etcd password file; for containers, the files they mount); root's and writable by no one else, else the agent refuses to start; in a pod, a hostPath mounted at the same path, since containerd resolves mounts on the host (default: /run/hyperpod-agent as root, else $TMPDIR/hyperpod-agent-<uid>)"},
+					&cli.StringFlag{Name: "job-log-dir", Usage: "base of the jobs' log directories: a job's is <job-log-dir>/<node>/<job>/, its own, mode 0700 (its hyperpodrun's --log-dir; default: hyperpodrun's temporary dirs)"},
+					&cli.StringFlag{Name: "job-uid-range", EnvVars: []string{"HYPERPOD_JOB_UID_RANGE"}, Usage: "FIRST-LAST, e.g. 200000-299999: run each job as its own uid (= gid, no supplementary groups), the one the coordinator gave it from the same range (hyperpod-coordinator --job-uid-range), so jobs cannot read, write or signal each other; uids no user of the host has; wins over --job-user"},
 					&cli.StringFlag{Name: "job-user", EnvVars: []string{"HYPERPOD_JOB_USER"}, Usage: "run jobs as this unprivileged user (name, uid or uid:gid); an agent running as root needs it or --allow-root-jobs"},
 					&cli.BoolFlag{Name: "allow-root-jobs", Usage: "let an agent running as root run jobs as root (laptops, CI); a fleet gives --job-user"},
 					&cli.StringSliceFlag{Name: "allow-job-env", Usage: "run.env names to allow although refused (LD_*, PATH, HYPERPODRUN_*, ...), e.g. --allow-job-env LD_LIBRARY_PATH"},
@@ -108,9 +109,9 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "containerd-namespace", Value: containers.DefaultNamespace, Usage: "containerd namespace of the jobs' containers"},
 					&cli.StringFlag{Name: "containerd-snapshotter", Usage: "containerd snapshotter (default: containerd's)"},
 					&cli.StringFlag{Name: "container-hyperpodrun", Usage: "static hyperpodrun mounted into containers whose job names no run.command (default: hyperpodrun-static beside this binary or on PATH)"},
-					&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs live (the NVIDIA container toolkit writes them)"},
 					&cli.StringSliceFlag{Name: "allow-mount-source", Usage: "a host directory whose contents container jobs may bind-mount (run.mounts); repeat for several; none by default: no host mounts. Never /, /etc, /proc, /sys, /dev, /run, /var/run, /boot, /root, containerd's or docker's state, nor a directory holding one"},
 					&cli.Uint64Flag{Name: "container-nofile", Value: containers.DefaultNoFile, Usage: "RLIMIT_NOFILE (soft and hard) of the jobs' containers, at most the node's fs.nr_open"},
+					&cli.StringSliceFlag{Name: "cdi-spec-dir", Value: cli.NewStringSlice("/etc/cdi", "/var/run/cdi"), Usage: "where CDI specs live (the NVIDIA container toolkit writes them)"},
 					&cli.StringFlag{Name: "registry-config", Usage: "docker-style config.json with registry credentials (auths)"},
 					&cli.StringSliceFlag{Name: "insecure-registry", Usage: "registries (host:port) pulled over plain HTTP; loopback always is"},
 					&cli.StringFlag{Name: "job-etcd-cert", Usage: "client certificate the jobs' hyperpodrun present to etcd (with --job-etcd-key); the agent's own --etcd-cert never reaches a job"},
@@ -225,6 +226,10 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	if err != nil {
 		return usagef("%v", err)
 	}
+	uidRange, err := jobrunner.ParseUIDRange(c.String("job-uid-range"))
+	if err != nil {
+		return usagef("%v", err)
+	}
 	if (c.String("job-etcd-cert") == "") != (c.String("job-etcd-key") == "") {
 		return usagef("--job-etcd-cert and --job-etcd-key go together")
 	}
@@ -270,8 +275,21 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			}
 		}
 	}
-	if c.Bool("run-jobs") && ctrd == nil && os.Geteuid() == 0 && !jobUser.Set && !c.Bool("allow-root-jobs") {
-		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody), or --allow-root-jobs to run them as root on purpose")
+	if c.Bool("run-jobs") && ctrd == nil && os.Geteuid() == 0 && !jobUser.Set && !uidRange.Set() && !c.Bool("allow-root-jobs") {
+		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody) or --job-uid-range FIRST-LAST (each job its own uid), or --allow-root-jobs to run them as root on purpose")
+	}
+	runDir := c.String("job-run-dir")
+	if runDir == "" {
+		runDir = jobrunner.DefaultRunDir()
+	}
+	if c.Bool("run-jobs") {
+		// Refused before anything runs: every job's password file and
+		// TMPDIR go below it.
+		d, err := jobrunner.EnsureBaseDir(runDir)
+		if err != nil {
+			return usagef("--job-run-dir: %v", err)
+		}
+		d.Close()
 	}
 
 	var etcdCli *clientv3.Client
@@ -340,8 +358,8 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			}
 		}
 		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
-			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: c.String("job-run-dir"), Logger: log,
-			JobUser: jobUser, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
+			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: runDir, Logger: log,
+			JobUser: jobUser, UIDRange: uidRange, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
 			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun})
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)

@@ -97,6 +97,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-user", "root"}, "is root: jobs run as an unprivileged user"},
 		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-user", "no-such-user-zz"}, "--job-user \"no-such-user-zz\""},
 		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-etcd-cert", "/c.pem"}, "--job-etcd-cert and --job-etcd-key go together"},
+		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-uid-range", "0-100"}, "includes uid 0 (root)"},
+		{[]string{"run", "--etcd-endpoints", "http://x:2379", "--job-uid-range", "300-200"}, "below the first"},
 		{[]string{"devices", "-o", "yaml"}, `--output "yaml"`},
 		{[]string{"devices", "extra"}, "unexpected arguments"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
@@ -223,5 +225,36 @@ func TestRootAgentNeedsAJobUser(t *testing.T) {
 	code := run([]string{"hyperpod-agent", "run", "--embedded-etcd"}, &strings.Builder{}, &stderr, nil)
 	if code != 2 || !strings.Contains(stderr.String(), "give --job-user <unprivileged user>") {
 		t.Errorf("exit %d, %q; want 2 and the way out", code, stderr.String())
+	}
+}
+
+// The base of the jobs' run directories holds every job's password file
+// and TMPDIR: one someone else owns or anyone may write is refused before
+// the agent starts, with what is wrong and the fix.
+func TestRunDirBaseIsRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make a directory someone else owns")
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(d string)
+		want  string
+	}{
+		{"owned by nobody", func(d string) { os.Chown(d, 65534, 65534) }, "is owned by uid 65534, not by root or the agent"},
+		{"mode 0777", func(d string) { os.Chmod(d, 0o777) }, "is writable by group or others (mode 0777)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := os.MkdirTemp("", "hpa")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(d)
+			tc.setup(d)
+			code, _, errs := runCLI("run", "--embedded-etcd", "--job-uid-range", "200000-299999", "--job-run-dir", d, "--disable-nvml",
+				"--neuron-sysfs-root", trn2Sysfs, "--dev-root", trn2Dev, "--node-name", "try-1", "--listen", "")
+			if code != exitUsage || !strings.Contains(errs, "--job-run-dir: "+d+" "+tc.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, errs, tc.want)
+			}
+		})
 	}
 }
