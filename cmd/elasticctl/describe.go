@@ -258,7 +258,7 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 		size += fmt.Sprintf(", sizes %v", s.Sizes)
 	}
 	fmt.Fprintf(w, "Job:        %s\nTeam:       %s\nPriority:   %d\nFlavor:     %s\nPer node:   %d accelerator(s)\nSize:       %s (elastic: %v)\nState:      %s\n",
-		s.Name, s.Team, v.priority(), orDash(s.Flavor), s.PerNode.Accelerators, size, s.Elastic, v.state())
+		s.Name, s.Team, v.priority(), orDash(s.Flavor), s.PerNode.Accelerators, size, s.Elastic, v.phase())
 	if !s.SubmitTime.IsZero() {
 		fmt.Fprintf(w, "Submitted:  %s (%s ago)\n", s.SubmitTime.Format(time.RFC3339), age(s.SubmitTime, timeNow()))
 	}
@@ -273,6 +273,9 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 	}
 	for _, p := range v.Problems {
 		fmt.Fprintf(w, "Problem:    on %s since %s: %s\n", p.Node, p.Time.Format(time.RFC3339), p.Message)
+		if p.Restarts > 0 {
+			fmt.Fprintf(w, "Restarts:   %d in a row on %s (maxRestarts %d)\nLast error: %s\n", p.Restarts, p.Node, s.Run.MaxRestarts, p.LastError)
+		}
 	}
 	if st := v.Status; st != nil {
 		fmt.Fprintf(w, "Reason:     %s\n", orDash(string(st.Code)))

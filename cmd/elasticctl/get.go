@@ -59,7 +59,9 @@ func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing 
 	}
 	out := make([]jobView, 0, len(snap.Jobs))
 	for _, j := range snap.Jobs {
-		out = append(out, viewOf(fleet.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]}))
+		v := viewOf(fleet.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]})
+		v.Problems = snap.Problems[j.Name]
+		out = append(out, v)
 	}
 	return out, snap.Revision, nil
 }
@@ -88,9 +90,33 @@ func loadNamedJobs(ctx context.Context, st *fleet.Store, names []string, warn io
 	return out, missing, rev, nil
 }
 
+// restarting is the problem record of the node where the job's
+// hyperpodrun keeps failing (the most failures in a row), nil if none.
+func (v jobView) restarting() *fleet.Problem {
+	var worst *fleet.Problem
+	for i, p := range v.Problems {
+		if p.Restarts > 0 && (worst == nil || p.Restarts > worst.Restarts) {
+			worst = &v.Problems[i]
+		}
+	}
+	return worst
+}
+
+// phase is the STATE of a job's table row: its state, or Restarting while
+// a node keeps restarting its failing hyperpodrun (a crash loop).
+func (v jobView) phase() string {
+	if v.Finished == nil && v.restarting() != nil {
+		return "Restarting"
+	}
+	return v.state()
+}
+
 // reasonCode is the short REASON of a job's table row.
 func (v jobView) reasonCode() string {
+	p := v.restarting()
 	switch {
+	case v.Finished == nil && p != nil:
+		return fmt.Sprintf("Restarts:%d", p.Restarts)
 	case v.Finished != nil:
 		return orDash(v.Finished.Message)
 	case v.Status != nil && v.Status.Code != "":
@@ -101,7 +127,10 @@ func (v jobView) reasonCode() string {
 
 // message is the full sentence behind the reason.
 func (v jobView) message() string {
+	p := v.restarting()
 	switch {
+	case v.Finished == nil && p != nil:
+		return p.Message
 	case v.Finished != nil:
 		return fmt.Sprintf("%s on %s", v.Finished.Outcome, v.Finished.Node)
 	case v.Status != nil:
@@ -195,7 +224,7 @@ func (v jobView) field(key string) string {
 	case "team":
 		return v.Spec.Team
 	case "state":
-		return v.state()
+		return v.phase()
 	case "flavor":
 		return v.Spec.Flavor
 	case "priority":
@@ -225,7 +254,7 @@ var sorters = map[string]map[string]func(a, b any) int{
 		"name":     func(a, b any) int { return cmp.Compare(a.(jobView).Spec.Name, b.(jobView).Spec.Name) },
 		"team":     func(a, b any) int { return cmp.Compare(a.(jobView).Spec.Team, b.(jobView).Spec.Team) },
 		"priority": func(a, b any) int { return cmp.Compare(b.(jobView).priority(), a.(jobView).priority()) },
-		"state":    func(a, b any) int { return cmp.Compare(a.(jobView).state(), b.(jobView).state()) },
+		"state":    func(a, b any) int { return cmp.Compare(a.(jobView).phase(), b.(jobView).phase()) },
 		"nodes":    func(a, b any) int { return cmp.Compare(b.(jobView).size(), a.(jobView).size()) },
 		"age":      func(a, b any) int { return a.(jobView).Spec.SubmitTime.Compare(b.(jobView).Spec.SubmitTime) },
 		"reason":   func(a, b any) int { return cmp.Compare(a.(jobView).reasonCode(), b.(jobView).reasonCode()) },
@@ -295,7 +324,7 @@ func jobFilter(c *cli.Context) func(v jobView) bool {
 	reqs, _ := parseSelector(c.String("selector"), selectorKeys["jobs"])
 	team, state := c.String("team"), c.String("state")
 	return func(v jobView) bool {
-		return (team == "" || v.Spec.Team == team) && (state == "" || strings.EqualFold(v.state(), state)) && matches(reqs, v.field)
+		return (team == "" || v.Spec.Team == team) && (state == "" || strings.EqualFold(v.phase(), state)) && matches(reqs, v.field)
 	}
 }
 
@@ -397,14 +426,14 @@ func (p *jobPrinter) print(rows []jobView, header bool) error {
 		lo, hi := j.Spec.Bounds()
 		bounds := strconv.Itoa(lo) + ":" + strconv.Itoa(hi)
 		if !wide {
-			t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.state(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now))
+			t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.phase(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now))
 			continue
 		}
 		nodes := "-"
 		if j.Allocation != nil && len(j.Allocation.Nodes) > 0 {
 			nodes = strings.Join(j.Allocation.Nodes, ",")
 		}
-		t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.state(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now),
+		t.row(j.Spec.Name, j.Spec.Team, strconv.Itoa(j.priority()), j.phase(), strconv.Itoa(j.size()), bounds, j.reasonCode(), age(j.Spec.SubmitTime, now),
 			orDash(j.Spec.Flavor), nodes, j.message())
 	}
 	return t.write(w)

@@ -50,11 +50,13 @@ type Snapshot struct {
 	// Statuses and Finished are by job name.
 	Statuses map[string]*Status
 	Finished map[string]*Finish
+	// Problems are the nodes' problem records, by job name.
+	Problems map[string][]Problem
 	Revision int64
 }
 
-// JobsSnapshot reads every job's spec, desired record, status and finish
-// record at one revision. Malformed records are
+// JobsSnapshot reads every job's spec, desired record, status, finish
+// record and the nodes' problem records at one revision. Malformed records are
 // returned as problems, as Jobs, DesiredAll, Statuses and Finished do.
 func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 	return s.jobsSnapshot(ctx, false)
@@ -97,7 +99,7 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 	}
 	// Each list decodes as soon as it is read (tens of thousands of
 	// records), while the others are still being read.
-	var badSpecs, badDesired, badStatus, badFinish []error
+	var badSpecs, badDesired, badStatus, badFinish, badProblems []error
 	rev, err := s.prefixesAt(ctx, func(i int, kvs []*mvccpb.KeyValue) {
 		switch i {
 		case 0:
@@ -121,13 +123,24 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 			for _, x := range finished {
 				snap.Finished[x.job] = &x.f
 			}
+		case 4:
+			// Few (a node's trouble with a job): decoded whole.
+			snap.Problems, badProblems = map[string][]Problem{}, nil
+			for _, kv := range kvs {
+				var p Problem
+				if err := json.Unmarshal(kv.Value, &p); err != nil {
+					badProblems = append(badProblems, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+					continue
+				}
+				snap.Problems[p.Job] = append(snap.Problems[p.Job], p)
+			}
 		}
-	}, k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix())
+	}, k.SpecsPrefix(), k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix(), k.ProblemsPrefix())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list jobs: %w", err)
 	}
 	snap.Revision = rev
-	return snap, append(append(append(badSpecs, badDesired...), badStatus...), badFinish...), nil
+	return snap, append(append(append(append(badSpecs, badDesired...), badStatus...), badFinish...), badProblems...), nil
 }
 
 // prefixesAt reads every key under each prefix, all at one revision,

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// A job whose hyperpodrun keeps failing on a node (a crash loop) used to
+// show Running with no reason: get jobs now shows it Restarting with its
+// count, and describe shows the count and the last error. A finished job
+// shows its outcome, whatever a node still says.
+func TestCrashLoopingJobShowsRestarting(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := strings.Join(srv.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	for _, name := range []string{"looping", "healthy", "done"} {
+		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: name, Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+			Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The records as the coordinator writes them from node-a's reports.
+	for _, p := range []fleet.Problem{
+		{Job: "looping", Node: "node-a", Message: "restarting on node node-a: hyperpodrun failed 3 time(s) in a row (maxRestarts 5); last: exited with status 1: cannot create log dir",
+			Restarts: 3, LastError: "exited with status 1: cannot create log dir", Time: time.Now().UTC()},
+		{Job: "healthy", Node: "node-a", Message: "containerd is down", Time: time.Now().UTC()},
+		{Job: "done", Node: "node-a", Message: "restarting", Restarts: 6, LastError: "exited with status 1", Time: time.Now().UTC()},
+	} {
+		op, err := st.PutProblemOp(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Do(ctx, op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.RecordFinish(ctx, "done", fleet.Finish{Outcome: fleet.Failed, Node: "node-a", Message: "hyperpodrun failed 6 time(s) in a row", Time: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCtl(t, ep, "get", "jobs")
+	for _, re := range []string{
+		`(?m)^looping\s+t\s+\d+\s+Restarting\s+0\s+1:1\s+Restarts:3\s`,
+		`(?m)^healthy\s+t\s+\d+\s+Submitted\s`,
+		`(?m)^done\s+t\s+\d+\s+Failed\s`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("get jobs does not match %s:\n%s", re, out)
+		}
+	}
+	if out := mustCtl(t, ep, "get", "jobs", "-l", "state=Restarting", "-o", "name"); strings.TrimSpace(out) != "job/looping" {
+		t.Errorf("get jobs -l state=Restarting: %q", out)
+	}
+	out = mustCtl(t, ep, "describe", "job", "looping")
+	for _, re := range []string{
+		`(?m)^State:\s+Restarting$`,
+		`(?m)^Restarts:\s+3 in a row on node-a \(maxRestarts 5\)$`,
+		`(?m)^Last error: exited with status 1: cannot create log dir$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("describe job looping does not match %s:\n%s", re, out)
+		}
+	}
+}
