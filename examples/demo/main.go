@@ -6,12 +6,23 @@
 // quota back by shrinking the elastic job through the sync signal (checkpoint,
 // no lost step); when prod finishes, the elastic job grows back. It prints a
 // timeline and the fleet's utilization.
+//
+// Isolation (issue 22, -isolation, on by default): each node agent connects
+// to etcd as its own node user (hyperpod-node-<node>), and, when the demo
+// runs as root, each job runs as its own uid from the coordinator's
+// --job-uid-range. What a job reads (hyperpodrun, the worker, the training
+// script) is copied into a 0755 directory of the demo's work directory, and
+// the jobs write their checkpoints under a sticky world-writable directory
+// (1777, like /tmp or a shared scratch file system), each job in a
+// directory it creates itself. A user other than root cannot change uid:
+// then the jobs run as that user, as the demo says in its first lines.
 package main
 
 import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -50,8 +61,9 @@ func main() {
 	workerBin := flag.String("worker", "bin/worker", "bundled worker (used without PyTorch)")
 	python := flag.String("python", "", "Python with torch (default: $PYTHON_EXEC, else /usr/bin/python3)")
 	auth := flag.Bool("auth", true, "turn etcd auth on: every party connects as its own user (docs/security.md); -auth=false runs without")
+	isolation := flag.Bool("isolation", true, "each node agent as its own etcd user (with -auth) and, as root, each job as its own uid; -isolation=false: one shared agent user, jobs as the demo's user")
 	flag.Parse()
-	res, err := scenario(options{hyperpodrun: *hpr, worker: *workerBin, python: *python, auth: *auth, out: os.Stdout})
+	res, err := scenario(options{hyperpodrun: *hpr, worker: *workerBin, python: *python, auth: *auth, isolation: *isolation, out: os.Stdout})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
@@ -67,7 +79,10 @@ type options struct {
 	// coordinator, the agents and each team connect as their own users,
 	// and every job gets its own.
 	auth bool
-	out  io.Writer
+	// isolation gives each node agent its own etcd user (with auth) and,
+	// when the demo runs as root, each job its own uid (issue 22).
+	isolation bool
+	out       io.Writer
 }
 
 // result is what the scenario observed.
@@ -81,6 +96,13 @@ type result struct {
 	history        []fleet.Event
 	// refused holds etcd's answers to the attacks tried with auth on.
 	refused []error
+	// nodeRefused is etcd's answer to node-0's agent registering node-9
+	// (with per-node users; nil when not tried).
+	nodeRefused error
+	// uids are the jobs' uids (their desired records'; 0: none) and procs
+	// how many processes /proc showed running as each while both trained.
+	uids  map[string]uint32
+	procs map[string]int
 }
 
 // timeline prints events with the time since the demo started.
@@ -161,12 +183,38 @@ func scenario(o options) (*result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	id := identities(o.isolation, o.auth, os.Geteuid())
+	tl.say("%s", id.jobsLine)
+	tl.say("%s", id.agentsLine)
 
 	work, err := os.MkdirTemp("", "hyperpodrun-demo-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(work)
+	// Jobs running as their own uids traverse the work directory (to their
+	// run directories, what they read and their checkpoints) but cannot
+	// list it; the etcd data and the passwords below stay 0700.
+	if err := os.Chmod(work, 0o711); err != nil {
+		return nil, fmt.Errorf("work directory: %w", err)
+	}
+	ckptDir := filepath.Join(work, "ckpt")
+	if err := os.Mkdir(ckptDir, 0o755); err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	if err := os.Chmod(ckptDir, 0o1777); err != nil {
+		return nil, fmt.Errorf("checkpoint directory: %w", err)
+	}
+	repo, _ := os.Getwd()
+	script := filepath.Join(repo, "examples", "pytorch", "train_elastic.py")
+	if id.perJobUIDs {
+		// What the jobs read, reachable by any uid: a 0755 copy.
+		shared, err := shareReadOnly(filepath.Join(work, "shared"), *hpr, *workerBin, script)
+		if err != nil {
+			return nil, err
+		}
+		*hpr, *workerBin, script = shared[0], shared[1], shared[2]
+	}
 	srv, err := etcdembed.Start(ctx, etcdembed.Options{Dir: filepath.Join(work, "etcd")})
 	if err != nil {
 		return nil, err
@@ -188,13 +236,12 @@ func scenario(o options) (*result, error) {
 	if py == "" {
 		py = "/usr/bin/python3"
 	}
-	repo, _ := os.Getwd()
-	sweepRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "100000", "--step-time", "100ms", "--ckpt-dir", filepath.Join(work, "ckpt-sweep")}, GracefulTimeoutSeconds: 20}
-	prodRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "60", "--step-time", "100ms", "--ckpt-dir", filepath.Join(work, "ckpt-prod")}, GracefulTimeoutSeconds: 20}
+	// Each job creates its own checkpoint directory under the sticky one.
+	sweepRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "100000", "--step-time", "100ms", "--ckpt-dir", filepath.Join(ckptDir, "sweep")}, GracefulTimeoutSeconds: 20}
+	prodRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "60", "--step-time", "100ms", "--ckpt-dir", filepath.Join(ckptDir, "prod")}, GracefulTimeoutSeconds: 20}
 	if exec.Command(py, "-c", "import torch.distributed").Run() == nil {
-		script := filepath.Join(repo, "examples", "pytorch", "train_elastic.py")
-		sweepRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "100000", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(work, "ckpt-sweep")}, GracefulTimeoutSeconds: 20}
-		prodRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "60", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(work, "ckpt-prod")}, GracefulTimeoutSeconds: 20}
+		sweepRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "100000", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(ckptDir, "sweep")}, GracefulTimeoutSeconds: 20}
+		prodRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "60", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(ckptDir, "prod")}, GracefulTimeoutSeconds: 20}
 		tl.say("workers: real PyTorch DDP (gloo on CPU) via %s", py)
 	} else {
 		tl.say("PyTorch is not installed for %s: 'apt-get install python3-torch' on Debian for real DDP; using the bundled worker", py)
@@ -212,10 +259,20 @@ func scenario(o options) (*result, error) {
 	tl.say("teams: research and prod, 16 x %s of nominal quota each (fleet: %d nodes x %d GPUs)", flavor, nodes, gpusPerNode)
 
 	// With auth on, every party below connects as its own etcd user.
-	agentCli, coordCli, teamStore := cli, cli, map[string]*fleet.Store{"research": st, "prod": st}
+	nodeNames := make([]string, nodes)
+	agentClis := make([]*clientv3.Client, nodes)
+	for i := range nodeNames {
+		nodeNames[i] = fmt.Sprintf("node-%d", i)
+		agentClis[i] = cli
+	}
+	coordCli, teamStore := cli, map[string]*fleet.Store{"research": st, "prod": st}
 	if o.auth {
 		pwDir := filepath.Join(work, "passwords")
-		if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"research", "prod"}, pwDir); err != nil {
+		parties := etcdauth.Parties{Teams: []string{"research", "prod"}}
+		if id.nodeUsers {
+			parties.Nodes = nodeNames
+		}
+		if _, err := etcdauth.BootstrapFleet(ctx, cli, st.Keys, parties, pwDir); err != nil {
 			return nil, err
 		}
 		as := func(user string) (*clientv3.Client, error) {
@@ -231,10 +288,21 @@ func scenario(o options) (*result, error) {
 				c.Close()
 			}
 		}()
-		for _, u := range []struct {
+		users := []struct {
 			user string
 			cli  **clientv3.Client
-		}{{etcdauth.AgentUser, &agentCli}, {etcdauth.CoordinatorUser, &coordCli}} {
+		}{{etcdauth.CoordinatorUser, &coordCli}}
+		for i := range agentClis {
+			user := etcdauth.AgentUser
+			if id.nodeUsers {
+				user = etcdauth.NodeRole(nodeNames[i])
+			}
+			users = append(users, struct {
+				user string
+				cli  **clientv3.Client
+			}{user, &agentClis[i]})
+		}
+		for _, u := range users {
 			c, err := as(u.user)
 			if err != nil {
 				return nil, err
@@ -259,20 +327,35 @@ func scenario(o options) (*result, error) {
 		cli, st = admin, fleet.New(admin, "")
 		tl.say("etcd auth on: the coordinator, the agents and each team connect as their own users; each job gets its own (docs/security.md)")
 	}
+	res := &result{uids: map[string]uint32{}, procs: map[string]int{}}
+	if o.auth && id.nodeUsers {
+		// What a node's agent may not do: speak for another node.
+		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := agentClis[0].Put(wctx, st.Keys.Node("node-9"), `{"node":"node-9"}`)
+		wcancel()
+		tl.say("node-0's agent (etcd user %s) tries to register a node-9: %v", etcdauth.NodeRole("node-0"), err)
+		res.nodeRefused = err
+	}
 
 	prog := &progress{tl: tl, sizes: map[string][]int{}, world: map[string]int{}, steps: map[string][]int{}, last: map[string]string{}}
 	var wg sync.WaitGroup
 	actx, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	var agents []*nodeagent.Agent
-	for i := 0; i < nodes; i++ {
-		name := fmt.Sprintf("node-%d", i)
-		runner := jobrunner.New(jobrunner.Config{Hyperpodrun: *hpr, Endpoints: srv.Endpoints, LogDir: filepath.Join(work, "logs"),
-			RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet,
-			// The demo's jobs run as the user who runs the demo, root included
-			// (hyperpod-agent --allow-root-jobs); a fleet gives --job-user.
-			AllowRootJobs: true})
-		a, err := nodeagent.New(agentCli, nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
+	for i, name := range nodeNames {
+		rc := jobrunner.Config{Hyperpodrun: *hpr, Endpoints: srv.Endpoints, LogDir: filepath.Join(work, "logs"),
+			TempDir: filepath.Join(work, "run"), RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet}
+		if id.perJobUIDs {
+			// hyperpod-agent --job-uid-range: each job as the uid the
+			// coordinator gave it.
+			rc.UIDRange = id.agentRange
+		} else {
+			// The jobs run as the user who runs the demo, root included
+			// (hyperpod-agent --allow-root-jobs).
+			rc.AllowRootJobs = true
+		}
+		runner := jobrunner.New(rc)
+		a, err := nodeagent.New(agentClis[i], nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
 		if err != nil {
 			return nil, err
 		}
@@ -285,6 +368,7 @@ func scenario(o options) (*result, error) {
 	// Coordinator: the demo's stable period is short so it fits in a minute.
 	util := &utilization{total: nodes * gpusPerNode}
 	co := coordinator.New(coordCli, coordinator.Config{Resync: 500 * time.Millisecond, Logger: quiet, JobCredentials: o.auth,
+		JobUIDFirst: id.coordFirst, JobUIDLast: id.coordLast,
 		Engine:     policy.Config{MinStablePeriod: 5 * time.Second},
 		OnDecision: func(d policy.Decision) { util.record(d) }})
 	wg.Add(1)
@@ -309,10 +393,31 @@ func scenario(o options) (*result, error) {
 		PerNode: policy.Resources{Accelerators: gpusPerNode}, MinNodes: 2, MaxNodes: 2}, Run: prodRun}); err != nil {
 		return nil, err
 	}
+	if err := waitUntil(ctx, func() bool { w, _ := prog.at("prod"); return w == 2 }); err != nil {
+		return nil, fmt.Errorf("prod never trained: %w", err)
+	}
+	// Who the two jobs run as, from their desired records and /proc.
+	byUID := procsByUID()
+	for _, job := range []string{"sweep", "prod"} {
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		d, err := st.Desired(rctx, job)
+		rcancel()
+		if err != nil {
+			return nil, fmt.Errorf("read %s's desired record: %w", job, err)
+		}
+		if d != nil && d.UID != 0 {
+			res.uids[job] = d.UID
+			res.procs[job] = byUID[d.UID]
+		}
+	}
+	if id.perJobUIDs {
+		tl.say("identities: sweep runs as uid %d (%d processes), prod as uid %d (%d processes): each job its own uid, neither can read, write or signal the other's",
+			res.uids["sweep"], res.procs["sweep"], res.uids["prod"], res.procs["prod"])
+	}
 	if err := waitUntil(ctx, func() bool { f, _, _ := st.Finished(ctx); _, ok := f["prod"]; return ok }); err != nil {
 		return nil, fmt.Errorf("prod never finished: %w", err)
 	}
-	res := &result{prodFinished: true}
+	res.prodFinished = true
 	if o.auth {
 		// What a team may not do: resize another team's job.
 		_, err := teamStore["prod"].UpdateJob(ctx, "sweep", func(j *fleet.JobSpec) error { j.MaxNodes = 1; return nil })
@@ -456,4 +561,156 @@ func followEvents(ctx context.Context, cli *clientv3.Client, st *fleet.Store, tl
 			tl.say("%s: %s", line, e.Message)
 		}
 	}
+}
+
+// identityPlan is who the demo's parties and jobs run as.
+type identityPlan struct {
+	// perJobUIDs: each job runs as its own uid (the coordinator's
+	// --job-uid-range, the agents' --job-uid-range); else as the demo's
+	// user (--allow-root-jobs when that is root).
+	perJobUIDs bool
+	agentRange jobrunner.UIDRange
+	// coordFirst and coordLast are the coordinator's range (0, 0: none).
+	coordFirst, coordLast uint32
+	// nodeUsers: each node agent connects as hyperpod-node-<node>; else
+	// (with auth) all as the shared hyperpod-agent.
+	nodeUsers bool
+	// jobsLine and agentsLine say so, first thing.
+	jobsLine, agentsLine string
+}
+
+// identities decides who the demo's jobs and node agents run as, given
+// -isolation, -auth and the demo's effective uid. Rules:
+//
+//   - per-job-uid: isolation as root: each job its own uid from
+//     coordinator.DefaultJobUIDRange;
+//   - not-root: isolation as another user: the jobs run as that user
+//     (only root can change uid);
+//   - shared-uid: no isolation: the jobs run as the demo's user, root
+//     included (hyperpod-agent --allow-root-jobs), as before issue 22;
+//   - node-users: isolation with auth: each node agent its own etcd user;
+//   - shared-agent: auth without isolation: one hyperpod-agent user;
+//   - no-auth: auth off: no etcd users at all.
+func identities(isolation, auth bool, euid int) identityPlan {
+	var p identityPlan
+	switch {
+	case isolation && euid == 0:
+		first, last, err1 := coordinator.ParseUIDRange(coordinator.DefaultJobUIDRange)
+		r, err2 := jobrunner.ParseUIDRange(coordinator.DefaultJobUIDRange)
+		if err := errors.Join(err1, err2); err != nil {
+			p.jobsLine = fmt.Sprintf("jobs run as root: the uid range %s is unusable: %v", coordinator.DefaultJobUIDRange, err)
+			break
+		}
+		p.perJobUIDs, p.agentRange, p.coordFirst, p.coordLast = true, r, first, last
+		p.jobsLine = fmt.Sprintf("job identities: each job runs as its own uid from %s (coordinator and agents --job-uid-range), in 0700 directories made for it", r)
+	case isolation:
+		p.jobsLine = fmt.Sprintf("job identities: the jobs run as you (uid %d): a user other than root cannot change uid; run the demo as root (sudo make demo) to see each job run as its own uid", euid)
+	default:
+		p.jobsLine = fmt.Sprintf("job identities: -isolation=false: every job runs as the demo's user (uid %d, --allow-root-jobs)", euid)
+	}
+	switch {
+	case !auth:
+		p.agentsLine = "node agents: etcd auth is off (-auth=false): no party has a user of its own"
+	case isolation:
+		p.nodeUsers = true
+		p.agentsLine = "node agents: each connects to etcd as its own user (hyperpod-node-<node>): it writes only its own node's records and reads only its own assignments"
+	default:
+		p.agentsLine = "node agents: -isolation=false: all connect to etcd as the one shared hyperpod-agent user"
+	}
+	return p
+}
+
+// shareReadOnly copies files into dir (made 0755): a job running as any
+// uid can read them there, whatever the modes of the directories they came
+// from (a 0700 temporary or home directory). Executables keep 0755, the
+// rest get 0644. A file that does not exist is not copied and keeps its
+// path. It returns the new paths, in order.
+func shareReadOnly(dir string, files ...string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("shared directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("shared directory: %w", err)
+	}
+	out := make([]string, len(files))
+	for i, f := range files {
+		out[i] = f
+		st, err := os.Stat(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("share %s with the jobs: %w", f, err)
+		}
+		mode := os.FileMode(0o644)
+		if st.Mode()&0o111 != 0 {
+			mode = 0o755
+		}
+		dst := filepath.Join(dir, filepath.Base(f))
+		if err := copyFile(f, dst, mode); err != nil {
+			return nil, fmt.Errorf("share %s with the jobs: %w", f, err)
+		}
+		out[i] = dst
+	}
+	return out, nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Chmod(mode); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// procsByUID counts the live processes of each real uid (/proc/<pid>/status).
+func procsByUID() map[uint32]int {
+	n := map[uint32]int{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return n
+	}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if uid, ok := statusUID(string(b)); ok {
+			n[uid]++
+		}
+	}
+	return n
+}
+
+// statusUID reads the real uid from a /proc/<pid>/status text.
+func statusUID(status string) (uint32, bool) {
+	for _, line := range strings.Split(status, "\n") {
+		rest, ok := strings.CutPrefix(line, "Uid:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0, false
+		}
+		u, err := strconv.ParseUint(f[0], 10, 32)
+		return uint32(u), err == nil
+	}
+	return 0, false
 }
