@@ -241,3 +241,34 @@ func TestRunDirBaseNotRootsIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// Under --runtime containerd --job-user, the job's log directory was made
+// root:root 0755: hyperpodrun in the container (the job's uid) could not
+// make its own log directory there, and the job crash-looped. Now the
+// directory is the job's (0700) and the job trains; the container's
+// console log is root's, beside it in the node's directory.
+func TestContainerJobUserOwnsItsLogDirAndTrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run containerd")
+	}
+	f := newContainerFleet(t)
+	f.jobUser, f.allowRoot = JobUser{UID: 4242, GID: 4242, Set: true}, false
+	f.startAgent("node-1")
+	f.submit("logs", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, MaxRestarts: 1,
+		Args: []string{"--steps", "200", "--step-time", "20ms"}})
+	f.waitFor("training", 90*time.Second, func() bool { s, _ := f.steps(); return len(s) >= 3 })
+	dir := filepath.Join(f.logDir, "node-1", "logs")
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil || st.Uid != 4242 || st.Mode&0o777 != 0o700 {
+		t.Errorf("the job's log directory %s: uid %d mode %o (%v), want 4242 and 0700", dir, st.Uid, st.Mode&0o777, err)
+	}
+	if err := syscall.Lstat(filepath.Join(dir, "logs"), &st); err != nil || st.Uid != 4242 {
+		t.Errorf("hyperpodrun's run log directory in the container: uid %d (%v), want 4242", st.Uid, err)
+	}
+	if err := syscall.Lstat(filepath.Join(f.logDir, "node-1", "logs.log"), &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 {
+		t.Errorf("the console log: uid %d mode %o (%v), want root's 0600", st.Uid, st.Mode&0o777, err)
+	}
+}

@@ -681,7 +681,8 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		})
 	} else if _, had := r.problems[job]; had {
 		// Whatever kept it from starting is gone.
-		go r.clearProblemOf(job)
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); r.clearProblemOf(job) }()
 	}
 	prefix := r.node.Name + "/" + job + " "
 	output := make(chan struct{})
@@ -752,7 +753,6 @@ func (r *Runner) release(job string, p *proc, failed bool) (draining bool) {
 	}
 	r.mu.Unlock()
 	close(p.done)
-	r.poke() // a job that left the node gives its uid back
 	return draining
 }
 
@@ -773,6 +773,8 @@ func rebuild(cmd *exec.Cmd) *exec.Cmd {
 // hyperpodrun keeps exiting on this node (a crash loop) more times in a
 // row than maxRestarts.
 func (r *Runner) exited(job string, err error, draining bool, ran time.Duration, maxRestarts int) {
+	// Once judged, a job that left the node gives its uid back.
+	defer r.poke()
 	if draining || err == nil {
 		r.forget(job)
 	}
