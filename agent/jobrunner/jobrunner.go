@@ -1054,7 +1054,6 @@ func (r *Runner) killAll() {
 	if r.box != nil {
 		r.box.close()
 	}
-	if r.tmp != "" {
-		os.Remove(r.tmp) // empty now; another runner of this process may still use it
-	}
+	// The runs' base stays: root's, shared by the agents of the host
+	// (their uid claims are there too).
 }
