@@ -172,7 +172,7 @@ func TestRunEmbeddedAndSIGTERM(t *testing.T) {
 		t.Fatal("no exit within 20s of SIGTERM")
 	}
 	logs := errb.String()
-	for _, want := range []string{`"msg":"registered"`, `"msg":"signal received; draining"`, `"msg":"drained; lease revoked"`} {
+	for _, want := range []string{`"msg":"registered"`, `"msg":"signal received; draining"`, `"msg":"drained; leases revoked"`} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("logs lack %s:\n%s", want, logs)
 		}
