@@ -173,3 +173,19 @@ func TestStatusUID(t *testing.T) {
 		t.Error("a status without Uid read as one")
 	}
 }
+
+// The checkpoint parent is 1777: sticky (no job removes another's
+// directory) and writable by every job's uid.
+func TestMakeStickyDir(t *testing.T) {
+	d := filepath.Join(t.TempDir(), "ckpt")
+	if err := makeStickyDir(d); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode()&os.ModeSticky == 0 || st.Mode().Perm() != 0o777 {
+		t.Errorf("mode %v, want drwxrwxrwt", st.Mode())
+	}
+}

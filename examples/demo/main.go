@@ -199,10 +199,7 @@ func scenario(o options) (*result, error) {
 		return nil, fmt.Errorf("work directory: %w", err)
 	}
 	ckptDir := filepath.Join(work, "ckpt")
-	if err := os.Mkdir(ckptDir, 0o755); err != nil {
-		return nil, fmt.Errorf("checkpoint directory: %w", err)
-	}
-	if err := os.Chmod(ckptDir, 0o1777); err != nil {
+	if err := makeStickyDir(ckptDir); err != nil {
 		return nil, fmt.Errorf("checkpoint directory: %w", err)
 	}
 	repo, _ := os.Getwd()
@@ -713,4 +710,14 @@ func statusUID(status string) (uint32, bool) {
 		return uint32(u), err == nil
 	}
 	return 0, false
+}
+
+// makeStickyDir makes dir world-writable and sticky (1777, as /tmp): any
+// uid creates its own entries there, and none removes or renames another's.
+func makeStickyDir(dir string) error {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	// os.FileMode's sticky bit is ModeSticky, not 0o1000.
+	return os.Chmod(dir, os.ModeSticky|0o777)
 }
