@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -32,6 +34,9 @@ type jobState struct {
 	finished       bool // Succeeded or Failed, seen
 	ended          time.Time
 	output         []string
+	// uids are the uids its workers and hyperpodruns were seen running as
+	// (/proc), in the order first seen.
+	uids []uint32
 }
 
 // jobTable tracks the soak's jobs and turns their output into invariant
@@ -80,6 +85,7 @@ func (t *jobTable) snapshot() []jobState {
 	for _, n := range t.order {
 		j := *t.jobs[n]
 		j.output = append([]string(nil), j.output...)
+		j.uids = append([]uint32(nil), j.uids...)
 		out = append(out, j)
 	}
 	return out
@@ -177,9 +183,30 @@ func (t *jobTable) status(job, state, message string) (*jobState, bool) {
 	return &c, true
 }
 
+// sawUIDs records the uids the jobs' workers and hyperpodruns run as.
+func (t *jobTable) sawUIDs(ps []proc) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, p := range ps {
+		j := t.jobs[p.job]
+		if j == nil || !(p.worker || p.hyperpodrun) || !p.uidKnown || slices.Contains(j.uids, p.uid) {
+			continue
+		}
+		j.uids = append(j.uids, p.uid)
+	}
+}
+
 func (j jobState) String() string {
-	return fmt.Sprintf("%s (%s, %d steps configured, at step %d, %d restarts of rank 0, committed %d, state %s)",
-		j.name, j.kind, j.steps, j.maxStep, j.restarts, j.committed, orDash(j.state))
+	uids := "-"
+	if len(j.uids) > 0 {
+		var us []string
+		for _, u := range j.uids {
+			us = append(us, strconv.FormatUint(uint64(u), 10))
+		}
+		uids = strings.Join(us, ",")
+	}
+	return fmt.Sprintf("%s (%s, %d steps configured, at step %d, %d restarts of rank 0, committed %d, uid %s, state %s)",
+		j.name, j.kind, j.steps, j.maxStep, j.restarts, j.committed, uids, orDash(j.state))
 }
 
 func orDash(s string) string {

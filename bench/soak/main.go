@@ -10,6 +10,14 @@
 // finishes its steps and that none is Failed; it prints BENCH lines and exits
 // 1 when an invariant broke, naming the fault that preceded it.
 //
+// With -isolation (the default, issue 22) each node agent connects to etcd
+// as its own node user (elasticctl auth bootstrap --node ...), and, when the
+// soak runs as root, each job runs as its own uid (the coordinator's and
+// the agents' --job-uid-range, no --allow-root-jobs): the soak then also
+// checks from /proc that no job runs as root and no two jobs share a uid.
+// What the jobs read (the binaries, the DDP script) is in a 0755 directory
+// and they write checkpoints under a sticky 1777 one, each job in its own.
+//
 //	go run ./bench/soak                       # 20 minutes of faults
 //	go run ./bench/soak -short -seed 7        # about 3 minutes
 package main
@@ -66,6 +74,9 @@ type config struct {
 	corruptHold, warmupTimeout time.Duration
 	verbose                    bool
 	auth                       bool
+	// isolation: per-node etcd users (with auth) and, as root, per-job
+	// uids.
+	isolation bool
 }
 
 func parseConfig(args []string) (config, error) {
@@ -84,6 +95,7 @@ func parseConfig(args []string) (config, error) {
 	fs.IntVar(&c.workerSteps, "worker-steps", 0, "steps of each bundled-worker job (default 1500, -short 400)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logs")
 	fs.BoolVar(&c.auth, "auth", os.Getenv("SOAK_AUTH") != "0", "etcd auth on: elasticctl auth bootstrap, every daemon and team as its own user, every job as its minted one ($SOAK_AUTH=0 turns it off)")
+	fs.BoolVar(&c.isolation, "isolation", os.Getenv("SOAK_ISOLATION") != "0", "each node agent as its own etcd user (hyperpod-node-<node>) and, as root, each job as its own uid (--job-uid-range); -isolation=false: one shared agent user, jobs as root with --allow-root-jobs ($SOAK_ISOLATION=0)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -204,6 +216,11 @@ type soak struct {
 	// restarts).
 	endpoint, peer string
 
+	// perJobUIDs: the jobs run as their own uids (isolation as root).
+	perJobUIDs bool
+	// ddpScript is the training script the DDP jobs run.
+	ddpScript string
+
 	stopped    atomic.Int64 // pid of the SIGSTOPped hyperpodrun, if any
 	resubmit   atomic.Bool  // the fault phase: jobs that end are replaced
 	phaseEnd   atomic.Int64 // when the fault phase ends (unix nanos)
@@ -212,6 +229,7 @@ type soak struct {
 	violations []violation
 	dupObs     int
 	staleObs   int
+	uidObs     int
 	lost       int64
 	orphans    int
 	completed  int
@@ -281,10 +299,9 @@ func (s *soak) run(ctx context.Context) error {
 	if _, err := os.Stat(cfg.etcdBin); err != nil {
 		return fmt.Errorf("etcd: %w (apt-get install etcd-server)", err)
 	}
-	for _, d := range []string{"bin", "logs", "etcd", "joblogs", "ckpt", "specs"} {
-		if err := os.MkdirAll(filepath.Join(s.work, d), 0o755); err != nil {
-			return err
-		}
+	s.perJobUIDs = cfg.isolation && os.Geteuid() == 0
+	if err := s.makeDirs(); err != nil {
+		return err
 	}
 	s.bin = filepath.Join(s.work, "bin")
 	s.log.Info("building the binaries", "into", s.bin)
@@ -293,6 +310,16 @@ func (s *soak) run(ctx context.Context) error {
 	build.Dir = repo
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	s.ddpScript = filepath.Join(repo, "examples", "pytorch", "train_elastic.py")
+	if s.perJobUIDs {
+		// The jobs' uids read the script from the 0755 bin directory,
+		// whatever the modes above the repository.
+		dst := filepath.Join(s.bin, "train_elastic.py")
+		if err := copyFile(s.ddpScript, dst, 0o644); err != nil {
+			return fmt.Errorf("share the DDP script with the jobs: %w", err)
+		}
+		s.ddpScript = dst
 	}
 	if err := setSubreaper(); err != nil {
 		return err
@@ -316,14 +343,25 @@ func (s *soak) run(ctx context.Context) error {
 	}
 	var user, pw string
 	if s.cfg.auth {
-		if _, err := s.elasticctl(ctx, "auth", "bootstrap", "--team", teamName, "--password-dir", s.passwordDir()); err != nil {
+		args := []string{"auth", "bootstrap", "--team", teamName, "--password-dir", s.passwordDir()}
+		if s.cfg.isolation {
+			for i := 0; i < nodes; i++ {
+				args = append(args, "--node", nodeName(i))
+			}
+		}
+		if _, err := s.elasticctl(ctx, args...); err != nil {
 			return err
 		}
 		user = etcdauth.RootUser
 		if pw, err = etcdconn.ReadPassword(s.passwordFile(user), "", "root"); err != nil {
 			return err
 		}
-		s.log.Info("etcd auth on: every daemon, the team and every job connect as their own users")
+		s.log.Info("etcd auth on: every daemon, the team and every job connect as their own users", "per_node_agent_users", s.cfg.isolation)
+	}
+	if s.perJobUIDs {
+		s.log.Info("each job runs as its own uid", "job_uid_range", soakUIDRange)
+	} else if s.cfg.isolation {
+		s.log.Info("jobs run as the soak's user: only root can run each job as its own uid", "uid", os.Geteuid())
 	}
 	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 2 * time.Second, Logger: nopZap(), Username: user, Password: pw}); err != nil {
 		return fmt.Errorf("etcd client: %w", err)
@@ -521,8 +559,12 @@ func (s *soak) startEtcd(ctx context.Context) error {
 
 func (s *soak) startCoordinator(i int) error {
 	name := fmt.Sprintf("coordinator-%d", i)
-	c, err := s.sup.start(name, filepath.Join(s.bin, "hyperpod-coordinator"), append(s.authFlags(etcdauth.CoordinatorUser), "--etcd-endpoints", s.endpoint,
-		"--id", name, "--listen=", "--resync", "1s", "--min-stable-period", "10s")...)
+	args := append(s.authFlags(etcdauth.CoordinatorUser), "--etcd-endpoints", s.endpoint,
+		"--id", name, "--listen=", "--resync", "1s", "--min-stable-period", "10s")
+	if s.perJobUIDs {
+		args = append(args, "--job-uid-range", soakUIDRange)
+	}
+	c, err := s.sup.start(name, filepath.Join(s.bin, "hyperpod-coordinator"), args...)
 	if err != nil {
 		return err
 	}
@@ -531,18 +573,84 @@ func (s *soak) startCoordinator(i int) error {
 }
 
 func (s *soak) startAgent(i int) error {
-	node := fmt.Sprintf("node-%d", i)
+	node := nodeName(i)
 	fixture := filepath.Join(s.cfg.repo, "devices", "testdata", "neuron", "inf2")
-	c, err := s.sup.start("agent-"+node, filepath.Join(s.bin, "hyperpod-agent"), append(append([]string{"run"}, s.authFlags(etcdauth.AgentUser)...),
+	user := etcdauth.AgentUser
+	if s.cfg.isolation {
+		user = etcdauth.NodeRole(node)
+	}
+	args := append(append([]string{"run"}, s.authFlags(user)...),
 		"--etcd-endpoints", s.endpoint, "--node-name", node, "--listen=", "--lease-ttl", "5s",
 		"--disable-nvml", "--neuron-sysfs-root", filepath.Join(fixture, "sys", "devices", "virtual", "neuron_device"),
 		"--dev-root", filepath.Join(fixture, "dev"),
-		"--run-jobs", "--allow-root-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))...)
+		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))
+	if s.perJobUIDs {
+		// Each job as its own uid, in a run-dir base of the soak's own
+		// (removed with it, whatever a killed agent left there).
+		args = append(args, "--job-uid-range", soakUIDRange, "--job-run-dir", filepath.Join(s.work, "run"))
+	} else {
+		args = append(args, "--allow-root-jobs")
+	}
+	c, err := s.sup.start("agent-"+node, filepath.Join(s.bin, "hyperpod-agent"), args...)
 	if err != nil {
 		return err
 	}
 	s.agents[i] = c
 	return nil
+}
+
+// soakUIDRange is the coordinator's and the agents' --job-uid-range (the
+// coordinator's default).
+const soakUIDRange = "200000-299999"
+
+func nodeName(i int) string { return fmt.Sprintf("node-%d", i) }
+
+// makeDirs makes the work directory's parts. With per-job uids the jobs
+// traverse the work directory (0711: to their run directories, what they
+// read and their checkpoints) without listing it; bin (binaries, the DDP
+// script) is 0755, ckpt sticky and world-writable (1777, like /tmp or a
+// shared scratch file system: each job creates its own directory there),
+// and what no job needs (the daemons' logs, etcd's data, the specs) 0700.
+func (s *soak) makeDirs() error {
+	modes := map[string]os.FileMode{"bin": 0o755, "logs": 0o755, "etcd": 0o755, "joblogs": 0o755, "ckpt": 0o755, "specs": 0o755}
+	if s.perJobUIDs {
+		if err := os.Chmod(s.work, 0o711); err != nil {
+			return err
+		}
+		modes["logs"], modes["etcd"], modes["specs"] = 0o700, 0o700, 0o700
+		modes["ckpt"] = os.ModeSticky | 0o777
+	}
+	for d, m := range modes {
+		p := filepath.Join(s.work, d)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chmod(p, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Chmod(mode); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 func (s *soak) passwordDir() string { return filepath.Join(s.work, "etcd-passwords") }
@@ -628,9 +736,11 @@ func (s *soak) submit(ctx context.Context, kind string) error {
 			Env: map[string]string{markVar: s.mark}}}
 	steps := s.cfg.ddpSteps
 	if kind == kindDDP {
-		spec.Run.Script = filepath.Join(s.cfg.repo, "examples", "pytorch", "train_elastic.py")
+		spec.Run.Script = s.ddpScript
 		spec.Run.Python = s.cfg.python
-		spec.Run.Env = map[string]string{"OMP_NUM_THREADS": "1"}
+		// Beside the mark (without it the soak would not see the DDP
+		// job's processes at all).
+		spec.Run.Env["OMP_NUM_THREADS"] = "1"
 		spec.Run.Args = []string{"--steps", strconv.Itoa(steps), "--step-time", "0.1", "--ckpt-every", "10",
 			"--ckpt-dir", ckpt, "--backend", "gloo", "--dist-timeout", "60"}
 	} else {
@@ -672,6 +782,7 @@ func (s *soak) watchProcs(ctx context.Context) {
 	}
 	open := map[dupKey]*episode{}
 	staleSeen := map[int]bool{}
+	uidSeen := map[string]bool{}
 	ow := newOrphanWatch(2 * time.Second)
 	self := os.Getpid()
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -688,6 +799,7 @@ func (s *soak) watchProcs(ctx context.Context) {
 			s.sup.reapOrphans(self)
 		}
 		ps := s.scan.scan()
+		s.jobs.sawUIDs(ps)
 		now := time.Now()
 		dups := duplicates(ps)
 		for k, v := range dups {
@@ -723,6 +835,17 @@ func (s *soak) watchProcs(ctx context.Context) {
 					staleSeen[p.pid] = true
 					s.violate("fencing: no worker of a superseded round lives beside the next round's", fmt.Sprintf(
 						"job %s: %s is alive while round %s's workers run", job, p, newestRound(ps, job)))
+				}
+			}
+		}
+		if s.perJobUIDs {
+			for _, u := range uidProblems(ps) {
+				s.mu.Lock()
+				s.uidObs++
+				s.mu.Unlock()
+				if !uidSeen[u.key] {
+					uidSeen[u.key] = true
+					s.violate("each job runs as its own uid", u.detail)
 				}
 			}
 		}
@@ -907,6 +1030,9 @@ func (s *soak) report(w io.Writer) {
 	fmt.Fprintf(w, "BENCH soak_duplicate_rank_observations %d count target=0\n", s.dupObs)
 	fmt.Fprintf(w, "BENCH soak_stale_round_observations %d count target=0\n", s.staleObs)
 	fmt.Fprintf(w, "BENCH soak_orphans %d count target=0\n", s.orphans)
+	if s.perJobUIDs {
+		fmt.Fprintf(w, "BENCH soak_job_uid_observations %d count target=0\n", s.uidObs)
+	}
 	fmt.Fprintf(w, "BENCH soak_jobs_failed %d count target=0\n", s.failed)
 	if s.cfg.keep {
 		fmt.Fprintf(w, "logs: %s\n", filepath.Join(s.work, "logs"))

@@ -29,6 +29,10 @@ type proc struct {
 	// hyperpodrun: the process runs the soak's hyperpodrun binary.
 	hyperpodrun bool
 	cmd         string
+	// uid is the process's real uid (/proc/<pid>/status); uidKnown says
+	// it could be read.
+	uid      uint32
+	uidKnown bool
 }
 
 func (p proc) String() string {
@@ -129,6 +133,7 @@ func (s *scanner) scan() []proc {
 
 func (s *scanner) describe(pid int, env map[string]string) proc {
 	p := proc{pid: pid, node: env["HYPERPODRUN_NODE_ID"]}
+	p.uid, p.uidKnown = readUID(pid)
 	args := readCmdline(pid)
 	p.cmd = strings.Join(args, " ")
 	if len(p.cmd) > 120 {
@@ -242,4 +247,94 @@ func staleRounds(ps []proc) map[string][]proc {
 		}
 	}
 	return out
+}
+
+// uidProblem is one broken per-job identity: key names it (reported once),
+// detail says what was seen.
+type uidProblem struct{ key, detail string }
+
+// uidProblems checks, with per-job uids on, who the jobs' processes
+// (workers and hyperpodruns) run as. Rules:
+//
+//   - root: a job's process runs as root;
+//   - two-uids: a job's processes run as two uids at once (a job has one
+//     uid on every node);
+//   - shared: one uid runs processes of two jobs at once (they could read,
+//     write and signal each other).
+func uidProblems(ps []proc) []uidProblem {
+	byJob := map[string]map[uint32]proc{}
+	byUID := map[uint32]map[string]proc{}
+	for _, p := range ps {
+		if !(p.worker || p.hyperpodrun) || p.job == "" || !p.uidKnown {
+			continue
+		}
+		if byJob[p.job] == nil {
+			byJob[p.job] = map[uint32]proc{}
+		}
+		if _, ok := byJob[p.job][p.uid]; !ok {
+			byJob[p.job][p.uid] = p
+		}
+		if byUID[p.uid] == nil {
+			byUID[p.uid] = map[string]proc{}
+		}
+		if _, ok := byUID[p.uid][p.job]; !ok {
+			byUID[p.uid][p.job] = p
+		}
+	}
+	var out []uidProblem
+	for _, job := range sortedKeys(byJob) {
+		uids := byJob[job]
+		if p, ok := uids[0]; ok {
+			out = append(out, uidProblem{key: "root/" + job, detail: fmt.Sprintf("job %s runs as root: %s", job, p)})
+		}
+		if len(uids) > 1 {
+			var seen []string
+			for _, u := range sortedKeys(uids) {
+				seen = append(seen, fmt.Sprintf("uid %d: %s", u, uids[u]))
+			}
+			out = append(out, uidProblem{key: "two-uids/" + job, detail: fmt.Sprintf("job %s runs as %d uids at once:\n%s", job, len(uids), indent(seen, 0))})
+		}
+	}
+	for _, u := range sortedKeys(byUID) {
+		jobs := byUID[u]
+		if u == 0 || len(jobs) < 2 {
+			continue
+		}
+		names := sortedKeys(jobs)
+		var seen []string
+		for _, j := range names {
+			seen = append(seen, jobs[j].String())
+		}
+		out = append(out, uidProblem{key: fmt.Sprintf("shared/%d/%s", u, strings.Join(names, ",")),
+			detail: fmt.Sprintf("uid %d runs processes of %d jobs (%s) at once:\n%s", u, len(jobs), strings.Join(names, ", "), indent(seen, 0))})
+	}
+	return out
+}
+
+func sortedKeys[K string | uint32, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// readUID reads a process's real uid from /proc/<pid>/status.
+func readUID(pid int) (uint32, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0, false
+			}
+			u, err := strconv.ParseUint(f[0], 10, 32)
+			return uint32(u), err == nil
+		}
+	}
+	return 0, false
 }

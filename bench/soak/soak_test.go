@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"testing"
@@ -113,5 +115,68 @@ func TestStaleRounds(t *testing.T) {
 	st := staleRounds(ps)
 	if len(st) != 1 || len(st["a"]) != 1 || st["a"][0].pid != 1 {
 		t.Fatalf("stale: %v", st)
+	}
+}
+
+// uidProblems, rule by rule (its doc): a job as root, a job on two uids,
+// two jobs on one uid; jobs on their own uids, a worker's child and the
+// agents' own processes are fine.
+func TestUIDProblems(t *testing.T) {
+	w := func(pid int, job string, uid uint32) proc {
+		return proc{pid: pid, worker: true, job: job, rank: "0", uid: uid, uidKnown: true}
+	}
+	h := func(pid int, job string, uid uint32) proc {
+		return proc{pid: pid, hyperpodrun: true, job: job, uid: uid, uidKnown: true}
+	}
+	agent := proc{pid: 1, uid: 0, uidKnown: true, cmd: "hyperpod-agent run"}
+	for _, c := range []struct {
+		rule string
+		ps   []proc
+		keys []string
+	}{
+		{rule: "own-uids", ps: []proc{agent, h(2, "a", 200000), w(3, "a", 200000), w(4, "a", 200000), h(5, "b", 200001), w(6, "b", 200001)}},
+		{rule: "uid-unknown", ps: []proc{{pid: 2, worker: true, job: "a"}, {pid: 3, worker: true, job: "b"}}},
+		{rule: "root", ps: []proc{agent, h(2, "a", 0), w(3, "a", 0)}, keys: []string{"root/a"}},
+		{rule: "two-uids", ps: []proc{h(2, "a", 200000), w(3, "a", 200002)}, keys: []string{"two-uids/a"}},
+		{rule: "shared", ps: []proc{w(2, "a", 200000), w(3, "b", 200000)}, keys: []string{"shared/200000/a,b"}},
+	} {
+		t.Run(c.rule, func(t *testing.T) {
+			var keys []string
+			for _, p := range uidProblems(c.ps) {
+				keys = append(keys, p.key)
+				if p.detail == "" {
+					t.Errorf("%s: no detail", p.key)
+				}
+			}
+			if !reflect.DeepEqual(keys, c.keys) {
+				t.Errorf("problems %v, want %v", keys, c.keys)
+			}
+		})
+	}
+}
+
+// With per-job uids the jobs traverse the work directory, read bin, write
+// their own checkpoint directories under a sticky ckpt, and reach nothing
+// else; without, the old modes.
+func TestMakeDirs(t *testing.T) {
+	for _, perJob := range []bool{true, false} {
+		s := &soak{work: t.TempDir(), perJobUIDs: perJob}
+		if err := s.makeDirs(); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]os.FileMode{".": 0o711 | os.ModeDir, "bin": 0o755 | os.ModeDir, "ckpt": 0o777 | os.ModeSticky | os.ModeDir,
+			"logs": 0o700 | os.ModeDir, "etcd": 0o700 | os.ModeDir, "specs": 0o700 | os.ModeDir, "joblogs": 0o755 | os.ModeDir}
+		if !perJob {
+			want = map[string]os.FileMode{"bin": 0o755 | os.ModeDir, "ckpt": 0o755 | os.ModeDir, "logs": 0o755 | os.ModeDir}
+		}
+		for d, m := range want {
+			st, err := os.Stat(filepath.Join(s.work, d))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Mode() != m {
+				t.Errorf("per-job uids %v: %s is %v, want %v", perJob, d, st.Mode(), m)
+			}
+		}
 	}
 }
