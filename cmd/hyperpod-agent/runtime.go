@@ -31,7 +31,12 @@ func pickRuntime(ctx context.Context, c *cli.Context, log *slog.Logger) (*contai
 		Snapshotter: c.String("containerd-snapshotter"), PlainHTTP: c.StringSlice("insecure-registry"),
 		DockerConfig: c.String("registry-config"), CDIDirs: c.StringSlice("cdi-spec-dir"),
 		DevRoot: c.String("dev-root"), Logger: log,
-		AllowMountSources: c.StringSlice("allow-mount-source"), NoFile: c.Uint64("container-nofile"),
+		AllowMountSources: c.StringSlice("allow-mount-source"),
+	}
+	if c.IsSet("container-nofile") {
+		// Asked for: a node that allows less says so (the default is
+		// clipped quietly).
+		cfg.NoFile = c.Uint64("container-nofile")
 	}
 	// The mount allow-list is the node admin's word: a directory no job
 	// may ever mount is a mistake, refused before anything runs.
@@ -40,7 +45,7 @@ func pickRuntime(ctx context.Context, c *cli.Context, log *slog.Logger) (*contai
 			return nil, usagef("%v", err)
 		}
 	}
-	if cfg.NoFile == 0 {
+	if c.IsSet("container-nofile") && cfg.NoFile == 0 {
 		return nil, usagef("--container-nofile 0: give the containers' RLIMIT_NOFILE, e.g. %d", containers.DefaultNoFile)
 	}
 	switch mode {
