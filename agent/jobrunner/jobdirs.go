@@ -301,3 +301,27 @@ func WriteJobFile(dir, name string, data []byte, id Identity) error {
 	}
 	return f.Close()
 }
+
+// unsearchable names the first directory on path (path included) that
+// users other than its owner and group cannot search (no o+x), "" if
+// none: a job running as its own uid could not reach its directories
+// below it.
+func unsearchable(path string) string {
+	p := filepath.Clean(path)
+	var dirs []string
+	for {
+		dirs = append(dirs, p)
+		parent := filepath.Dir(p)
+		if parent == p {
+			break
+		}
+		p = parent
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		var st unix.Stat_t
+		if err := unix.Stat(dirs[i], &st); err == nil && st.Mode&0o001 == 0 {
+			return dirs[i]
+		}
+	}
+	return ""
+}

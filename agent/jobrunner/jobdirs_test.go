@@ -272,3 +272,22 @@ func TestContainerJobUserOwnsItsLogDirAndTrains(t *testing.T) {
 		t.Errorf("the console log: uid %d mode %o (%v), want root's 0600", st.Uid, st.Mode&0o777, err)
 	}
 }
+
+func TestUnsearchable(t *testing.T) {
+	d := t.TempDir()
+	closed := filepath.Join(d, "closed")
+	inner := filepath.Join(closed, "inner")
+	if err := os.MkdirAll(inner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(d, 0o755)
+	os.Chmod(filepath.Dir(d), 0o755)
+	os.Chmod(closed, 0o750)
+	if got := unsearchable(inner); got != closed {
+		t.Errorf("unsearchable(%s) = %q, want %s", inner, got, closed)
+	}
+	os.Chmod(closed, 0o711)
+	if got := unsearchable(inner); got != "" {
+		t.Errorf("unsearchable(%s) = %q, want none", inner, got)
+	}
+}

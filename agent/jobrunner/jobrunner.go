@@ -255,6 +255,14 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	}
 	base.Close()
 	r.tmp = filepath.Clean(r.cfg.TempDir)
+	if r.cfg.JobUser.Set || r.cfg.UIDRange.Set() {
+		for _, d := range []string{r.tmp, r.cfg.LogDir} {
+			if u := unsearchable(d); d != "" && u != "" {
+				r.log.Warn("jobs run as other users but cannot reach their directories: a directory on the way is not searchable by others; chmod o+x it, or pick another directory",
+					"dir", d, "not_searchable", u)
+			}
+		}
+	}
 	defer r.killAll()
 	if r.cfg.Containers != nil {
 		// Containers started by an earlier agent of this node go on as
