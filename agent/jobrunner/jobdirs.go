@@ -88,11 +88,28 @@ func EnsureBaseDir(path string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Fchmod(int(f.Fd()), 0o711); err != nil {
+	if err := tighten(f, euid); err != nil {
 		f.Close()
-		return nil, &os.PathError{Op: "chmod", Path: path, Err: err}
+		return nil, err
 	}
 	return f, nil
+}
+
+// tighten makes the directory open as f mode 0711 when the agent owns it
+// (root's own directory, seen by an agent not running as root, is left as
+// it is: openTrusted checked that no one else may write it).
+func tighten(f *os.File, euid int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: f.Name(), Err: err}
+	}
+	if int(st.Uid) != euid || st.Mode&0o7777 == 0o711 {
+		return nil
+	}
+	if err := unix.Fchmod(int(f.Fd()), 0o711); err != nil {
+		return &os.PathError{Op: "chmod", Path: f.Name(), Err: err}
+	}
+	return nil
 }
 
 // validName says why name cannot be one path component ("" when it can).
@@ -166,9 +183,13 @@ func nodeLogDir(base, node string) (*os.File, error) {
 		n.Close()
 		return nil, fmt.Errorf("the node's log directory %s %s (an earlier agent gave it to its job user): chown root:root %s && chmod 0711 %s", n.Name(), why, n.Name(), n.Name())
 	}
-	if err := unix.Fchmod(int(n.Fd()), 0o711); err != nil {
+	if err := tighten(n, os.Geteuid()); err != nil {
 		n.Close()
-		return nil, &os.PathError{Op: "chmod", Path: n.Name(), Err: err}
+		return nil, err
+	}
+	if err := unix.Fstat(int(n.Fd()), &st); err == nil && st.Mode&0o022 != 0 {
+		n.Close()
+		return nil, fmt.Errorf("the node's log directory %s is writable by group or others (mode %04o): chmod 0711 %s", n.Name(), st.Mode&0o7777, n.Name())
 	}
 	return n, nil
 }
