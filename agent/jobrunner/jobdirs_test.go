@@ -291,3 +291,60 @@ func TestUnsearchable(t *testing.T) {
 		t.Errorf("unsearchable(%s) = %q, want none", inner, got)
 	}
 }
+
+// JobLogDir never follows a symlink and never trusts a directory someone
+// else owns: each refusal names the path and the fix; a good layout gives
+// the job its own directory, 0700, and its parents are root's 0711.
+func TestJobLogDirRefusesWhatItCannotTrust(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give directories to other users")
+	}
+	elsewhere := t.TempDir()
+	id := Identity{UID: 200005, GID: 200005, Set: true}
+	for _, tc := range []struct {
+		rule  string
+		setup func(base string)
+		want  string
+	}{
+		{"node dir is a symlink", func(base string) { os.Symlink(elsewhere, filepath.Join(base, "node-a")) }, "is not a real directory"},
+		{"node dir is the job user's", func(base string) {
+			os.Mkdir(filepath.Join(base, "node-a"), 0o755)
+			os.Chown(filepath.Join(base, "node-a"), 65534, 65534)
+		}, "is owned by uid 65534"},
+		{"job dir is a symlink", func(base string) {
+			os.Mkdir(filepath.Join(base, "node-a"), 0o711)
+			os.Symlink(elsewhere, filepath.Join(base, "node-a", "j"))
+		}, "the agent does not follow it"},
+		{"base writable by others", func(base string) { os.Chmod(base, 0o777) }, "writable by group or others"},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			base := t.TempDir()
+			tc.setup(base)
+			_, err := JobLogDir(base, "node-a", "j", id)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q", err, tc.want)
+			}
+			if ownerOf(t, elsewhere) != 0 {
+				t.Errorf("the symlink's target was given away")
+			}
+		})
+	}
+	base := t.TempDir()
+	dir, err := JobLogDir(base, "node-a", "j", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		path string
+		uid  uint32
+		mode uint32
+	}{{base, 0, 0o711}, {filepath.Join(base, "node-a"), 0, 0o711}, {dir, id.UID, 0o700}} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(c.path, &st); err != nil || st.Uid != c.uid || st.Mode&0o7777 != c.mode {
+			t.Errorf("%s: uid %d mode %o (%v), want %d %o", c.path, st.Uid, st.Mode&0o7777, err, c.uid, c.mode)
+		}
+	}
+	if err := ReleaseJobLogDir(base, "node-a", "j"); err != nil || ownerOf(t, dir) != 0 {
+		t.Errorf("released: owner %d, %v; want root's", ownerOf(t, dir), err)
+	}
+}
