@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"strings"
 
-	ctrcontainers "github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/contrib/seccomp"
-	"github.com/containerd/containerd/oci"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	ctrcontainers "github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
 )
 
 // What every job container gets, whatever its spec says (issue 22,
@@ -34,67 +36,26 @@ const DefaultNoFile = 1 << 20
 // root): the job's problem record says why and what fixes it.
 var ErrRefused = errors.New("refused by this node")
 
-// dangerousRoots are host paths no job may mount, nor any directory
-// holding one: the kernel's and the devices' interfaces, the runtimes'
-// sockets and state (containerd's socket is control of the node), the
-// host's configuration and credentials, and root's home.
-var dangerousRoots = []struct{ path, why string }{
-	{"/proc", "the kernel's process interface"},
-	{"/sys", "the kernel's sysfs"},
-	{"/dev", "the host's device nodes"},
-	{"/run", "the host's runtime sockets (containerd, systemd, the agent's run directories)"},
-	{"/var/run", "the host's runtime sockets (containerd, systemd, the agent's run directories)"},
-	{"/var/lib/containerd", "containerd's state (every container's filesystem)"},
-	{"/var/lib/docker", "docker's state"},
-	{"/var/lib/kubelet", "the kubelet's state (every pod's secrets)"},
-	{"/etc", "the host's configuration and credentials"},
-	{"/boot", "the host's kernel and boot loader"},
-	{"/root", "root's home directory"},
-	{DefaultAddress, "containerd's socket (control of every container on the node)"},
-}
-
 // DangerousMountSource says why a job may never bind-mount the host path
-// source, whatever a node allows ("" when nothing is known against it). It
-// looks at the path alone (no file system access), so the coordinator or
-// elasticctl can refuse such a spec at submit: a relative path or one with
-// "..", "/", and any path under or holding /proc, /sys, /dev, /run,
-// /var/run, /var/lib/{containerd,docker,kubelet}, /etc, /boot, /root or
-// containerd's socket.
+// source, whatever a node allows ("" when nothing is known against it):
+// api.DangerousMountSource, which elasticctl and the coordinator apply at
+// submit, plus containerd's socket wherever this node has it.
 func DangerousMountSource(source string) string {
-	if source == "" {
-		return "an empty mount source"
-	}
-	if !filepath.IsAbs(source) {
-		return "a relative mount source (mount sources are absolute host paths)"
-	}
-	for _, el := range strings.Split(source, "/") {
-		if el == ".." {
-			return `a mount source with ".." in it`
-		}
+	if why := api.DangerousMountSource(source); why != "" {
+		return why
 	}
 	p := filepath.Clean(source)
-	if p == "/" {
-		return "the host's root file system"
-	}
-	for _, d := range dangerousRoots {
-		switch {
-		case within(p, d.path):
-			return d.why
-		case within(d.path, p):
-			return "a directory holding " + d.path + " (" + d.why + ")"
-		}
+	switch {
+	case within(p, DefaultAddress):
+		return "containerd's socket (control of every container on the node)"
+	case within(DefaultAddress, p):
+		return "a directory holding " + DefaultAddress + " (containerd's socket: control of every container on the node)"
 	}
 	return ""
 }
 
-// within reports whether the clean absolute path p is dir or under it,
-// path element by path element (/data2 is not within /data).
-func within(p, dir string) bool {
-	if dir == "/" {
-		return true
-	}
-	return p == dir || strings.HasPrefix(p, dir+"/")
-}
+// within reports whether the clean absolute path p is dir or under it.
+func within(p, dir string) bool { return api.Within(p, dir) }
 
 // CheckMount decides whether a job may bind-mount the host path source
 // (at target) on this node and returns the path to mount: source with its

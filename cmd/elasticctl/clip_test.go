@@ -44,3 +44,30 @@ func TestHugeJobNameIsClippedInWarnings(t *testing.T) {
 		cancel()
 	}
 }
+
+// A container job that asks to mount the host's root (or containerd's
+// socket) is refused at submit, with the reason and the fix, and nothing is
+// written: no node would run it, and it must not wait in a queue for one.
+func TestSubmitRefusesAMountOfTheHostsRoot(t *testing.T) {
+	ep, _ := startFleet(t, 1)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	for _, src := range []string{"/", "/run/containerd/containerd.sock"} {
+		job := `name: rooted
+team: research
+flavor: nvidia-h100-80gb
+perNode: {accelerators: 8}
+minNodes: 1
+run:
+  image: registry.example.com/research/train:v1
+  script: /app/train.py
+  mounts: [{source: "` + src + `", target: /host}]
+`
+		out, errs, code := ctl(t, ep, "submit", "-f", writeFile(t, "job.yaml", job))
+		if code == 0 || !strings.Contains(errs, "run.mounts[0].source: "+src+" is ") || !strings.Contains(errs, "--allow-mount-source") {
+			t.Errorf("submit of a job mounting %s: exit %d\nstdout: %s\nstderr: %s\nwant a refusal naming the mount and the fix", src, code, out, errs)
+		}
+		if got := mustCtl(t, ep, "get", "jobs"); strings.Contains(got, "rooted") {
+			t.Errorf("the refused job was written:\n%s", got)
+		}
+	}
+}

@@ -24,6 +24,10 @@ func TestRunSpecContainerFieldsValidate(t *testing.T) {
 		{func(r *RunSpec) { r.Mounts[0].Target = "/run/hyperpodrun" }, "is the agent's"},
 		{func(r *RunSpec) { r.Mounts[0].Target = "/var/log" }, "is the agent's"},
 		{func(r *RunSpec) { r.Mounts[0].Target = "/.hyperpodrun/x" }, "is the agent's"},
+		{func(r *RunSpec) { r.Mounts[0].Source = "/" }, "run.mounts[0].source: / is the host's root file system: no node lets a job mount it"},
+		{func(r *RunSpec) { r.Mounts[0].Source = "/run/containerd" }, "the host's runtime sockets"},
+		{func(r *RunSpec) { r.Mounts[0].Source = "/var" }, "a directory holding /var/run"},
+		{func(r *RunSpec) { r.Mounts[0].Source = "/etc/hyperpod" }, "the host's configuration and credentials"},
 		{func(r *RunSpec) { r.ShmSize = -1 }, "run.shmSize: must be positive"},
 		{func(r *RunSpec) { r.Command = []string{""} }, "run.command: its first element"},
 	} {

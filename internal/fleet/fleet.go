@@ -115,6 +115,9 @@ func (r RunSpec) validateContainer() error {
 		if m.Target == "/" {
 			return fmt.Errorf("run.mounts[%d].target: cannot mount over the container's root", i)
 		}
+		if why := api.DangerousMountSource(m.Source); why != "" {
+			return fmt.Errorf("run.mounts[%d].source: %s is %s: no node lets a job mount it; mount a data or checkpoint directory instead (a node admin allows those with hyperpod-agent --allow-mount-source)", i, m.Source, why)
+		}
 		for _, r := range reservedTargets {
 			if m.Target == r || strings.HasPrefix(m.Target, r+"/") || strings.HasPrefix(r, m.Target+"/") {
 				return fmt.Errorf("run.mounts[%d].target: %s is the agent's (%s); pick another path", i, m.Target, r)
