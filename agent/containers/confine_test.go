@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd/snapshots"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/google/go-containerregistry/pkg/authn"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
