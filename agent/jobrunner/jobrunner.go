@@ -95,6 +95,10 @@ type Config struct {
 	// DrainMargin is what a drained run gets beyond the job's graceful
 	// timeout before it is SIGKILLed (default 30s).
 	DrainMargin time.Duration
+	// DialJob connects to etcd as a job's own user, to read the job's
+	// restart count and rendezvous (a node's user may not); default: the
+	// Endpoints, without TLS.
+	DialJob DialJob
 }
 
 // Runner implements nodeagent.Workloads.
@@ -107,6 +111,9 @@ type Runner struct {
 	// doneHere holds the jobs whose hyperpodrun finished its part on this
 	// node while other nodes still train: they are not started again here.
 	doneHere map[string]bool
+	// creds are the etcd credentials each placed job was started with:
+	// the runner reads a job's own keys as the job (asjob.go).
+	creds map[string]*fleet.JobCreds
 	wg       sync.WaitGroup
 	node     nodeagent.Node
 	st       *fleet.Store
@@ -212,7 +219,7 @@ func New(cfg Config) *Runner {
 	if cfg.ContainerStartTimeout <= 0 {
 		cfg.ContainerStartTimeout = 15 * time.Minute
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, creds: map[string]*fleet.JobCreds{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
 		uids: map[string]uint32{}, claims: map[string]uint32{}, problems: map[string]bool{}}
 }
 
@@ -391,6 +398,11 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 	for job := range r.doneHere {
 		if !placed[job] {
 			delete(r.doneHere, job)
+		}
+	}
+	for job := range r.creds {
+		if _, running := r.jobs[job]; !placed[job] && !running {
+			delete(r.creds, job)
 		}
 	}
 	for job, here := range placed {
@@ -594,6 +606,7 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
+	r.rememberCreds(job, creds)
 	if spec.Run.Image != "" {
 		return r.startContainer(ctx, spec, baseEnv, creds, id)
 	}
@@ -788,24 +801,31 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
 	defer cancel()
-	switch {
-	case draining:
+	if draining {
 		r.log.Info("job drained off this node", "job", job, "err", err)
 		return
-	case err == nil:
+	}
+	// The job's own keys are read as the job (asjob.go).
+	js, closeJS, jerr := r.asJob(ctx, job)
+	if jerr != nil {
+		r.log.Warn("cannot read the job's rendezvous as the job", "job", job, "err", jerr)
+		js, closeJS = r.st, func() {}
+	}
+	defer closeJS()
+	if err == nil {
 		r.clearProblemOf(job)
-		r.finishedHere(ctx, job, "its workers succeeded")
+		r.finishedHere(ctx, js, job, "its workers succeeded")
 		return
 	}
-	if done, ferr := rendezvous.JobFinished(ctx, r.node.Client, r.st.Keys.Prefix(), job); ferr == nil && done {
+	if done, ferr := rendezvous.JobFinished(ctx, js.Cli, r.st.Keys.Prefix(), job); ferr == nil && done {
 		// A node that joined after every other node finished is refused
 		// (exit 1, as torchrun's closed rendezvous): not a node failure.
 		r.forget(job)
-		r.finishedHere(ctx, job, "the job had already finished when it joined")
+		r.finishedHere(ctx, js, job, "the job had already finished when it joined")
 		return
 	}
 	why := describeExit(err)
-	n, problem, rerr := r.st.Restarts(ctx, job)
+	n, problem, rerr := js.Restarts(ctx, job)
 	if problem != nil {
 		r.log.Warn("malformed restart count", "job", job, "err", problem)
 	}
@@ -974,11 +994,12 @@ func (r *Runner) leave(job string) {
 // succeeded only when no node is left in its rendezvous (each node leaves
 // it before its hyperpodrun exits, so the last one to exit sees none): a
 // node whose ranks finish first must not end the job for the others.
-func (r *Runner) finishedHere(ctx context.Context, job, why string) {
+// js reads as the job (asJob).
+func (r *Runner) finishedHere(ctx context.Context, js *fleet.Store, job, why string) {
 	r.mu.Lock()
 	r.doneHere[job] = true
 	r.mu.Unlock()
-	left, err := r.st.Members(ctx, job)
+	left, err := js.Members(ctx, job)
 	switch {
 	case err != nil:
 		r.log.Warn("this node's part of the job is done; cannot tell whether other nodes still train", "job", job, "why", why, "err", err)

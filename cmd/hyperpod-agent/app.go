@@ -360,7 +360,16 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
 			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: runDir, Logger: log,
 			JobUser: jobUser, UIDRange: uidRange, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
-			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun})
+			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun,
+			// The agent reads a job's own keys (its restart count, its
+			// rendezvous) as the job: the same TLS as the jobs get, the job's
+			// user and password.
+			DialJob: func(ctx context.Context, user, password string) (*clientv3.Client, error) {
+				o := conn
+				o.Endpoints, o.User, o.Password = endpoints, user, password
+				o.Cert, o.Key = c.String("job-etcd-cert"), c.String("job-etcd-key")
+				return etcdconn.Connect(ctx, o)
+			}})
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)
 	if err != nil {

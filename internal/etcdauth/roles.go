@@ -134,13 +134,12 @@ func FleetRoles(k fleet.Keys) []Role {
 			// for fleets that hand one Secret to a DaemonSet; per-node
 			// users (NodeRoleFor) are the recommended setup.
 			Name: AgentRole,
-			Doc:  "hyperpod-agent shared by every node (legacy, e.g. one Secret for a DaemonSet; per-node users are recommended): node records under its lease, liveness keys and reports of any node, every node's assignments (and so the credentials of every placed job), the jobs' rendezvous; never creds/, finished/ or problems/ directly",
+			Doc:  "hyperpod-agent shared by every node (legacy, e.g. one Secret for a DaemonSet; per-node users are recommended): node records under its lease, liveness keys and reports of any node, every node's assignments (and so the credentials of every placed job); never creds/, jobs/, finished/ or problems/ directly",
 			Perms: merge(append([]Perm{
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
 				{Prefix: k.AlivePrefix(), Access: ReadWrite},
 				{Prefix: k.ReportsPrefix(), Access: ReadWrite},
 				{Prefix: k.AssignPrefix(), Access: Read},
-				{Prefix: k.JobsPrefix(), Access: Read},
 			}, public(k)...)),
 		},
 		{
@@ -149,13 +148,17 @@ func FleetRoles(k fleet.Keys) []Role {
 			// any job's rendezvous, nor manage users. It reads the whole
 			// tree because it watches it in one watch (etcd checks a
 			// watch's whole range), which includes the credentials it
-			// hands to pods as Secrets, as the node agent does.
+			// hands to pods as Secrets, as the node agent does, and every
+			// alive key's lease id: it is as trusted as the coordinator.
+			// It writes alive/ for the Nodes it bridges (alive keys under
+			// its own secret lease, as a node agent does for its node).
 			Name: KubeControllerRole,
-			Doc:  "hyperpod-kube-controller: ElasticJobs to job specs of every team, ElasticTeams to team records, Kubernetes Nodes to node records (under its lease), finish records; reads the rest, credentials included, for pods' Secrets",
+			Doc:  "hyperpod-kube-controller: ElasticJobs to job specs of every team, ElasticTeams to team records, Kubernetes Nodes to node records and their alive keys (under its leases), finish records; reads the rest, credentials and alive keys included, for pods' Secrets",
 			Perms: []Perm{
 				{Prefix: k.SpecsPrefix(), Access: ReadWrite},
 				{Prefix: k.TeamsPrefix(), Access: ReadWrite},
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
+				{Prefix: k.AlivePrefix(), Access: ReadWrite},
 				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
 				{Prefix: k.Root(), Access: Read},
 			},
@@ -178,9 +181,10 @@ func TeamRoleFor(k fleet.Keys, team string) (Role, error) {
 
 // NodeRoleFor is one node's agent's role: its own node record, liveness
 // key and reports (exact keys and its own prefix), its own assignments to
-// read (they carry the credentials of the jobs placed on it), the jobs'
-// rendezvous keys to read (the runner reads restart counts and members
-// there), and what elasticctl shows. Not creds/, not another node's
+// read (they carry the credentials of the jobs placed on it), and what
+// elasticctl shows. Not jobs/: the members' lease ids there are the jobs'
+// secrets; the runner reads a placed job's restart count and members as
+// the job, with its credentials. Not creds/, not another node's
 // assignments, not finished/ or problems/ to write: the coordinator copies
 // a node's report there only when the job is placed on that node.
 func NodeRoleFor(k fleet.Keys, node string) (Role, error) {
@@ -195,7 +199,6 @@ func NodeRoleFor(k fleet.Keys, node string) (Role, error) {
 			{Key: k.Alive(node), Access: ReadWrite},
 			{Prefix: k.NodeReports(node), Access: ReadWrite},
 			{Prefix: k.NodeAssignments(node), Access: Read},
-			{Prefix: k.JobsPrefix(), Access: Read},
 		}, public(k)...)),
 	}, nil
 }
