@@ -103,7 +103,10 @@ func TestRunnerReadsAJobsKeysAsTheJob(t *testing.T) {
 		TempDir: tmp, CgroupParent: NoCgroup, BackoffBase: 50 * time.Millisecond, BackoffMax: 100 * time.Millisecond})
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: nodeCli}); close(done) }()
+	go func() {
+		r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: nodeCli})
+		close(done)
+	}()
 	defer func() { stop(); <-done }()
 
 	var fin fleet.Finish

@@ -114,9 +114,9 @@ type Runner struct {
 	// creds are the etcd credentials each placed job was started with:
 	// the runner reads a job's own keys as the job (asjob.go).
 	creds map[string]*fleet.JobCreds
-	wg       sync.WaitGroup
-	node     nodeagent.Node
-	st       *fleet.Store
+	wg    sync.WaitGroup
+	node  nodeagent.Node
+	st    *fleet.Store
 	// kick asks the Run loop to reconcile (a restart's backoff is over).
 	kick chan struct{}
 	box  *containment
