@@ -272,7 +272,9 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 			return
 		}
 		r.log.Info("started job in a container", "job", job, "container", task.ID, "image", cs.Image, "pid", task.Pid(), "log", task.LogPath)
-		r.clearProblem(job)
+		r.mu.Lock()
+		r.started(job, p)
+		r.mu.Unlock()
 		r.watchContainer(job, p, task, logOffset)
 	}()
 	return nil
@@ -390,6 +392,11 @@ func (r *Runner) failOnNode(job, msg string) error {
 // problem records why this node cannot run a job right now (e.g.
 // containerd down); elasticctl describe job shows it until the job runs.
 func (r *Runner) problem(job, msg string) {
+	r.mu.Lock()
+	if _, ok := r.problems[job]; !ok {
+		r.problems[job] = false // cleared once a run starts (started)
+	}
+	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), etcdTimeout)
 	defer cancel()
 	if err := r.st.PutProblem(ctx, fleet.Problem{Job: job, Node: r.node.Name, Message: msg, Time: time.Now().UTC()}); err != nil {

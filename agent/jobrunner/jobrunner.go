@@ -690,21 +690,7 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		signal: func(sig syscall.Signal) error { return syscall.Kill(pid, sig) },
 		kill:   func() { syscall.Kill(-pid, syscall.SIGKILL) }}
 	r.jobs[job] = p
-	if r.problems[job] {
-		// A crash loop's record goes once a run has lasted HealthyAfter.
-		p.healthy = time.AfterFunc(r.cfg.HealthyAfter, func() {
-			r.mu.Lock()
-			still := r.jobs[job] == p
-			r.mu.Unlock()
-			if still {
-				r.clearProblemOf(job)
-			}
-		})
-	} else if _, had := r.problems[job]; had {
-		// Whatever kept it from starting is gone.
-		r.wg.Add(1)
-		go func() { defer r.wg.Done(); r.clearProblemOf(job) }()
-	}
+	r.started(job, p)
 	prefix := r.node.Name + "/" + job + " "
 	output := make(chan struct{})
 	var lastLine string // the run's last line of output (a crash's reason)
@@ -913,6 +899,27 @@ func (r *Runner) noteProblem(job string, restarting bool) {
 	r.mu.Lock()
 	r.problems[job] = restarting
 	r.mu.Unlock()
+}
+
+// started handles a job's problem record once a run of it started (a
+// process, or a container): a crash loop's record goes only once the run
+// has lasted HealthyAfter (until then get jobs keeps showing Restarting);
+// any other record (what kept it from starting) goes at once. The caller
+// holds r.mu.
+func (r *Runner) started(job string, p *proc) {
+	if r.problems[job] {
+		p.healthy = time.AfterFunc(r.cfg.HealthyAfter, func() {
+			r.mu.Lock()
+			still := r.jobs[job] == p
+			r.mu.Unlock()
+			if still {
+				r.clearProblemOf(job)
+			}
+		})
+	} else if _, had := r.problems[job]; had {
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); r.clearProblemOf(job) }()
+	}
 }
 
 // clearProblemOf removes the problem record this runner wrote for job, if
