@@ -126,3 +126,51 @@ func TestRunnerReadsAJobsKeysAsTheJob(t *testing.T) {
 		t.Errorf("hyperpodrun ran %d times, want once", strings.Count(string(b), "\n"))
 	}
 }
+
+// An agent killed with SIGKILL leaves its host-process runs' directories
+// (each with a job's etcd password file) under --job-run-dir: its jobs die
+// with it, nobody removes them. The next agent of that node does, at
+// start, and leaves other nodes' runs and containers' runs (adopted, still
+// running) alone.
+func TestAgentRemovesTheRunsAKilledAgentLeft(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, cli := etcdtest.Start(t)
+	base, err := os.MkdirTemp("", "hpa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	os.Chmod(base, 0o711)
+	stale := filepath.Join(base, processRunPrefix("node-a")+"123")
+	keep := []string{filepath.Join(base, processRunPrefix("node-b")+"1"), filepath.Join(base, containerRunPrefix("node-a")+"9")}
+	for _, d := range append([]string{stale}, keep...) {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "etcd.password"), []byte("secret\n"), 0o600)
+	}
+	os.Symlink("/etc", filepath.Join(stale, "link"))
+	r := New(Config{Hyperpodrun: "/bin/false", Endpoints: srv.Endpoints, Output: io.Discard, AllowRootJobs: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		TempDir: base, CgroupParent: NoCgroup})
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()
+	defer func() { stop(); <-done }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Lstat(stale); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stale run directory %s is still there", stale)
+		}
+	}
+	for _, d := range keep {
+		if _, err := os.Stat(filepath.Join(d, "etcd.password")); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Errorf("the link in the stale run was followed: %v", err)
+	}
+}

@@ -222,7 +222,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		r.mu.Unlock()
 		return nil
 	}
-	runDir, err := RunDir(r.tmp, id)
+	runDir, err := RunDir(r.tmp, containerRunPrefix(r.node.Name), id)
 	if err != nil {
 		r.mu.Unlock()
 		return fmt.Errorf("make the run's directory: %w", err)

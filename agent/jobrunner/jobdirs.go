@@ -273,9 +273,10 @@ func ReleaseJobLogDir(base, node, job string) error {
 // job's identity with mode 0700: its TMPDIR (hyperpodrun's control
 // sockets), its HOME when its uid is the job's own, its etcd password
 // file. base must be a directory EnsureBaseDir accepted: no one else can
-// add to it.
-func RunDir(base string, id Identity) (string, error) {
-	d, err := os.MkdirTemp(base, "")
+// add to it. prefix starts its name (see processRunPrefix), so that an
+// agent finds the runs an earlier agent of its node left behind.
+func RunDir(base, prefix string, id Identity) (string, error) {
+	d, err := os.MkdirTemp(base, prefix)
 	if err != nil {
 		return "", fmt.Errorf("make the run's directory: %w", err)
 	}
@@ -345,4 +346,36 @@ func unsearchable(path string) string {
 		}
 	}
 	return ""
+}
+
+// processRunPrefix starts the name of every host-process run's directory
+// of node: such a run never outlives the agent that started it (its
+// processes die with the agent), so whatever an agent finds under this
+// prefix when it starts was left by a killed predecessor.
+func processRunPrefix(node string) string { return node + ".p." }
+
+// containerRunPrefix starts the name of every container run's directory
+// of node (a container outlives its agent; the next one adopts it).
+func containerRunPrefix(node string) string { return node + ".c." }
+
+// removeStaleRuns removes the run directories of node's host processes
+// that an earlier agent left in base (killed before it could: SIGKILL,
+// a crash). They may hold a job's password file. os.RemoveAll unlinks a
+// symbolic link a job left there instead of following it.
+func removeStaleRuns(base, node string) (int, error) {
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", base, err)
+	}
+	n := 0
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), processRunPrefix(node)) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(base, e.Name())); err != nil {
+			return n, fmt.Errorf("remove a stale run directory: %w", err)
+		}
+		n++
+	}
+	return n, nil
 }

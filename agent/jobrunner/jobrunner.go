@@ -262,6 +262,13 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 	}
 	base.Close()
 	r.tmp = filepath.Clean(r.cfg.TempDir)
+	// The host-process runs of this node's previous agent died with it;
+	// their directories (a job's password file among them) go now.
+	if n, err := removeStaleRuns(r.tmp, node.Name); err != nil {
+		r.log.Warn("cannot remove the run directories an earlier agent of this node left", "dir", r.tmp, "err", err)
+	} else if n > 0 {
+		r.log.Info("removed the run directories an earlier agent of this node left", "dir", r.tmp, "runs", n)
+	}
 	if r.cfg.JobUser.Set || r.cfg.UIDRange.Set() {
 		for _, d := range []string{r.tmp, r.cfg.LogDir} {
 			if u := unsearchable(d); d != "" && u != "" {
@@ -623,7 +630,7 @@ func (r *Runner) start(ctx context.Context, job string) error {
 			return fmt.Errorf("the job's log directory: %w", err)
 		}
 	}
-	tmp, err := RunDir(r.tmp, id)
+	tmp, err := RunDir(r.tmp, processRunPrefix(r.node.Name), id)
 	if err != nil {
 		return err
 	}
