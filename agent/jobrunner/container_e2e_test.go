@@ -49,7 +49,7 @@ func staticBinariesTB(t testing.TB) (hyperpodrun, worker string) {
 			return
 		}
 		for name, pkg := range map[string]string{"hyperpodrun": "../../cmd/hyperpodrun", "worker": "../../examples/worker"} {
-			cmd := exec.Command("go", "build", "-tags", "osusergo,netgo,no_dynamic_plugins",
+			cmd := exec.Command("go", "build", "-tags", "osusergo,netgo",
 				"-ldflags", `-linkmode external -extldflags "-static"`, "-o", filepath.Join(staticDir, name), pkg)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 			if out, err := cmd.CombinedOutput(); err != nil {

@@ -24,7 +24,7 @@ func buildStatic(t *testing.T, dir, program string) string {
 		goBin = "go"
 	}
 	out := filepath.Join(dir, program)
-	cmd := exec.Command(goBin, "build", "-tags", "osusergo,netgo,no_dynamic_plugins",
+	cmd := exec.Command(goBin, "build", "-tags", "osusergo,netgo",
 		"-ldflags", `-linkmode external -extldflags "-static"`, "-o", out, "./cmd/"+program)
 	cmd.Dir = filepath.Join("..", "..", "..")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
@@ -49,12 +49,13 @@ func TestImageInContainerd(t *testing.T) {
 	}
 	ctrd := ctrdtest.StartContainerd(t)
 	reg := ctrdtest.StartRegistry(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
 	bins := t.TempDir()
 	controller := buildStatic(t, bins, "hyperpod-kube-controller")
 	hyperpodrun := buildStatic(t, bins, "hyperpodrun")
+	// The deadline starts after the builds: a cold build cache (new tags,
+	// a new Go) alone can take minutes on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	tarPath := filepath.Join(t.TempDir(), "image.tar")
 	const imported = "ghcr.io/hyperpodrun/hyperpod-kube-controller:imported-by-test"
 	pushRef := reg.Host + "/hyperpodrun/hyperpod-kube-controller:test"

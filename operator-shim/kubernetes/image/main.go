@@ -50,7 +50,7 @@ const (
 
 // StaticBuild is how `make image` builds each program static (cgo stays on:
 // package devices links NVML's loader; glibc's static libc is linked in).
-const StaticBuild = `CGO_ENABLED=1 go build -tags osusergo,netgo,no_dynamic_plugins -ldflags '-linkmode external -extldflags "-static"'`
+const StaticBuild = `CGO_ENABLED=1 go build -tags osusergo,netgo -ldflags '-linkmode external -extldflags "-static"'`
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
