@@ -359,7 +359,7 @@ const etcdTimeout = 5 * time.Second
 func (r *Runner) apply(placed map[string]bool, key, value []byte) {
 	a, err := fleet.DecodeAssignment(string(key), value)
 	if err != nil {
-		r.log.Warn("ignoring malformed assignment", "key", string(key), "err", err)
+		r.log.Warn("ignoring malformed assignment", "key", fleet.ClipKey(key), "err", err)
 		return
 	}
 	placed[a.Job] = true

@@ -131,7 +131,7 @@ func DecodeStatus(key string, v []byte) (*Status, error) {
 func DecodeFinish(key string, v []byte) (*Finish, error) {
 	var f Finish
 	if err := json.Unmarshal(v, &f); err != nil {
-		return nil, fmt.Errorf("malformed finish record at %s: %w", key, err)
+		return nil, fmt.Errorf("malformed finish record at %s: %w", ClipKey(key), err)
 	}
 	return &f, nil
 }

@@ -353,7 +353,7 @@ func getJSON[T any](ctx context.Context, s *Store, key string) (*T, error) {
 	}
 	var v T
 	if err := json.Unmarshal(r.Kvs[0].Value, &v); err != nil {
-		return nil, fmt.Errorf("malformed value at %s: %w", key, err)
+		return nil, fmt.Errorf("malformed value at %s: %w", ClipKey(key), err)
 	}
 	return &v, nil
 }
@@ -374,7 +374,7 @@ func jsonNamed[T any](name func(*T) string, check func(*T) error) decoder[T] {
 		}
 		if check != nil {
 			if err := check(&x); err != nil {
-				return nil, fmt.Errorf("invalid value at %s: %w", key, err)
+				return nil, fmt.Errorf("invalid value at %s: %w", ClipKey(key), err)
 			}
 		}
 		return &x, nil
@@ -1097,7 +1097,7 @@ func (s *Store) Problems(ctx context.Context, job string) ([]Problem, []error, e
 	for _, kv := range r.Kvs {
 		var p Problem
 		if err := json.Unmarshal(kv.Value, &p); err != nil {
-			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", ClipKey(kv.Key), err))
 			continue
 		}
 		out = append(out, p)
@@ -1118,7 +1118,7 @@ func (s *Store) Finished(ctx context.Context) (map[string]Finish, []error, error
 	for _, kv := range r.Kvs {
 		var f Finish
 		if err := json.Unmarshal(kv.Value, &f); err != nil {
-			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
+			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", ClipKey(kv.Key), err))
 			continue
 		}
 		out[strings.TrimPrefix(string(kv.Key), prefix)] = f

@@ -74,7 +74,7 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 	finDec := func(key string, v []byte) (*keyedFinish, error) {
 		var f Finish
 		if err := json.Unmarshal(v, &f); err != nil {
-			return nil, fmt.Errorf("malformed finish record at %s: %w", key, err)
+			return nil, fmt.Errorf("malformed finish record at %s: %w", ClipKey(key), err)
 		}
 		return &keyedFinish{strings.TrimPrefix(key, k.FinishedPrefix()), f}, nil
 	}
@@ -129,7 +129,7 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 			for _, kv := range kvs {
 				var p Problem
 				if err := json.Unmarshal(kv.Value, &p); err != nil {
-					badProblems = append(badProblems, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+					badProblems = append(badProblems, fmt.Errorf("malformed problem record at %s: %w", ClipKey(kv.Key), err))
 					continue
 				}
 				snap.Problems[p.Job] = append(snap.Problems[p.Job], p)
@@ -311,7 +311,7 @@ func (s *Store) decodeRecord(resps []*pb.ResponseOp) (rec JobRecord, ok bool, ba
 	if kv := get(3); kv != nil {
 		var f Finish
 		if err := json.Unmarshal(kv.Value, &f); err != nil {
-			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", kv.Key, err))
+			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", ClipKey(kv.Key), err))
 		} else {
 			rec.Finished = &f
 		}
@@ -674,7 +674,7 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 	for _, kv := range resps[4].GetResponseRange().Kvs {
 		var p Problem
 		if err := json.Unmarshal(kv.Value, &p); err != nil {
-			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", kv.Key, err))
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", ClipKey(kv.Key), err))
 			continue
 		}
 		d.Problems = append(d.Problems, p)

@@ -225,7 +225,7 @@ func (v *view) putNode(kv *mvccpb.KeyValue) bool {
 	if kv.Lease == 0 {
 		// An inventory counts only while its agent's lease proves the
 		// agent alive; one without a lease would never expire.
-		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", string(kv.Key))
+		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", fleet.ClipKey(kv.Key))
 		return v.delNode(node)
 	}
 	inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
