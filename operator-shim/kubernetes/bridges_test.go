@@ -87,3 +87,54 @@ func TestTeamFrom(t *testing.T) {
 		t.Errorf("bad weight: %v", err)
 	}
 }
+
+// mayBridge's rules: the bridge writes where nothing is, over its own
+// record, over a record whose writer is gone and over a previous
+// controller's bridged record; never over a live agent's record.
+func TestMayBridgeRules(t *testing.T) {
+	const ours = 7
+	for _, tc := range []struct {
+		rule string
+		cur  nodeRecord
+		ok   bool
+	}{
+		{ruleNoRecord, nodeRecord{}, true},
+		{ruleOwn, nodeRecord{exists: true, lease: ours, bridged: true, declares: true, alive: true}, true},
+		{ruleOwn, nodeRecord{exists: true, lease: ours, bridged: true}, true},
+		{ruleWriterGone, nodeRecord{exists: true, lease: 9, declares: true}, true},
+		{ruleWriterGone, nodeRecord{exists: true, lease: 9, bridged: true, declares: true}, true},
+		{ruleTakeOver, nodeRecord{exists: true, lease: 9, bridged: true, declares: true, alive: true}, true},
+		{ruleTakeOver, nodeRecord{exists: true, lease: 9, bridged: true}, true},
+		{ruleAgentWins, nodeRecord{exists: true, lease: 9, declares: true, alive: true}, false},
+		{ruleAgentWins, nodeRecord{exists: true, lease: 9}, false},
+		{ruleAgentWins, nodeRecord{exists: true, lease: 9, alive: true}, false},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			ok, rule := mayBridge(tc.cur, ours)
+			if ok != tc.ok || rule != tc.rule {
+				t.Errorf("mayBridge(%+v) = %v %q, want %v %q", tc.cur, ok, rule, tc.ok, tc.rule)
+			}
+		})
+	}
+}
+
+// A bridged record is one whose first reason is the bridge's for that
+// very node: an agent's record, or the bridge's reason for another node,
+// is not.
+func TestBridgedRecord(t *testing.T) {
+	inv, err := InventoryFromNode(kubeNode("a", nil, corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("4")}, corev1.ConditionFalse, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bridgedRecord(inv) {
+		t.Errorf("the bridge's own inventory %+v is not seen as bridged", inv)
+	}
+	other := inv
+	other.Node = "b"
+	agent := devices.Inventory{Node: "a", Reasons: []string{"no NVIDIA driver"}}
+	for _, inv := range []devices.Inventory{other, agent, {Node: "a"}} {
+		if bridgedRecord(inv) {
+			t.Errorf("%+v is seen as bridged", inv)
+		}
+	}
+}

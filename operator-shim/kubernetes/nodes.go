@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
 )
 
 // Node labels the node bridge reads.
@@ -96,7 +98,7 @@ func InventoryFromNode(n *corev1.Node) (devices.Inventory, error) {
 	if q, ok := n.Status.Allocatable[corev1.ResourceMemory]; ok && q.Value() > 0 {
 		inv.MemoryBytes = uint64(q.Value())
 	}
-	inv.Reasons = []string{"from Kubernetes Node " + n.Name + " (no hyperpod-agent on it)"}
+	inv.Reasons = []string{bridgedReason(n.Name)}
 	if n.Spec.Unschedulable {
 		inv.State = devices.StateDraining
 		inv.Reasons = append(inv.Reasons, "cordoned")
@@ -108,6 +110,21 @@ func InventoryFromNode(n *corev1.Node) (devices.Inventory, error) {
 	return inv, inv.Validate()
 }
 
+// bridgedReason is the first reason of every record the node bridge
+// writes: it marks the record as a bridged Node's, which any controller's
+// bridge may take over (bridgedRecord).
+func bridgedReason(node string) string {
+	return "from Kubernetes Node " + node + " (no hyperpod-agent on it)"
+}
+
+// bridgedRecord reports whether inv was written by a node bridge (this
+// controller's or a previous one's) rather than by a node agent. Only the
+// record's own writer decides what it says; one that pretends to be
+// bridged only lets the controller replace it with its Kubernetes Node.
+func bridgedRecord(inv devices.Inventory) bool {
+	return len(inv.Reasons) > 0 && inv.Reasons[0] == bridgedReason(inv.Node)
+}
+
 func nodeReady(n *corev1.Node) bool {
 	for _, c := range n.Status.Conditions {
 		if c.Type == corev1.NodeReady {
@@ -117,10 +134,36 @@ func nodeReady(n *corev1.Node) bool {
 	return false
 }
 
-// bridgeNodes keeps an inventory under the controller's own lease for
-// every Kubernetes Node whose inventory no hyperpod-agent writes. An
-// agent's record (under its lease) always wins; when it goes, the Node's
-// record takes its place at the next pass.
+// bridgeTTL is the TTL, in seconds, of the node bridge's two leases: how
+// long its records outlive a controller that died or stopped.
+const bridgeTTL = 15
+
+// bridgeSession is what one node-bridge session writes under.
+type bridgeSession struct {
+	// record is the session's lease: the records' own, whose id every
+	// reader of nodes/ sees (and so may keep alive).
+	record clientv3.LeaseID
+	// alive is the lease of the alive keys, with a secret random id
+	// (secretlease): only the controller keeps it alive.
+	alive clientv3.LeaseID
+	// aliveDenied: the controller's etcd role may not write alive/ (roles
+	// bootstrapped by an earlier release); records then go without
+	// alive keys, as they did before.
+	aliveDenied bool
+}
+
+// bridgeNodes keeps an inventory for every Kubernetes Node whose
+// inventory no hyperpod-agent writes. Like a node agent's, each record
+// declares an alive key (devices.LivenessAliveKey), and alive/<node> is
+// written beside it under a second lease whose id is secret: anyone may
+// keep the record's lease alive, since its id comes back with every read,
+// but once the controller is gone its alive keys expire within bridgeTTL
+// and the coordinator stops counting the nodes. An agent's record (under
+// its leases) always wins; when it goes, the Node's record takes its place
+// at the next pass. A controller that stops (a lost leader election, a
+// shutdown) leaves its records to expire or to be taken over by the next
+// leader (mayBridge), so that a leader change moves no node out of the
+// fleet.
 func (c *Controller) bridgeNodes(ctx context.Context) {
 	inf := cache.NewSharedIndexInformer(cache.NewListWatchFromClient(c.kube.CoreV1().RESTClient(), "nodes", metav1.NamespaceAll, fields.Everything()),
 		&corev1.Node{}, 0, cache.Indexers{})
@@ -137,9 +180,18 @@ func (c *Controller) bridgeNodes(ctx context.Context) {
 		return
 	}
 	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(c.cfg.Etcd, concurrency.WithTTL(15), concurrency.WithContext(ctx))
+		sess, err := concurrency.NewSession(c.cfg.Etcd, concurrency.WithTTL(bridgeTTL), concurrency.WithContext(ctx))
 		if err != nil {
 			c.log.Warn("node bridge: no etcd lease; retrying", "err", err)
+			sleep(ctx, time.Second)
+			continue
+		}
+		kactx, kacancel := context.WithCancel(ctx)
+		bs, aliveKA, err := c.aliveLease(kactx, sess.Lease())
+		if err != nil {
+			c.log.Warn("node bridge: no lease for the alive keys; retrying", "err", err)
+			kacancel()
+			sess.Close()
 			sleep(ctx, time.Second)
 			continue
 		}
@@ -154,21 +206,60 @@ func (c *Controller) bridgeNodes(ctx context.Context) {
 			case <-sess.Done():
 				c.log.Warn("node bridge: lease lost; registering the nodes again")
 				break loop
+			case _, ok := <-aliveKA:
+				if !ok {
+					c.log.Warn("node bridge: the alive keys' lease lost; registering the nodes again")
+					break loop
+				}
 			case <-tick.C:
 				written = map[string]string{} // re-check against etcd: an agent may have come or gone
 				poke(nil)
 			case <-kick:
-				c.syncNodes(ctx, inf, sess.Lease(), written)
+				c.syncNodes(ctx, inf, bs, written)
 			}
 		}
 		tick.Stop()
+		kacancel()
+		if ctx.Err() != nil {
+			// Stopping: leave the records to the next leader, which
+			// takes them over, or to the leases' expiry.
+			sess.Orphan()
+			return
+		}
 		sess.Close()
+		c.revokeQuietly(ctx, bs.alive)
 	}
+}
+
+// aliveLease grants the secret lease of a session's alive keys and keeps
+// it alive until ctx ends.
+func (c *Controller) aliveLease(ctx context.Context, record clientv3.LeaseID) (*bridgeSession, <-chan *clientv3.LeaseKeepAliveResponse, error) {
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	g, err := secretlease.Grant(gctx, c.cfg.Etcd, bridgeTTL)
+	if err != nil {
+		return nil, nil, err
+	}
+	ka, err := c.cfg.Etcd.KeepAlive(ctx, g.ID)
+	if err != nil {
+		c.revokeQuietly(ctx, g.ID)
+		return nil, nil, fmt.Errorf("keep the alive keys' lease alive: %w", err)
+	}
+	return &bridgeSession{record: record, alive: g.ID}, ka, nil
+}
+
+func (c *Controller) revokeQuietly(ctx context.Context, id clientv3.LeaseID) {
+	if id == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_, _ = c.cfg.Etcd.Revoke(rctx, id)
 }
 
 // syncNodes writes the inventory of every Node that changed since it was
 // written, and removes those of Nodes that are gone.
-func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInformer, lease clientv3.LeaseID, written map[string]string) {
+func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInformer, bs *bridgeSession, written map[string]string) {
 	seen := map[string]bool{}
 	for _, o := range inf.GetStore().List() {
 		n := o.(*corev1.Node)
@@ -183,7 +274,7 @@ func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInforme
 			continue
 		}
 		inv.UpdatedAt = c.cfg.Now().UTC()
-		ok, err := c.putNode(ctx, inv, lease)
+		ok, err := c.putNode(ctx, inv, bs)
 		if err != nil {
 			c.log.Warn("node bridge: cannot write a node's inventory", "node", n.Name, "err", err)
 			continue
@@ -202,31 +293,118 @@ func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInforme
 	}
 	for _, kv := range r.Kvs {
 		name := strings.TrimPrefix(string(kv.Key), c.store.Keys.NodesPrefix())
-		if kv.Lease == int64(lease) && !seen[name] {
-			c.cfg.Etcd.Txn(ctx2).If(clientv3.Compare(clientv3.LeaseValue(string(kv.Key)), "=", lease)).Then(clientv3.OpDelete(string(kv.Key))).Commit()
-			delete(written, name)
-			c.log.Info("node bridge: Node gone; its inventory removed", "node", name)
+		if kv.Lease != int64(bs.record) || seen[name] {
+			continue
 		}
+		alive := c.store.Keys.Alive(name)
+		if _, err := c.cfg.Etcd.Txn(ctx2).If(clientv3.Compare(clientv3.LeaseValue(string(kv.Key)), "=", bs.record)).
+			Then(clientv3.OpDelete(string(kv.Key)),
+				clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(alive), "=", bs.alive)}, []clientv3.Op{clientv3.OpDelete(alive)}, nil)).
+			Commit(); err != nil {
+			c.log.Warn("node bridge: cannot remove a gone Node's inventory", "node", name, "err", err)
+			continue
+		}
+		delete(written, name)
+		c.log.Info("node bridge: Node gone; its inventory removed", "node", name)
 	}
 }
 
-// putNode writes inv under lease unless an agent's record (another
-// lease) is there; ok says it wrote.
-func (c *Controller) putNode(ctx context.Context, inv devices.Inventory, lease clientv3.LeaseID) (bool, error) {
+// nodeRecord is what the node bridge sees of a node's keys before it
+// writes the node's record.
+type nodeRecord struct {
+	exists   bool  // nodes/<node> exists
+	lease    int64 // its lease
+	bridged  bool  // written by a node bridge (bridgedRecord)
+	declares bool  // it declares the alive key (devices.LivenessAliveKey)
+	alive    bool  // alive/<node> exists
+}
+
+// Rules of mayBridge.
+const (
+	ruleNoRecord   = "no record"
+	ruleOwn        = "the bridge's own record"
+	ruleWriterGone = "its writer is gone (its alive key expired)"
+	ruleTakeOver   = "another controller's bridged record (a leader change): taken over"
+	ruleAgentWins  = "a node agent's record: the agent's wins"
+)
+
+// mayBridge decides whether the node bridge, writing under the record
+// lease ours, may write a node's record over cur, and names the rule. A
+// live agent's record is never replaced; a previous controller's is, so
+// that a new leader takes the Nodes over at once: a record left under the
+// old controller's lease would stay for as long as anyone keeps that lease
+// alive (anyone may), without the new controller's alive key.
+func mayBridge(cur nodeRecord, ours int64) (bool, string) {
+	switch {
+	case !cur.exists:
+		return true, ruleNoRecord
+	case cur.lease == ours:
+		return true, ruleOwn
+	case cur.declares && !cur.alive:
+		return true, ruleWriterGone
+	case cur.bridged:
+		return true, ruleTakeOver
+	default:
+		return false, ruleAgentWins
+	}
+}
+
+// putNode writes inv and its alive key under bs's leases, in one
+// transaction, when mayBridge allows it over what is there (and nothing
+// changed since it looked); ok says it wrote.
+func (c *Controller) putNode(ctx context.Context, inv devices.Inventory, bs *bridgeSession) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	op, err := c.store.PutNodeOp(inv, clientv3.WithLease(lease))
+	key, aliveKey := c.store.Keys.Node(inv.Node), c.store.Keys.Alive(inv.Node)
+	r, err := c.cfg.Etcd.Txn(ctx).Then(clientv3.OpGet(key), clientv3.OpGet(aliveKey)).Commit()
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("read %s: %w", key, err)
 	}
-	key := c.store.Keys.Node(inv.Node)
-	r, err := c.cfg.Etcd.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).Then(op).
-		Else(clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", lease)}, []clientv3.Op{op}, nil)).Commit()
-	if err != nil {
-		return false, fmt.Errorf("write %s: %w", key, err)
+	var cur nodeRecord
+	var recRev, aliveRev int64
+	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		cur.exists, cur.lease, recRev = true, kvs[0].Lease, kvs[0].ModRevision
+		var old devices.Inventory
+		if json.Unmarshal(kvs[0].Value, &old) == nil {
+			cur.bridged, cur.declares = bridgedRecord(old), old.Liveness == devices.LivenessAliveKey
+		}
 	}
-	if r.Succeeded {
-		return true, nil
+	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		cur.alive, aliveRev = true, kvs[0].ModRevision
 	}
-	return r.Responses[0].GetResponseTxn().Succeeded, nil
+	ok, rule := mayBridge(cur, int64(bs.record))
+	if !ok {
+		return false, nil
+	}
+	if rule == ruleWriterGone || rule == ruleTakeOver {
+		c.log.Info("node bridge: taking a node's record over", "node", inv.Node, "rule", rule, "lease", fmt.Sprintf("%x", cur.lease))
+	}
+	for {
+		var ops []clientv3.Op
+		inv.Liveness = ""
+		if !bs.aliveDenied {
+			inv.Liveness = devices.LivenessAliveKey
+			ops = append(ops, clientv3.OpPut(aliveKey, inv.Node, clientv3.WithLease(bs.alive)))
+		}
+		op, err := c.store.PutNodeOp(inv, clientv3.WithLease(bs.record))
+		if err != nil {
+			return false, err
+		}
+		ops = append(ops, op)
+		tr, err := c.cfg.Etcd.Txn(ctx).If(
+			clientv3.Compare(clientv3.ModRevision(key), "=", recRev),
+			clientv3.Compare(clientv3.ModRevision(aliveKey), "=", aliveRev),
+		).Then(ops...).Commit()
+		if fleet.IsPermissionDenied(err) && !bs.aliveDenied {
+			c.log.Warn("node bridge: this controller's etcd role may not write alive keys; bridging Nodes on the record's lease alone, "+
+				"which anyone can keep alive after the controller is gone: run elasticctl auth bootstrap again to update the roles",
+				"key", aliveKey, "err", err)
+			bs.aliveDenied = true
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("write %s: %w", key, err)
+		}
+		return tr.Succeeded, nil
+	}
 }
