@@ -82,6 +82,11 @@ func TestV2ClientQueries(t *testing.T) {
 	}
 	a.appendValue("log", "a")
 	a.appendValue("log", "bc")
+	// APPEND has no answer (torch's protocol): a's next request on the
+	// same connection is served after both, b's on its own may not be.
+	if got := a.get("log"); got != "abc" {
+		t.Fatalf("append, read on the same connection = %q", got)
+	}
 	if got := b.get("log"); got != "abc" {
 		t.Fatalf("append = %q", got)
 	}

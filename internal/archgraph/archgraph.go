@@ -33,7 +33,7 @@ var Layers = []Layer{
 	{Name: "foundations: types, devices, processes, wire protocols, etcd plumbing", Prefixes: []string{
 		"api", "devices", "launcher", "c10dstore", "internal/etcdconn", "internal/etcdraw", "internal/jsonscan",
 		"internal/syncbuf", "internal/telemetry", "internal/ociimage", "internal/etcdembed", "internal/secretlease",
-		"internal/tcpproxy", "internal/archgraph", "operator-shim/kubernetes/apis/",
+		"internal/tcpproxy", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
 	}},
 	{Name: "records and decisions: the etcd layout owner and the pure engine", Prefixes: []string{
 		"internal/fleet", "operator-shim/policy",
@@ -49,7 +49,7 @@ var Layers = []Layer{
 		"internal/etcdtest", "internal/testcluster", "internal/ctrdtest", "internal/kubetest",
 	}},
 	{Name: "commands, examples, benchmarks", Prefixes: []string{
-		"cmd/", "examples/", "bench/", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/image",
+		"cmd/", "examples/", "bench/", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/gen/", "operator-shim/kubernetes/image",
 		"internal/archgraph/",
 	}},
 }
