@@ -217,3 +217,52 @@ func (c uidClaims) release(uid uint32, job string) error {
 	}
 	return nil
 }
+
+// claimUID claims uid on this host for job (see uidClaims).
+func (r *Runner) claimUID(job string, uid uint32) error {
+	r.mu.Lock()
+	if held, ok := r.claims[job]; ok && held == uid {
+		r.mu.Unlock()
+		return nil
+	}
+	r.mu.Unlock()
+	c := uidClaims{dir: filepath.Join(r.tmp, "uids"), node: r.node.Name}
+	runsHere := func(other string) bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		_, running := r.jobs[other]
+		_, claimed := r.claims[other]
+		return running || claimed
+	}
+	if err := c.claim(uid, job, runsHere); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.claims[job] = uid
+	r.mu.Unlock()
+	return nil
+}
+
+// leave is a job's leaving this node (no longer placed, no run here): its
+// problem record goes, its uid claim is released, and its log directory is
+// taken back (root's, 0700), so a later job given the same uid cannot read
+// it.
+func (r *Runner) leave(job string) {
+	r.mu.Lock()
+	uid, claimed := r.claims[job]
+	delete(r.claims, job)
+	r.mu.Unlock()
+	r.clearProblemOf(job)
+	if !claimed {
+		return
+	}
+	if err := ReleaseJobLogDir(r.logBase(), r.node.Name, job); err != nil {
+		r.log.Warn("cannot take the job's log directory back", "job", job, "err", err)
+	}
+	c := uidClaims{dir: filepath.Join(r.tmp, "uids"), node: r.node.Name}
+	if err := c.release(uid, job); err != nil {
+		r.log.Warn("cannot release the job's uid", "job", job, "uid", uid, "err", err)
+		return
+	}
+	r.log.Info("job left this node: its uid is released", "job", job, "uid", uid)
+}
