@@ -1,0 +1,147 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+)
+
+// The coordinator's other outputs (status, events, usage) and the nodes'
+// inventories, as every reader reads them.
+
+// PutStatusOp writes a job's status, for a transaction.
+func (s *Store) PutStatusOp(st Status) (clientv3.Op, error) { return putOp(s.Keys.Status(st.Job), st) }
+
+// DeleteStatusOp deletes a job's status, for a transaction.
+func (s *Store) DeleteStatusOp(job string) clientv3.Op { return clientv3.OpDelete(s.Keys.Status(job)) }
+
+// PutEventOp writes a decision event, for a transaction.
+func (s *Store) PutEventOp(e Event) (clientv3.Op, error) {
+	return putOp(s.Keys.Event(e.Time, e.Job), e)
+}
+
+// PutUsageOp writes the teams' usage, for a transaction.
+func (s *Store) PutUsageOp(u []api.TeamUsage) (clientv3.Op, error) { return putOp(s.Keys.Usage(), u) }
+
+// PutEvent writes one decision event.
+func (s *Store) PutEvent(ctx context.Context, e Event) error {
+	return s.put(ctx, s.Keys.Event(e.Time, e.Job), e)
+}
+
+// Status reads the coordinator's latest decision for a job.
+func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
+	return getJSON[Status](ctx, s, s.Keys.Status(job))
+}
+
+// Statuses lists every job's latest decision; malformed records are
+// returned as problems.
+func (s *Store) Statuses(ctx context.Context) (map[string]Status, []error, error) {
+	st, bad, err := listRecords(ctx, s, s.Keys.StatusPrefix(), jsonNamed(func(x *Status) string { return x.Job }, nil))
+	out := make(map[string]Status, len(st))
+	for _, x := range st {
+		out[x.Job] = x
+	}
+	return out, bad, err
+}
+
+// Usage reads the teams' usage from the last decision.
+func (s *Store) Usage(ctx context.Context) ([]api.TeamUsage, error) {
+	u, err := getJSON[[]api.TeamUsage](ctx, s, s.Keys.Usage())
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return *u, nil
+}
+
+// PutNodeOp writes a node's inventory, for a transaction (under the agent's
+// lease).
+func (s *Store) PutNodeOp(inv devices.Inventory, opts ...clientv3.OpOption) (clientv3.Op, error) {
+	b, err := json.Marshal(inv)
+	if err != nil {
+		return clientv3.Op{}, fmt.Errorf("encode inventory of %s: %w", inv.Node, err)
+	}
+	return clientv3.OpPut(s.Keys.Node(inv.Node), string(b), opts...), nil
+}
+
+// Nodes lists the node inventories the agents registered.
+func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error) {
+	r, err := s.Cli.Get(ctx, s.Keys.NodesPrefix(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, fmt.Errorf("list nodes: %w", err)
+	}
+	out, bad := nodesFrom(r.Kvs)
+	return out, bad, nil
+}
+
+// nodesFrom decodes node inventories; those without a lease or malformed
+// are problems.
+func nodesFrom(kvs []*mvccpb.KeyValue) ([]devices.Inventory, []error) {
+	var out []devices.Inventory
+	var bad []error
+	for _, kv := range kvs {
+		if kv.Lease == 0 {
+			// An inventory counts only while its agent's lease proves the
+			// agent alive; one without a lease would never expire.
+			bad = append(bad, fmt.Errorf("ignoring %s: a node inventory must be written under its agent's lease", kv.Key))
+			continue
+		}
+		inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		out = append(out, *inv)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out, bad
+}
+
+// Events lists the decision events, oldest first; job "" means all.
+// Malformed events are returned as problems.
+func (s *Store) Events(ctx context.Context, job string) ([]Event, []error, error) {
+	evs, bad, _, err := s.EventsAt(ctx, job)
+	return evs, bad, err
+}
+
+// EventsAt is Events plus the etcd revision it read at: watching the events
+// prefix from the revision after it misses none and repeats none.
+func (s *Store) EventsAt(ctx context.Context, job string) ([]Event, []error, int64, error) {
+	prefix := s.Keys.EventsPrefix()
+	r, err := s.Cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list %s: %w", prefix, err)
+	}
+	var out []Event
+	var bad []error
+	for _, kv := range r.Kvs {
+		e, err := DecodeEvent(string(kv.Key), kv.Value)
+		if err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		if e.Concerns(job) {
+			out = append(out, *e)
+		}
+	}
+	return out, bad, r.Header.Revision, nil
+}
+
+// DecodeEvent decodes an event read from key.
+func DecodeEvent(key string, v []byte) (*Event, error) {
+	var e Event
+	if err := json.Unmarshal(v, &e); err != nil {
+		return nil, fmt.Errorf("malformed event at %s: %w (value %q)", key, err, clip(v))
+	}
+	return &e, nil
+}
