@@ -22,8 +22,10 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
-// maxTxnOps keeps a transaction under etcd's default --max-txn-ops (128).
-const maxTxnOps = 120
+// maxTxnOps is how many operations the coordinator puts in one
+// transaction: etcd's default --max-txn-ops (fleet.MaxTxnOps, the one
+// definition), less room for the few a batch adds after its check.
+const maxTxnOps = fleet.MaxTxnOps - 8
 
 // maxFollowUps bounds the follow-up cycles run in a row without an input
 // change.
