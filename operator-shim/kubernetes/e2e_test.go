@@ -513,6 +513,11 @@ type envOptions struct {
 	// coordinator runs as its user and mints each job's credentials, and
 	// the controller runs as its own least-privilege user.
 	EtcdAuth bool
+	// DebianEtcd: with EtcdAuth, the fleet's etcd is Debian's etcd binary
+	// when installed (etcdtest.DebianEtcd), which checks no permission on
+	// keepalives, as a third party's attack on a lease needs; else the
+	// embedded one.
+	DebianEtcd bool
 }
 
 // env is a real API server with the CRDs, 4 GPU Nodes, the teams research
@@ -556,7 +561,19 @@ func startEnv(t *testing.T, o envOptions) *env {
 	s.Namespace(t, "ml")
 	fleetCli, coordCli, ctlCli, podEPs := s.Etcd, s.Etcd, s.Etcd, s.Endpoints
 	if o.EtcdAuth {
-		srv, open := etcdtest.Start(t)
+		var open *clientv3.Client
+		var eps []string
+		if bin, ok := etcdtest.DebianEtcd(); ok && o.DebianEtcd {
+			eps = []string{etcdtest.StartBinary(t, bin)}
+			var err error
+			if open, err = etcdconn.Connect(context.Background(), etcdconn.Options{Endpoints: eps}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { open.Close() })
+		} else {
+			srv, cli := etcdtest.Start(t)
+			open, eps = cli, srv.Endpoints
+		}
 		dir := t.TempDir()
 		bctx, bcancel := context.WithTimeout(context.Background(), time.Minute)
 		if _, err := etcdauth.Bootstrap(bctx, open, fleet.NewKeys(""), []string{"research", "prod"}, dir); err != nil {
@@ -567,14 +584,14 @@ func startEnv(t *testing.T, o envOptions) *env {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cli, err := etcdconn.Connect(bctx, etcdconn.Options{Endpoints: srv.Endpoints, User: user, Password: strings.TrimSpace(string(pw))})
+			cli, err := etcdconn.Connect(bctx, etcdconn.Options{Endpoints: eps, User: user, Password: strings.TrimSpace(string(pw))})
 			if err != nil {
 				t.Fatalf("connect as %s: %v", user, err)
 			}
 			t.Cleanup(func() { cli.Close() })
 			return cli
 		}
-		fleetCli, coordCli, ctlCli, podEPs = as(etcdauth.RootUser), as(etcdauth.CoordinatorUser), as(etcdauth.KubeControllerUser), srv.Endpoints
+		fleetCli, coordCli, ctlCli, podEPs = as(etcdauth.RootUser), as(etcdauth.CoordinatorUser), as(etcdauth.KubeControllerUser), eps
 		bcancel()
 	}
 	e := &env{t: t, s: s, cs: s.Clientset(t), st: fleet.New(fleetCli, "")}
