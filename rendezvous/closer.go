@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"time"
 
@@ -342,7 +341,7 @@ func (c *closer) apply(ev *clientv3.Event) {
 		if !put || c.head == nil || c.head.State != stateClosed || c.failure != nil {
 			return
 		}
-		if r, err := strconv.ParseUint(key[len(c.k.Failures):], 16, 63); err != nil || int64(r) != c.head.Round {
+		if r, ok := c.k.FailureRound(key); !ok || r != c.head.Round {
 			return
 		}
 		var f failureRec
@@ -355,7 +354,7 @@ func (c *closer) apply(ev *clientv3.Event) {
 		if !put || c.head == nil {
 			return
 		}
-		if r, err := strconv.ParseUint(key[len(c.k.Done):], 16, 63); err == nil && int64(r) == c.head.Round {
+		if r, ok := c.k.DoneRound(key); ok && r == c.head.Round {
 			c.finish = true
 		}
 	}

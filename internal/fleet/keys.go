@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -330,6 +331,39 @@ func (k RdzvKeys) Chunk(round int64, nonce string, i int) string {
 // Hex16 renders a round number as the fixed-width segment that makes keys
 // sort by round.
 func Hex16(n int64) string { return fmt.Sprintf("%016x", uint64(n)) }
+
+// ParseRound reads a round number written by Hex16 (16 hex digits, at most
+// math.MaxInt64); ok is false for anything else.
+func ParseRound(seg string) (round int64, ok bool) {
+	if len(seg) != 16 {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(seg, 16, 63)
+	if err != nil {
+		return 0, false
+	}
+	return int64(n), true
+}
+
+// FailureRound is the round a failure report's key (RdzvKeys.Failure)
+// names; ok is false for a key that is not one.
+func (k RdzvKeys) FailureRound(key string) (int64, bool) {
+	seg, ok := strings.CutPrefix(key, k.Failures)
+	if !ok {
+		return 0, false
+	}
+	return ParseRound(seg)
+}
+
+// DoneRound is the round a finish marker's key (RdzvKeys.DoneKey) names;
+// ok is false for a key that is not one.
+func (k RdzvKeys) DoneRound(key string) (int64, bool) {
+	seg, ok := strings.CutPrefix(key, k.Done)
+	if !ok {
+		return 0, false
+	}
+	return ParseRound(seg)
+}
 
 // Documented lists every key of the layout, with placeholders (<job>,
 // <team>, <node>, <round>, <unix-nanos>), as docs/internals.md's table

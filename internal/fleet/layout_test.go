@@ -106,3 +106,28 @@ func TestKeyishCatchesHandMadeKeys(t *testing.T) {
 		}
 	}
 }
+
+func TestRoundsParseAsHex16WritesThem(t *testing.T) {
+	k := NewKeys("").Rdzv("j")
+	for _, tc := range []struct {
+		rule string
+		key  string
+		want int64
+		ok   bool
+	}{
+		{"failure key of round 0x2a", k.Failure(42), 42, true},
+		{"largest round", k.Failure(1<<63 - 1), 1<<63 - 1, true},
+		{"short segment", k.Failures + "2a", 0, false},
+		{"not hex", k.Failures + "zzzzzzzzzzzzzzzz", 0, false},
+		{"beyond int64", k.Failures + "8000000000000000", 0, false},
+		{"another prefix", k.DoneKey(42), 0, false},
+	} {
+		got, ok := k.FailureRound(tc.key)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: FailureRound(%q) = %d, %v; want %d, %v", tc.rule, tc.key, got, ok, tc.want, tc.ok)
+		}
+	}
+	if r, ok := k.DoneRound(k.DoneKey(7)); r != 7 || !ok {
+		t.Errorf("DoneRound(DoneKey(7)) = %d, %v", r, ok)
+	}
+}
