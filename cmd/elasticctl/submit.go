@@ -14,7 +14,6 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
-	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -99,7 +98,7 @@ func dryRun(ctx context.Context, c *cli.Context, st *fleet.Store, teams []api.Te
 	}
 	warnAll(c.App.ErrWriter, bad)
 	for _, inv := range invs {
-		state.Nodes = append(state.Nodes, coordinator.NodeFromInventory(inv))
+		state.Nodes = append(state.Nodes, fleet.EngineNode(inv))
 	}
 	snap, bad, err := st.JobsSnapshot(ctx)
 	if err != nil {

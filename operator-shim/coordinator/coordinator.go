@@ -24,7 +24,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -523,26 +522,6 @@ func (c *Coordinator) Cycle(ctx context.Context, leader clientv3.Cmp) error {
 	}
 	_, err := c.cycle(ctx, leader)
 	return err
-}
-
-// NodeFromInventory is how the engine sees a registered node.
-func NodeFromInventory(inv devices.Inventory) policy.Node {
-	n := policy.Node{Name: inv.Node, Flavor: inv.Flavor, VCPUs: inv.VCPUs, Memory: policy.ByteSize(inv.MemoryBytes),
-		Draining: inv.State == devices.StateDraining}
-	for _, a := range inv.Accelerators {
-		if a.Flavor != inv.Flavor {
-			continue
-		}
-		n.Accelerators++
-		if !a.Healthy {
-			n.UnhealthyAccelerators++
-		}
-	}
-	if n.Flavor == devices.FlavorCPU {
-		// CPU nodes are scheduled in whole nodes: one unit each.
-		n.Accelerators = 1
-	}
-	return n
 }
 
 // event says whether a decision is worth an event: every change of size or

@@ -238,7 +238,7 @@ func (v *view) putNode(kv *mvccpb.KeyValue) bool {
 	v.nodes[inv.Node] = *inv
 	v.nodeLease[inv.Node] = kv.Lease
 	v.checkDead(inv.Node)
-	if had && NodeFromInventory(old) == NodeFromInventory(*inv) && nodeCounts(old, alive) == nodeCounts(*inv, alive) {
+	if had && fleet.EngineNode(old) == fleet.EngineNode(*inv) && nodeCounts(old, alive) == nodeCounts(*inv, alive) {
 		return false // nothing the engine sees changed (a timestamp, say)
 	}
 	return true
@@ -459,7 +459,7 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		v.cNodes = v.cNodes[:0]
 		for _, inv := range v.nodes {
 			if nodeCounts(inv, v.alive[inv.Node]) {
-				v.cNodes = append(v.cNodes, NodeFromInventory(inv))
+				v.cNodes = append(v.cNodes, fleet.EngineNode(inv))
 			}
 		}
 		slices.SortFunc(v.cNodes, func(a, b policy.Node) int { return strings.Compare(a.Name, b.Name) })

@@ -9,7 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
 )
 
@@ -52,7 +52,7 @@ func TestInventoryFromNode(t *testing.T) {
 				t.Errorf("kind %q", inv.Accelerators[0].Kind)
 			}
 			// The coordinator sees the node as the agent's would be seen.
-			n := coordinator.NodeFromInventory(inv)
+			n := fleet.EngineNode(inv)
 			if n.Draining != (tc.state == devices.StateDraining) || (tc.accels > 0 && n.HealthyAccelerators() != tc.accels) {
 				t.Errorf("engine node %+v", n)
 			}

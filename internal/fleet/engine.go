@@ -1,0 +1,27 @@
+package fleet
+
+import (
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/devices"
+)
+
+// EngineNode is how the coordinator's engine sees a registered node (the
+// coordinator's view, elasticctl's dry runs and the simulator alike).
+func EngineNode(inv devices.Inventory) api.Node {
+	n := api.Node{Name: inv.Node, Flavor: inv.Flavor, VCPUs: inv.VCPUs, Memory: api.ByteSize(inv.MemoryBytes),
+		Draining: inv.State == devices.StateDraining}
+	for _, a := range inv.Accelerators {
+		if a.Flavor != inv.Flavor {
+			continue
+		}
+		n.Accelerators++
+		if !a.Healthy {
+			n.UnhealthyAccelerators++
+		}
+	}
+	if n.Flavor == devices.FlavorCPU {
+		// CPU nodes are scheduled in whole nodes: one unit each.
+		n.Accelerators = 1
+	}
+	return n
+}
