@@ -418,7 +418,7 @@ func TestDecisionIsTheRootSpanOfTheScaleTrace(t *testing.T) {
 			}
 			attrs := map[string]string{}
 			for _, a := range s.Attributes() {
-				attrs[string(a.Key)] = a.Value.Emit()
+				attrs[string(a.Key)] = a.Value.String()
 			}
 			if attrs["job"] != "traced" || attrs["to_size"] != "2" || attrs["kind"] != string(policy.KindAdmitted) {
 				t.Errorf("decision span attributes %v", attrs)

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -50,7 +51,7 @@ func TestViewFollowsAliveKeys(t *testing.T) {
 	}
 	// Loaded: a declares its key and has it; b declares it and lacks it;
 	// c is an older agent's record.
-	v.load(nil, nil, &fleet.CoordinatorSnapshot{Rev: 1, Alive: []*mvccpb.KeyValue{aliveKV},
+	v.load(context.TODO(), nil, &fleet.CoordinatorSnapshot{Rev: 1, Alive: []*mvccpb.KeyValue{aliveKV},
 		Nodes: []*mvccpb.KeyValue{rec("a", devices.LivenessAliveKey, 1), rec("b", devices.LivenessAliveKey, 2), rec("c", "", 3)}}, time.Now())
 	nodes := func() []string {
 		st, _ := v.state(time.Now(), policy.Config{})

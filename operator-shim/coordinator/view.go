@@ -67,7 +67,6 @@ type view struct {
 	cTeams  []policy.Team
 	cJobs   []policy.Job
 	cAllocs []policy.Allocation
-	cOwned  map[string]specRec
 	stale   struct{ nodes, teams, jobs, allocs bool }
 	// jobEdits are the job names whose spec or finish record changed since
 	// the engine's job list was built: state patches them in (a full

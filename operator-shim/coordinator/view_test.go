@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -22,7 +23,7 @@ import (
 func TestViewFollowsWatchEvents(t *testing.T) {
 	k := fleet.NewKeys("")
 	v := newView(k, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	v.load(nil, nil, &fleet.CoordinatorSnapshot{Rev: 1}, time.Now())
+	v.load(context.TODO(), nil, &fleet.CoordinatorSnapshot{Rev: 1}, time.Now())
 	rev := int64(1)
 	put := func(key string, val any, lease int64) *clientv3.Event {
 		rev++
