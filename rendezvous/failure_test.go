@@ -182,6 +182,12 @@ func TestMalformedRecords(t *testing.T) {
 	if _, err := nodes[0].ReportFailure(ctx, rs[0], "x"); err != nil {
 		t.Fatalf("ReportFailure with a garbage count: %v", err)
 	}
+	// The closer counts the failure on its own time: once it has, nothing
+	// else writes the count while the test replaces it (a count written
+	// after the delete was the only good value, and was used).
+	waitFor(t, 10*time.Second, "the closer to count the reported failure", func() bool {
+		return strings.Contains(h.logs.String(), "counted a job restart")
+	})
 	h.cli.Delete(ctx, k.restarts)
 	h.put(ctx, k.restarts, "lots")
 	if n, err := nodes[0].Restarts(ctx); err != nil || n != 0 {
