@@ -360,6 +360,15 @@ func scenario(o options) (*result, error) {
 		wg.Add(1)
 		go func() { defer wg.Done(); a.Run(actx) }()
 	}
+	// The jobs are submitted once every node is in etcd: an agent logs in
+	// as its own user and registers under two leases, which takes a moment,
+	// and a job submitted before would be admitted on the nodes there are.
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	err = waitUntil(rctx, func() bool { inv, _, err := st.Nodes(rctx); return err == nil && len(inv) == nodes })
+	rcancel()
+	if err != nil {
+		return nil, fmt.Errorf("the %d node agents did not register within 30s: %w", nodes, err)
+	}
 	tl.say("4 node agents registered their fixture inventories (8 x H100 each)")
 
 	// Coordinator: the demo's stable period is short so it fits in a minute.
