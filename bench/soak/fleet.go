@@ -1,8 +1,6 @@
 package main
 
 import (
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -17,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"gopkg.in/yaml.v3"
 
