@@ -28,7 +28,7 @@ build:
 ## real PyTorch DDP when python3-torch is installed).
 # End-to-end packages that run real multi-process PyTorch training: one at a
 # time, so they never starve each other's lease keepalives on a 2-core box.
-E2E_PKGS := ./agent ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
+E2E_PKGS := ./agent/elastic ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
 
 ## deps: what the tests need (as root: installed when missing; otherwise
 ## the exact command to run is printed).
@@ -57,7 +57,7 @@ bench: build
 	@$(GO) run ./bench/ctl -elasticctl $(BIN)/elasticctl
 	@# The containerd runtime (issue 12): start-to-first-step against the
 	@# process runtime, and a 200 MB pull (skips where containerd cannot run).
-	@$(GO) test -run '^$$' -bench BenchmarkContainerRuntime -benchtime=1x ./agent/jobrunner | grep -E '^BENCH|SKIP|skip' || true
+	@$(GO) test -run '^$$' -bench BenchmarkContainerRuntime -benchtime=1x ./agent/node/jobrunner | grep -E '^BENCH|SKIP|skip' || true
 	@# coordinator_daemon (issue 15): the coordinator binary on Debian's etcd
 	@# at 500/2,000/5,000 nodes: submit->decision, idle cost, writes and
 	@# agent watch events per churn round, DB growth, RSS.

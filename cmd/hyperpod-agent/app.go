@@ -15,9 +15,9 @@ import (
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/containers"
-	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
-	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"

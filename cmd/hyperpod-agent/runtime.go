@@ -11,7 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/containers"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 )
 
 // Runtimes of --runtime.

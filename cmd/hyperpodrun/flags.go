@@ -15,7 +15,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hyperpodrun/hyperpodrun/agent"
+	"github.com/hyperpodrun/hyperpodrun/agent/elastic"
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
@@ -157,7 +157,7 @@ func flags() []cli.Flag {
 // cmdline is what the command line decides: the agent's options and what
 // main does around them.
 type cmdline struct {
-	opts agent.Options
+	opts elastic.Options
 	// notices are one-line messages about accepted flags that hyperpodrun
 	// serves differently, logged once the logger exists.
 	notices []string
@@ -273,7 +273,7 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 		return bad("missing the training script: hyperpodrun [options] training_script [args...]")
 	}
 	var err error
-	if o.MinNodes, o.MaxNodes, err = agent.ParseNNodes(c.String("nnodes")); err != nil {
+	if o.MinNodes, o.MaxNodes, err = elastic.ParseNNodes(c.String("nnodes")); err != nil {
 		return bad("%v", err)
 	}
 	nproc, devKind, err := parseNProc(c.String("nproc-per-node"))
@@ -393,7 +393,7 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 		// torchrun --standalone: one node, a local rendezvous, a random id.
 		o.RdzvBackend = "standalone"
 		o.MinNodes, o.MaxNodes, o.NodeRank = 1, 1, 0
-		o.RdzvID = agent.RandomID()
+		o.RdzvID = elastic.RandomID()
 		o.MasterAddr = "127.0.0.1"
 	}
 

@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/hyperpodrun/hyperpodrun/agent"
+	"github.com/hyperpodrun/hyperpodrun/agent/elastic"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -21,7 +21,7 @@ func main() {
 	// hyperpodrun re-executes itself as its workers' watchdog (elastic
 	// runs); that process never gets past this call. If the agent dies, the
 	// watchdog kills its workers and then revokes its rendezvous lease.
-	launcher.OnAgentDeath(agent.RevokeOrphanedLease)
+	launcher.OnAgentDeath(elastic.RevokeOrphanedLease)
 	launcher.WatchdogMain()
 	os.Exit(run(os.Args, os.Stderr))
 }
@@ -74,13 +74,13 @@ func run(args []string, stderr *os.File) int {
 	opts.Stderr = stderr
 
 	ctx := context.Background()
-	err = agent.Run(ctx, opts)
+	err = elastic.Run(ctx, opts)
 	if n := launcher.KillOrphans(nil); n > 0 {
 		logger.Warn("killed processes the workers left behind", "count", n)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "hyperpodrun: %v\n", err)
-		var ee *agent.ExitError
+		var ee *elastic.ExitError
 		if errors.As(err, &ee) {
 			return ee.Code
 		}

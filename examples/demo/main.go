@@ -39,8 +39,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
-	"github.com/hyperpodrun/hyperpodrun/agent/nodeagent"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"

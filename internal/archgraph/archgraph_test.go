@@ -16,7 +16,7 @@ func TestLayerOfTakesTheLongestPrefix(t *testing.T) {
 		{"internal/fleet", 1},
 		{"operator-shim/kubernetes/manifests", 2},
 		{"operator-shim/kubernetes", 3},
-		{"agent/jobrunner", 3},
+		{"agent/node/jobrunner", 3},
 		{"operator-shim/kubernetes/gen", 5},
 		{"cmd/hyperpodrun", 5},
 		{"nowhere", -1},

@@ -63,7 +63,7 @@ func CredsSecret(job string) string { return job + "-etcd" }
 
 // HyperpodrunArgs is hyperpodrun's command line for a job's pod (after
 // the program's path): the etcd rendezvous with the job's bounds, as the
-// node agent's runner builds it (agent/jobrunner.Args; a test compares).
+// node agent's runner builds it (agent/node/jobrunner.Args; a test compares).
 func HyperpodrunArgs(spec fleet.JobSpec, o PodOptions) []string {
 	minN, maxN := spec.Bounds()
 	conf := "prefix=" + fleet.NormalizePrefix(o.Prefix)

@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/jobrunner"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
@@ -157,7 +157,7 @@ func TestTranslateErrors(t *testing.T) {
 	}
 }
 
-// The pod's hyperpodrun command line is the node agent's (agent/jobrunner),
+// The pod's hyperpodrun command line is the node agent's (agent/node/jobrunner),
 // with the pod's paths for the credentials.
 func TestHyperpodrunArgsMatchTheNodeAgent(t *testing.T) {
 	for _, mod := range []func(*v1alpha1.ElasticJob){nil, func(j *v1alpha1.ElasticJob) {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/containers"
+	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
 )
 

@@ -1,0 +1,1145 @@
+package elastic
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/hyperpodrun/hyperpodrun/c10dstore"
+	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
+)
+
+// ElasticDeps lets tests and embedders supply what RunElastic would
+// otherwise build from the options.
+type ElasticDeps struct {
+	// Client is an etcd client to use instead of dialling --rdzv-endpoint.
+	Client *clientv3.Client
+	// Tracer replaces the one configured from OTEL_* variables.
+	Tracer trace.TracerProvider
+	// NodeID names this agent in the rendezvous (default: generated).
+	NodeID string
+}
+
+// RunElastic runs the elastic agent on the etcd rendezvous.
+func RunElastic(ctx context.Context, o Options) error {
+	return RunElasticWith(ctx, o, ElasticDeps{})
+}
+
+// RunElasticWith is RunElastic with injected dependencies.
+func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
+	o.defaults()
+	log := o.Logger
+	var cfg rendezvous.Config
+	copts, err := rendezvous.ParseConf(o.RdzvConf, &cfg)
+	if err != nil {
+		return &ExitError{2, fmt.Errorf("--rdzv-conf: %w", err)}
+	}
+	cfg.JobID = o.RdzvID
+	cfg.NodeID = deps.NodeID
+	if cfg.NodeID == "" {
+		// The node agent names the rendezvous member after its node, so
+		// the coordinator's placement can be matched.
+		cfg.NodeID = os.Getenv("HYPERPODRUN_NODE_ID")
+	}
+	cfg.Addr = o.LocalAddr
+	cfg.LocalWorldSize = o.Spec.NProcPerNode
+	cfg.MinNodes, cfg.MaxNodes = o.MinNodes, o.MaxNodes
+	cfg.RegisterTimeout = o.RegisterTimeout
+	cfg.Logger = log
+	cfg.Prefix = fleet.NormalizePrefix(cfg.Prefix)
+	if cfg.JobID == "" || cfg.JobID == "none" {
+		return &ExitError{2, errors.New("--rdzv-id: an elastic job needs an id shared by all its nodes, e.g. --rdzv-id my-job")}
+	}
+	cli := deps.Client
+	if cli == nil {
+		if o.RdzvEndpoint == "" {
+			return &ExitError{2, errors.New("--rdzv-endpoint: give the etcd endpoint(s), e.g. --rdzv-endpoint etcd-0:2379,etcd-1:2379")}
+		}
+		copts.Endpoints = strings.Split(o.RdzvEndpoint, ",")
+		if err := copts.Validate(); err != nil {
+			return &ExitError{2, err}
+		}
+		if cli, err = etcdconn.Connect(ctx, copts); err != nil {
+			return &ExitError{1, err}
+		}
+		defer cli.Close()
+	}
+	tp := deps.Tracer
+	if tp == nil {
+		var shutdown func(context.Context) error
+		if tp, shutdown, err = telemetry.Setup(ctx, "hyperpodrun"); err != nil {
+			log.Warn("tracing disabled", "err", err)
+			tp = noop.NewTracerProvider()
+		} else {
+			defer func() {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				shutdown(sctx)
+			}()
+		}
+	}
+	if len(copts.Endpoints) == 0 {
+		copts.Endpoints = cli.Endpoints()
+	}
+	e := &elastic{o: o, cfg: cfg, cli: cli, copts: copts, log: log, tracer: tp.Tracer("github.com/hyperpodrun/hyperpodrun/agent/elastic")}
+	return e.run(ctx)
+}
+
+type elastic struct {
+	o   Options
+	cfg rendezvous.Config
+	cli *clientv3.Client
+	// copts reach cli's etcd: the watchdog revokes the lease with them if
+	// this agent dies (leaseWill).
+	copts  rendezvous.ClientOptions
+	log    *slog.Logger
+	tracer trace.Tracer
+	node   *rendezvous.Node
+	// roundNo is the running round; stopping is the round in which a
+	// worker reported it is stopping for a planned change.
+	roundNo, stopping atomic.Int64
+	store             *checkpoint.Store
+	ch                *checkpoint.Channel
+	round             *rendezvous.Round
+	// guard renews the workers' watchdog from the lease keepalive.
+	guard *leaseGuard
+	// agentStore is the TCPStore this node serves for the round's workers
+	// when it holds group rank 0 (Options.NoAgentStore unset).
+	agentStore *c10dstore.Server
+	// carry holds this node's workers between rounds during an in-process
+	// resize (Options.InProcessResize): they left the old round's process
+	// group and wait, parked on the control channel, for the next round's
+	// assignment. nil when the next round starts new workers.
+	carry *launcher.Group
+	// prewarmed says carry holds workers started ahead of their first
+	// round (prewarm.go): they hold no rank and no training state.
+	prewarmed bool
+}
+
+// scaleEvent is the trace of one scaling event, carried from the moment a
+// round is superseded until the workers run at the new size.
+type scaleEvent struct {
+	ctx  context.Context
+	span trace.Span
+}
+
+// workerState is where this node's workers stand, after torch's
+// WorkerState (torch/distributed/elastic/agent/server/api.py). The agent's
+// loop joins a round (init), runs the workers (healthy) and ends each round
+// in one of the other states: unhealthy and stopped go on to the next
+// round, succeeded and failed end the agent.
+type workerState int
+
+const (
+	// workersInit: joining a round; no workers run.
+	workersInit workerState = iota
+	// workersHealthy: the round's workers run.
+	workersHealthy
+	// workersUnhealthy: a worker failed; the failure is reported and the
+	// job restarts at the next round.
+	workersUnhealthy
+	// workersStopped: the workers were stopped because the round changed
+	// (a planned change, a lost or failed member elsewhere, fencing); the
+	// agent joins the next round.
+	workersStopped
+	// workersSucceeded: the workers succeeded, or this node was drained;
+	// the agent exits 0.
+	workersSucceeded
+	// workersFailed: the agent gives up (signal, error, cancelled); it
+	// exits with the step's error.
+	workersFailed
+)
+
+func (s workerState) String() string {
+	switch s {
+	case workersInit:
+		return "INIT"
+	case workersHealthy:
+		return "HEALTHY"
+	case workersUnhealthy:
+		return "UNHEALTHY"
+	case workersStopped:
+		return "STOPPED"
+	case workersSucceeded:
+		return "SUCCEEDED"
+	case workersFailed:
+		return "FAILED"
+	}
+	return fmt.Sprintf("workerState(%d)", int(s))
+}
+
+// final says the agent is done in this state.
+func (s workerState) final() bool { return s == workersSucceeded || s == workersFailed }
+
+// roundEnd is how a round's workers ended: the state, the scaling event
+// that ended the round (workersStopped; nil when there is none to trace)
+// and, in a final state, the agent's outcome (nil: exit 0).
+type roundEnd struct {
+	state workerState
+	next  *scaleEvent
+	err   error
+}
+
+// finished ends the agent with err: succeeded when nil, else failed.
+func finished(err error) roundEnd {
+	if err != nil {
+		return roundEnd{state: workersFailed, err: err}
+	}
+	return roundEnd{state: workersSucceeded}
+}
+
+// failedWith ends the agent with err.
+func failedWith(err error) roundEnd { return roundEnd{state: workersFailed, err: err} }
+
+func (e *elastic) run(ctx context.Context) (err error) {
+	o := e.o
+	e.store = checkpoint.NewStore(e.cli, e.cfg.Prefix, e.cfg.JobID).WithLogger(e.log)
+	// A short path: unix socket paths are limited to 107 bytes.
+	ctlDir, err := os.MkdirTemp("", "hyperpodrun-ctl-")
+	if err != nil {
+		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+	}
+	defer os.RemoveAll(ctlDir)
+	e.guard = newLeaseGuard(e.log)
+	defer e.guard.close()
+	defer e.closeStore()
+	commit := e.store.ReportHandler(func() int64 { return e.roundNo.Load() })
+	e.ch, err = checkpoint.NewChannel(ctlDir,
+		checkpoint.WithHandler(func(ctx context.Context, r checkpoint.Report) error {
+			if !e.guard.leaseAlive() {
+				// Fenced (perhaps while this agent was stopped): another
+				// round may run this node's ranks already.
+				return fmt.Errorf("%w: this node's lease of round %d is no longer provably alive", checkpoint.ErrStaleRound, r.Round)
+			}
+			if r.Type == checkpoint.ReportStopping {
+				// A worker saw a planned change (possibly announced on
+				// another node) and exits 0: not the end of training.
+				e.stopping.Store(e.roundNo.Load())
+			}
+			return commit(ctx, r)
+		}))
+	if err != nil {
+		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
+	}
+	defer e.ch.Close()
+	if err := e.newNode(); err != nil {
+		return err
+	}
+	defer func() { e.node.Close() }()
+	if err := runHook(ctx, "pre-train", o.PreTrain); err != nil {
+		return err
+	}
+
+	var event *scaleEvent
+	// A scale event's trace ends when the next workers start; one still
+	// open when the agent leaves (a spare, a signal) ends with it.
+	defer func() {
+		if event != nil {
+			event.span.End()
+		}
+	}()
+	// Workers kept for an in-process resize do not outlive the agent.
+	defer e.dropCarry("hyperpodrun is leaving the job")
+	attempt := 0
+	if o.InProcessResize {
+		view := prewarmView{InProcess: true, Timeout: o.PrewarmTimeout}
+		if view.Timeout > 0 {
+			view.RunningNodes = e.runningNodes(ctx)
+		}
+		if ok, why := shouldPrewarm(view); ok {
+			e.log.Info("joining a job that trains: prewarming this node's workers before registering", "why", why)
+			if sig := e.prewarm(ctx, attempt); sig != 0 {
+				return e.leaveOnSignal(ctx, sig, "while the workers prewarmed")
+			}
+			if e.carry != nil {
+				attempt++
+			}
+		} else {
+			e.log.Debug("workers start after the round (no prewarm)", "why", why)
+		}
+	}
+	for {
+		round, sig, err := e.join(ctx, event)
+		if sig != 0 {
+			return e.leaveOnSignal(ctx, sig, "while waiting for a round")
+		}
+		if errors.Is(err, rendezvous.ErrLeaseLost) {
+			e.killCarry()
+			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
+			if err := e.newNode(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil {
+			return &ExitError{1, err}
+		}
+		e.round = round
+		e.roundNo.Store(round.Number)
+		restarts, err := e.node.Restarts(ctx)
+		if err != nil {
+			return &ExitError{1, err}
+		}
+		if restarts > o.MaxRestarts {
+			e.leave(ctx)
+			return &ExitError{1, fmt.Errorf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", e.cfg.JobID, restarts, o.MaxRestarts)}
+		}
+		// No node starts the round's workers until every member has
+		// stopped its previous ones: the resume checkpoint is final then.
+		if change, err := e.barrier(ctx, round, event); err != nil {
+			var se signalError
+			if errors.As(err, &se) {
+				return e.leaveOnSignal(ctx, se.sig, "before the round's workers started")
+			}
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
+				if err := e.newNode(); err != nil {
+					return err
+				}
+				continue
+			}
+			e.leave(ctx)
+			return &ExitError{1, err}
+		} else if change != nil {
+			e.log.Info("round superseded before it started", "round", round.Number, "reason", change.Reason, "detail", change.Detail)
+			continue
+		}
+		if err := e.markRunning(ctx, round); err != nil {
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				e.killCarry()
+				if err := e.newNode(); err != nil {
+					return err
+				}
+				continue
+			}
+			e.leave(ctx)
+			return &ExitError{1, err}
+		}
+		var g *launcher.Group
+		if e.carry != nil {
+			g, err = e.resume(ctx, round, restarts, attempt, event)
+		}
+		if g == nil && err == nil {
+			g, err = e.start(ctx, round, restarts, attempt, event)
+		}
+		event = nil
+		if err != nil {
+			e.leave(ctx)
+			return &ExitError{1, err}
+		}
+		attempt++
+
+		// The workers are HEALTHY until watch says how they ended.
+		end := e.watch(ctx, g, round)
+		e.ch.SetRound(0) // the round's workers are gone: believe no one
+		e.markStopped(ctx)
+		e.closeStore()
+		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
+		if end.state.final() {
+			return end.err
+		}
+		event = end.next
+	}
+}
+
+// newNode (re)creates this agent's rendezvous participant.
+func (e *elastic) newNode() error {
+	if e.node != nil {
+		e.node.Close()
+	}
+	cfg := e.cfg
+	cfg.OnRenew = e.guard.forNode()
+	n, err := rendezvous.New(e.cli, cfg)
+	if err != nil {
+		return &ExitError{2, err}
+	}
+	e.node = n
+	return nil
+}
+
+// join waits for the next round, or a signal. A node that loses its lease
+// while it registers or waits (etcd restarting: the new lease's keepalives
+// are not confirmed in time, or a member write finds the lease gone) is
+// replaced by a fresh one, with a fresh lease, for as long as a join may
+// take: an etcd outage costs a rejoin, not the job.
+func (e *elastic) join(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
+	timeout := e.cfg.RegisterTimeout
+	if timeout <= 0 {
+		timeout = e.cfg.JoinTimeout
+	}
+	if timeout <= 0 {
+		timeout = rendezvous.DefaultJoinTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		r, sig, err := e.joinOnce(ctx, event)
+		leaseGone := errors.Is(err, rendezvous.ErrLeaseLost) || errors.Is(err, rpctypes.ErrLeaseNotFound)
+		if err == nil || !leaseGone || ctx.Err() != nil || time.Now().After(deadline) {
+			return r, sig, err
+		}
+		e.log.Warn("rendezvous: this node lost its lease while joining (etcd restarting?); joining again with a fresh lease", "err", err)
+		if err := e.newNode(); err != nil {
+			return nil, 0, err
+		}
+	}
+}
+
+// joinOnce is one Join of the current node, or a signal.
+func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.Round, syscall.Signal, error) {
+	jctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	spanCtx := jctx
+	if event != nil {
+		spanCtx = event.ctx
+	}
+	_, span := e.tracer.Start(spanCtx, "rendezvous")
+	defer span.End()
+	type res struct {
+		r   *rendezvous.Round
+		err error
+	}
+	out := make(chan res, 1)
+	if e.node.Lease() == 0 {
+		// Logged before the member key is written: its time bounds the
+		// registration from below (a prewarmed worker asked before it).
+		e.log.Info("registering with the job's rendezvous", "node", e.node.ID(), "prewarmed_workers", e.prewarmed)
+	}
+	go func() {
+		r, err := e.node.Join(jctx)
+		out <- res{r, err}
+	}()
+	// Workers kept for an in-process resize leave once a round closes
+	// without this node (a shrink that drops it: it waits as a spare).
+	var leftOut chan error
+	if e.carry != nil && e.round != nil {
+		ch := make(chan error, 1)
+		after := e.round.Number
+		go func() { ch <- e.node.LeftOut(jctx, after) }()
+		leftOut = ch
+	}
+	for {
+		select {
+		case err := <-leftOut:
+			leftOut = nil
+			if err == nil {
+				e.dropCarry("this node is not in the next round")
+			}
+		case r := <-out:
+			if r.err != nil {
+				span.SetStatus(codes.Error, r.err.Error())
+				return nil, 0, r.err
+			}
+			span.SetAttributes(attribute.Int64("round", r.r.Number), attribute.Int("rank", r.r.Rank),
+				attribute.Int("nodes", r.r.NumNodes), attribute.Int("world_size", r.r.WorldSize),
+				attribute.String("reason", string(r.r.Reason)))
+			return r.r, 0, nil
+		case s := <-e.o.Signals:
+			cancel()
+			<-out
+			sig, _ := s.(syscall.Signal)
+			return nil, sig, nil
+		}
+	}
+}
+
+// barrier marks this node ready for round r (its previous workers are gone)
+// and waits until every member is. It returns the change instead when the
+// round is superseded first (a member died before it got ready).
+func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scaleEvent) (*rendezvous.Change, error) {
+	parent := ctx
+	if event != nil {
+		parent = event.ctx
+	}
+	_, span := e.tracer.Start(parent, "barrier", trace.WithAttributes(attribute.Int64("round", r.Number), attribute.Int("nodes", r.NumNodes)))
+	defer span.End()
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	dir := keys.ReadyRound(e.cfg.JobID, r.Number)
+	// The round's store is up before this node says it is ready, so no
+	// worker of any node starts before it: none waits on torch's
+	// connect-retry grid.
+	if err := e.serveStore(ctx, r); err != nil {
+		return nil, err
+	}
+	wctx, wcancel := context.WithTimeout(ctx, e.opTimeout())
+	defer wcancel()
+	if _, err := e.cli.Put(wctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
+		return nil, fmt.Errorf("mark ready for round %d: %w", r.Number, err)
+	}
+	if r.Rank == 0 && r.Number > 1 {
+		// Old rounds' markers are garbage now.
+		e.cli.Delete(wctx, keys.ReadyPrefix(e.cfg.JobID), clientv3.WithRange(keys.ReadyRound(e.cfg.JobID, r.Number-1)))
+	}
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changed, failed := e.superseded(bctx, r)
+	rctx, rcancel := context.WithTimeout(bctx, e.opTimeout())
+	resp, err := e.cli.Get(rctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	rcancel()
+	if err != nil {
+		return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
+	}
+	ready := int(resp.Count)
+	wch := e.cli.Watch(bctx, dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete())
+	for ready < r.NumNodes {
+		select {
+		case w, ok := <-wch:
+			if !ok || w.Err() != nil {
+				return nil, fmt.Errorf("round %d barrier: watch ended: %v", r.Number, w.Err())
+			}
+			for _, ev := range w.Events {
+				if ev.IsCreate() {
+					ready++
+				}
+			}
+		case c := <-changed:
+			return &c, nil
+		case err := <-failed:
+			return nil, err
+		case <-e.node.LeaseLost():
+			return nil, rendezvous.ErrLeaseLost
+		case s := <-e.o.Signals:
+			sig, _ := s.(syscall.Signal)
+			return nil, signalError{sig}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	// Nodes that are not in this round (leaving: drained, or spares) may
+	// still be checkpointing with their workers of an older round: no rank
+	// of this round exists before theirs are gone. A dead node's marker
+	// expires with its lease.
+	for {
+		older, rev, err := e.olderWorkers(bctx, r.Number)
+		if err != nil {
+			return nil, err
+		}
+		if len(older) == 0 {
+			return nil, nil
+		}
+		e.log.Info("waiting for older workers on other nodes to stop", "round", r.Number, "nodes", strings.Join(older, ","))
+		keys := fleet.NewKeys(e.cfg.Prefix)
+		wctx, wcancel := context.WithCancel(bctx)
+		rch := e.cli.Watch(wctx, keys.RunningPrefix(e.cfg.JobID), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		select {
+		case w, ok := <-rch:
+			wcancel()
+			if !ok || w.Err() != nil {
+				return nil, fmt.Errorf("round %d barrier: watch running workers ended: %v", r.Number, w.Err())
+			}
+		case c := <-changed:
+			wcancel()
+			return &c, nil
+		case err := <-failed:
+			wcancel()
+			return nil, err
+		case <-e.node.LeaseLost():
+			wcancel()
+			return nil, rendezvous.ErrLeaseLost
+		case s := <-e.o.Signals:
+			wcancel()
+			sig, _ := s.(syscall.Signal)
+			return nil, signalError{sig}
+		case <-ctx.Done():
+			wcancel()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// serveStore starts the round's TCPStore on MASTER_PORT when this node
+// holds group rank 0 (and the agent store is on); a store of an earlier
+// round is closed first.
+func (e *elastic) serveStore(ctx context.Context, r *rendezvous.Round) error {
+	e.closeStore()
+	if e.o.NoAgentStore || r.Rank != 0 {
+		return nil
+	}
+	s, err := c10dstore.Listen(ctx, net.JoinHostPort("", strconv.Itoa(r.MasterPort)), c10dstore.Options{Logger: e.log})
+	if err != nil {
+		return fmt.Errorf("round %d: serve the workers' TCPStore on port %d (or run with --no-agent-store): %w", r.Number, r.MasterPort, err)
+	}
+	e.agentStore = s
+	e.log.Info("serving the round's TCPStore for its workers", "round", r.Number, "port", r.MasterPort)
+	return nil
+}
+
+// closeStore stops the round's TCPStore, if this node serves one.
+func (e *elastic) closeStore() {
+	if e.agentStore != nil {
+		_ = e.agentStore.Close()
+		e.agentStore = nil
+	}
+}
+
+// markRunning records, under this node's lease, that its workers of round
+// r may be alive from now on (fleet.Keys.Running).
+func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
+	lease := e.node.Lease()
+	if lease == 0 {
+		return fmt.Errorf("round %d: %w", r.Number, rendezvous.ErrLeaseLost)
+	}
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	wctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+	defer cancel()
+	_, err := e.cli.Put(wctx, keys.Running(e.cfg.JobID, e.node.ID()), fleet.Hex16(r.Number), clientv3.WithLease(lease))
+	if errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("round %d: mark workers running: %w", r.Number, rendezvous.ErrLeaseLost)
+	}
+	if err != nil {
+		return fmt.Errorf("round %d: mark workers running: %w", r.Number, err)
+	}
+	e.guard.setWill(encodeWill(e.copts, lease))
+	return nil
+}
+
+// markStopped clears this node's running marker once its workers are gone
+// (best effort: the lease takes it with it otherwise, and this node's own
+// marker never holds up its own barrier).
+func (e *elastic) markStopped(ctx context.Context) {
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opTimeout())
+	defer cancel()
+	if _, err := e.cli.Delete(wctx, keys.Running(e.cfg.JobID, e.node.ID())); err != nil {
+		e.log.Warn("cannot clear this node's running-workers marker; it goes with the lease", "err", err)
+	}
+}
+
+// olderWorkers lists the nodes other than this one whose workers of a
+// round before round may still be alive, at the revision read.
+func (e *elastic) olderWorkers(ctx context.Context, round int64) ([]string, int64, error) {
+	keys := fleet.NewKeys(e.cfg.Prefix)
+	p := keys.RunningPrefix(e.cfg.JobID)
+	rctx, cancel := context.WithTimeout(ctx, e.opTimeout())
+	defer cancel()
+	resp, err := e.cli.Get(rctx, p, clientv3.WithPrefix())
+	if err != nil {
+		return nil, 0, fmt.Errorf("round %d barrier: read running workers: %w", round, err)
+	}
+	var older []string
+	for _, kv := range resp.Kvs {
+		node := strings.TrimPrefix(string(kv.Key), p)
+		if node == e.node.ID() {
+			continue // ours are gone: we are past watch
+		}
+		if r, err := strconv.ParseInt(string(kv.Value), 16, 64); err != nil || r < round {
+			older = append(older, node)
+		}
+	}
+	return older, resp.Header.Revision, nil
+}
+
+// signalError carries a signal received while no workers run.
+type signalError struct{ sig syscall.Signal }
+
+func (e signalError) Error() string { return "received " + launcher.SignalName(e.sig) }
+
+// leaveOnSignal leaves the job when a signal arrives while no workers run:
+// SIGUSR2 (a planned drain) exits 0, any other signal exits 1 as torchrun.
+func (e *elastic) leaveOnSignal(ctx context.Context, sig syscall.Signal, when string) error {
+	e.leave(ctx)
+	if sig == syscall.SIGUSR2 {
+		e.log.Info("drained "+when, "signal", launcher.SignalName(sig))
+		return nil
+	}
+	return &ExitError{1, fmt.Errorf("hyperpodrun received %s %s", launcher.SignalName(sig), when)}
+}
+
+// start launches this node's workers for a round.
+func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, attempt int, event *scaleEvent) (*launcher.Group, error) {
+	parent := ctx
+	if event != nil {
+		parent = event.ctx
+	}
+	sctx, span := e.tracer.Start(parent, "restart")
+	defer span.End()
+	a, rec, err := e.prepare(ctx, sctx, r, restarts, attempt)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	span.SetAttributes(attribute.Int64("round", r.Number), attribute.Int("world_size", r.WorldSize),
+		attribute.Int("restart_count", restarts))
+	if rec != nil {
+		span.SetAttributes(attribute.Int64("resume_step", rec.Step))
+	}
+	e.log.Info("starting workers", "round", r.Number, "group_rank", r.Rank, "nodes", r.NumNodes,
+		"world_size", r.WorldSize, "base_rank", r.Self.BaseRank, "restart_count", restarts,
+		"master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "resume_step", resumeStep(rec))
+	opts := []launcher.StartOption{launcher.OnSpawn(func(pid, localRank int) { e.ch.Admit(r.Number, pid, r.Self.BaseRank+localRank) })}
+	if wd := e.guard.watchdog(); wd != nil {
+		opts = append(opts, launcher.GuardedBy(wd))
+	}
+	g, err := launcher.Start(e.spec(), a, opts...)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	if event != nil {
+		event.span.End()
+	}
+	return g, nil
+}
+
+// spec is the launcher spec of this agent's workers.
+func (e *elastic) spec() launcher.Spec {
+	spec := e.o.Spec
+	// torch's env:// and tcp:// init then connect every rank as a client of
+	// the store rank 0's node serves (torchrun's agent-store mode).
+	spec.UseAgentStore = !e.o.NoAgentStore
+	return spec
+}
+
+// prepare makes r the control channel's round (a fresh control token) and
+// builds the workers' assignment for it: the round's ranks and master, the
+// control channel, the checkpoint to resume from (claimed for this round)
+// and the trace.
+func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restarts, attempt int) (launcher.Assignment, *checkpoint.Record, error) {
+	// The channel believes only this round's workers (with this round's
+	// fresh control token, in their environment below); the watchdog kills
+	// them if this agent cannot prove its lease alive in time.
+	e.ch.SetRound(r.Number)
+	env := map[string]string{
+		"HYPERPODRUN_ROUND":     strconv.FormatInt(r.Number, 10),
+		"HYPERPODRUN_NUM_NODES": strconv.Itoa(r.NumNodes),
+	}
+	for k, v := range e.ch.Env() {
+		env[k] = v
+	}
+	env["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(e.o.ElasticSignal))
+	if e.o.InProcessResize {
+		env[envInProcess] = "1"
+	}
+
+	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
+	// Claim the checkpoint for this round before reading it: a commit of
+	// an earlier round still in flight (this node's, from before it was
+	// fenced) is refused from now on instead of landing after our workers
+	// read where to resume.
+	rec, err := e.store.Resume(lctx, r.Number)
+	lcancel()
+	if err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	if rec != nil {
+		for k, v := range rec.Env() {
+			env[k] = v
+		}
+	}
+	if tp := telemetry.TraceParent(sctx); tp != "" {
+		env["TRACEPARENT"] = tp
+	}
+	if err := e.ch.ClearEvent(); err != nil {
+		return launcher.Assignment{}, nil, err
+	}
+	return launcher.Assignment{
+		GroupRank:      r.Rank,
+		GroupWorldSize: r.NumNodes,
+		BaseRank:       r.Self.BaseRank,
+		WorldSize:      r.WorldSize,
+		MasterAddr:     r.MasterAddr,
+		MasterPort:     r.MasterPort,
+		RestartCount:   restarts,
+		Attempt:        attempt,
+		Env:            env,
+	}, rec, nil
+}
+
+func resumeStep(r *checkpoint.Record) int64 {
+	if r == nil {
+		return -1
+	}
+	return r.Step
+}
+
+// watch waits while the round's workers run (workersHealthy) and returns
+// how they ended: in a final state the agent is finished (err is the
+// outcome); otherwise the loop joins the next round, next being the
+// scaling event that ended this one.
+func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Round) roundEnd {
+	o := e.o
+	nctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	changes, nextErr := e.superseded(nctx, r)
+	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
+	// In process, a worker whose collective broke (a peer died) leaves the
+	// process group and parks; unless a change is under way already, that
+	// is a failure the job must hear of at once (not a lease TTL later).
+	var parkedCh <-chan struct{}
+	var unannounced <-chan time.Time
+	if o.InProcessResize {
+		_, parkedCh = e.ch.Parked()
+	}
+	for {
+		select {
+		case <-parkedCh:
+			var p map[int]int
+			p, parkedCh = e.ch.Parked()
+			if len(p) > 0 && unannounced == nil {
+				unannounced = time.After(unannouncedGrace)
+			}
+			continue
+		case <-unannounced:
+			parkedCh, unannounced = nil, nil
+			e.log.Warn("a worker left a broken process group with no change announced; reporting it so the job forms a new round", "round", r.Number)
+			if _, err := e.node.ReportFailure(ctx, r, "a worker's collective broke (in process)"); err != nil {
+				e.log.Warn("report the broken process group", "err", err)
+			}
+			continue
+		case <-g.Exited():
+			if e.guard.expired() {
+				return e.fence(g, r)
+			}
+			res := g.Result()
+			if res.OK() && e.stopping.Load() == r.Number {
+				// The workers checkpointed and stopped for a planned change
+				// announced elsewhere; the new round follows.
+				e.log.Info("workers stopped for a planned change", "round", r.Number)
+				ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+					trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
+				return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
+			}
+			if res.OK() {
+				e.log.Info("workers succeeded", "round", r.Number)
+				if err := e.node.Finish(detached(ctx), r); err != nil {
+					e.log.Warn("finish rendezvous", "err", err)
+				}
+				return finished(runHook(ctx, "post-train", o.PostTrain))
+			}
+			return e.failed(ctx, g, r)
+		case <-g.Failed():
+			if e.guard.expired() {
+				// The watchdog killed them: this agent was stopped or wedged
+				// past its lease.
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			return e.failed(ctx, g, r)
+		case c := <-changes:
+			return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
+		case err := <-nextErr:
+			if errors.Is(err, rendezvous.ErrLeaseLost) {
+				return e.fence(g, r)
+			}
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, err})
+		case <-e.node.LeaseLost():
+			return e.fence(g, r)
+		case s := <-o.Signals:
+			sig, _ := s.(syscall.Signal)
+			if sig == syscall.SIGUSR2 {
+				return finished(e.drain(ctx, g, r))
+			}
+			e.log.Warn("received signal, forwarding to workers", "signal", launcher.SignalName(sig))
+			stopAll(sig)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, fmt.Errorf("hyperpodrun received %s: workers stopped", launcher.SignalName(sig))})
+		case <-ctx.Done():
+			stopAll(o.ShutdownSignal)
+			e.leave(ctx)
+			return failedWith(&ExitError{1, ctx.Err()})
+		}
+	}
+}
+
+// unannouncedGrace is how long a worker may wait parked, in process, for a
+// change this agent has not seen yet (announced on another node, still on
+// its way here) before the agent reports the broken process group itself.
+const unannouncedGrace = 100 * time.Millisecond
+
+// superseded runs Next for round r in a goroutine: the first channel gets
+// the change that supersedes r, the second Next's error. Both are buffered,
+// so the goroutine ends with ctx whether or not anyone reads them.
+func (e *elastic) superseded(ctx context.Context, r *rendezvous.Round) (<-chan rendezvous.Change, <-chan error) {
+	changes := make(chan rendezvous.Change, 1)
+	errs := make(chan error, 1)
+	go func() {
+		c, err := e.node.Next(ctx, r)
+		if err != nil {
+			errs <- err
+			return
+		}
+		changes <- c
+	}()
+	return changes, errs
+}
+
+// detached is ctx without its cancellation, for the rendezvous calls that
+// must still be made when ctx ends (Leave, Finish): they bound each etcd
+// request with a deadline of their own, derived from it.
+func detached(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// leave revokes this node's lease (the others see it gone at once).
+func (e *elastic) leave(ctx context.Context) {
+	e.node.Leave(detached(ctx))
+}
+
+// opTimeout bounds each etcd request the agent makes itself, as the
+// rendezvous bounds its own: the longer of 5s and two lease TTLs.
+func (e *elastic) opTimeout() time.Duration {
+	ttl := e.cfg.LeaseTTL
+	if ttl == 0 {
+		ttl = rendezvous.DefaultLeaseTTL
+	}
+	return max(5*time.Second, 2*ttl)
+}
+
+// drain is a planned leave of this node (SIGUSR2, sent by the node agent
+// when the coordinator moves the job off this node): the workers of every
+// node are told through the sync signal, checkpoint and exit 0; then this
+// node leaves the rendezvous at once and hyperpodrun exits 0.
+//
+// When the coordinator took the whole job's allocation away, the desired
+// record the node agent reacted to says why: the workers are then told
+// "preemption" or "shutdown" (new world size 0) with the coordinator's
+// reason, not "drain".
+func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Round) error {
+	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(ctx, checkpoint.Drain, r)}
+	if stop, ok := e.stopRecord(ctx); ok {
+		ev = checkpoint.Event{Kind: checkpoint.EventKind(stop.Kind), Reason: stop.Reason}
+	} else {
+		// Tell every member first: the closer proposes the next round
+		// without this node at once, and the other agents announce it to
+		// their workers, so no worker learns of it from a broken collective.
+		e.tellMembersWeDrain(ctx, r, &ev)
+	}
+	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
+	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
+		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(ev.Kind)), attribute.Int64("from_round", r.Number)))
+	defer span.End()
+	e.announceAndWait(ectx, g, r, ev)
+	if err := e.node.Leave(detached(ctx)); err != nil {
+		e.log.Warn("leave rendezvous", "err", err)
+	}
+	return nil
+}
+
+// tellMembersWeDrain marks this node as leaving in the rendezvous and waits
+// briefly for the round without it, whose world size the workers are told.
+// Without an answer the drain goes on as a local announcement.
+func (e *elastic) tellMembersWeDrain(ctx context.Context, r *rendezvous.Round, ev *checkpoint.Event) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := e.node.Drain(ctx); err != nil {
+		e.log.Warn("could not tell the other members this node drains; announcing to this node's workers only", "err", err)
+		return
+	}
+	c, err := e.node.Next(ctx, r)
+	if err != nil {
+		e.log.Warn("no round without this node yet; announcing the drain anyway", "err", err)
+		return
+	}
+	ev.Reason = c.Detail
+	if c.WorldSize > 0 {
+		ev.NewWorldSize = c.WorldSize
+	}
+}
+
+// desired reads the job's desired record (nil when there is none, it
+// cannot be read in time, or it is malformed: each logged).
+func (e *elastic) desired(ctx context.Context) *fleet.Desired {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	d, err := fleet.New(e.cli, e.cfg.Prefix).Desired(ctx, e.cfg.JobID)
+	if err != nil {
+		e.log.Warn("cannot read the job's desired record", "err", err)
+		return nil
+	}
+	return d
+}
+
+// stopRecord is why the coordinator took the job's whole allocation away;
+// ok is false when it did not (a single node drained, or no coordinator).
+func (e *elastic) stopRecord(ctx context.Context) (fleet.Stop, bool) {
+	d := e.desired(ctx)
+	if d == nil || d.Stop == nil {
+		return fleet.Stop{}, false
+	}
+	return *d.Stop, true
+}
+
+// newWorldSize estimates the world size after a planned change (nodes are
+// assumed to run this node's --nproc-per-node): the target for a resize,
+// one node more for a waiting node, one fewer for a drain.
+func (e *elastic) newWorldSize(ctx context.Context, kind checkpoint.EventKind, r *rendezvous.Round) int {
+	nodes := r.NumNodes
+	switch kind {
+	case checkpoint.ScaleUp:
+		nodes++
+	case checkpoint.Drain:
+		nodes--
+	default:
+		if t := e.desired(ctx).Target(); t > 0 {
+			nodes = t
+		}
+	}
+	nodes = max(e.cfg.MinNodes, min(e.cfg.MaxNodes, nodes))
+	return nodes * e.o.Spec.NProcPerNode
+}
+
+// fence stops the workers at once: this agent can no longer prove its
+// lease alive, so another node may soon be given its ranks.
+func (e *elastic) fence(g *launcher.Group, r *rendezvous.Round) roundEnd {
+	e.log.Error("lease lost: killing workers before the lease can expire (fencing)", "round", r.Number)
+	g.Stop(syscall.SIGKILL, 0)
+	if err := e.newNode(); err != nil {
+		return failedWith(err)
+	}
+	return roundEnd{state: workersStopped}
+}
+
+// failed reports a worker failure to the job and prints the summary.
+func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.Round) roundEnd {
+	res := g.Result()
+	detail := "worker failed"
+	if rc := res.RootCause; rc != nil {
+		detail = fmt.Sprintf("rank %d exitcode %d", rc.Rank, rc.ExitCode)
+	}
+	fmt.Fprint(e.o.stderrW(), res.Summary(e.o.Spec.Entrypoint))
+	n, err := e.node.ReportFailure(ctx, r, detail)
+	if err != nil {
+		return failedWith(&ExitError{1, fmt.Errorf("report worker failure: %w", err)})
+	}
+	e.log.Warn("worker failed; the job restarts at the next round", "detail", detail, "job_restarts", n, "max_restarts", e.o.MaxRestarts)
+	return roundEnd{state: workersUnhealthy}
+}
+
+// change handles a superseded round: planned changes are announced to the
+// workers (event file + elastic signal) so they checkpoint and exit 0; lost
+// or failed members mean the collectives are broken, so workers are
+// stopped at once and resume from the last committed checkpoint.
+func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.Round, c rendezvous.Change) *scaleEvent {
+	o := e.o
+	parent := changeTrace(e.cfg.JobID, c.Round, c.ID)
+	if c.Reason == rendezvous.TargetChanged { // under the coordinator's decision span (issue 15)
+		if p, ok := telemetry.FromTraceParent(e.desired(ctx).TraceParentOrEmpty()); ok {
+			parent = p
+		}
+	}
+	ectx, span := e.tracer.Start(parent, "scale_event",
+		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(c.Reason)),
+			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
+	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))
+	dspan.End()
+	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
+	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
+	if o.InProcessResize {
+		ev := checkpoint.Event{Kind: checkpoint.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		if planned {
+			ev = e.plannedEvent(ctx, c, r)
+		}
+		if e.handOver(ectx, g, r, ev) {
+			e.carry = g
+		}
+		return &scaleEvent{ectx, span}
+	}
+	if !planned {
+		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
+		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
+		sspan.End()
+		return &scaleEvent{ectx, span}
+	}
+	e.announceAndWait(ectx, g, r, e.plannedEvent(ctx, c, r))
+	return &scaleEvent{ectx, span}
+}
+
+// changeTrace returns a context whose remote parent puts every agent's spans
+// for one change of the job (the proposal of a round) into one trace: the
+// trace id is derived from the job, the round and the proposal's id, which
+// every member reads from the same round record, so the agents agree on it
+// without talking to each other.
+func changeTrace(job string, round int64, id string) context.Context {
+	h := sha256.Sum256([]byte(fmt.Sprintf("hyperpodrun/%s/%d/%s", job, round, id)))
+	var tid trace.TraceID
+	var sid trace.SpanID
+	copy(tid[:], h[:16])
+	copy(sid[:], h[16:24])
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled, Remote: true})
+	return trace.ContextWithRemoteSpanContext(context.Background(), sc)
+}
+
+// plannedEvent names a planned change for the workers: scale_up or
+// scale_down when the proposed round is larger or smaller, with its world
+// size; resize when the size stays (or is not proposed yet, in which case
+// the world size is estimated from the target).
+func (e *elastic) plannedEvent(ctx context.Context, c rendezvous.Change, r *rendezvous.Round) checkpoint.Event {
+	switch {
+	case c.WorldSize > 0 && c.NumNodes > r.NumNodes:
+		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.WorldSize > 0 && c.NumNodes < r.NumNodes:
+		return checkpoint.Event{Kind: checkpoint.ScaleDown, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.WorldSize > 0:
+		return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: c.WorldSize, Reason: c.Detail}
+	case c.Reason == rendezvous.NodeWaiting:
+		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: e.newWorldSize(ctx, checkpoint.ScaleUp, r), Reason: c.Detail}
+	}
+	return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: e.newWorldSize(ctx, checkpoint.Resize, r), Reason: c.Detail}
+}
+
+// announceAndWait announces a planned change to the workers (event file,
+// then the elastic signal) and waits up to --graceful-timeout for them to
+// checkpoint and exit, then escalates: SIGTERM, then SIGKILL.
+func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev checkpoint.Event) {
+	o := e.o
+	ev.Deadline = time.Now().Add(o.GracefulTimeout)
+	ev.Round = r.Number
+	ev.TraceParent = telemetry.TraceParent(ectx)
+	_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ElasticSignal)),
+		attribute.String("kind", string(ev.Kind)), attribute.Int("new_world_size", ev.NewWorldSize)))
+	e.log.Info("announcing a planned change to the workers", "kind", ev.Kind, "new_world_size", ev.NewWorldSize, "why", ev.Reason)
+	if err := e.ch.Announce(ev); err != nil {
+		e.log.Warn("announce event", "err", err)
+	}
+	g.Signal(o.ElasticSignal)
+	sspan.End()
+	_, wspan := e.tracer.Start(ectx, "checkpoint_wait", trace.WithAttributes(attribute.Float64("graceful_timeout_s", o.GracefulTimeout.Seconds())))
+	t := time.NewTimer(o.GracefulTimeout)
+	defer t.Stop()
+	signalled := time.Now()
+	escalated := false
+	if o.InProcessResize {
+		// Workers that offer to reconfigure in process (they cannot know
+		// this node leaves) are told to leave: they checkpointed already.
+		stop := e.leaveParkedUntil(g.Exited())
+		defer stop()
+	}
+	select {
+	case <-g.Exited():
+	case <-e.node.LeaseLost():
+		// Fencing holds during the graceful wait too: without a lease
+		// this node's ranks may soon be given to another node.
+		e.log.Error("lease lost while the workers checkpoint: killing them (fencing)", "round", r.Number)
+		escalated = true
+		g.Stop(syscall.SIGKILL, 0)
+	case <-t.C:
+		e.log.Warn("workers did not exit within --graceful-timeout; escalating", "graceful_timeout", o.GracefulTimeout)
+		escalated = true
+		g.Stop(syscall.SIGTERM, o.ShutdownTimeout)
+	}
+	wspan.SetAttributes(attribute.Bool("escalated", escalated))
+	wspan.End()
+	// The workers' own time (checkpoint and exit) is logged so the agent's
+	// overhead of a planned change can be told apart (bench/elastic).
+	e.log.Info("workers stopped for the change", "round", r.Number, "took_ms", time.Since(signalled).Milliseconds(), "escalated", escalated)
+}
