@@ -36,7 +36,7 @@ deps:
 	@bash scripts/check-deps.sh
 
 test: deps test-python lint
-	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
+	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent/elastic$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
 	@# The chaos soak's short version (issue 10): real etcd killed and
 	@# restarted, coordinators, node agents and jobs under seeded faults.
