@@ -120,8 +120,8 @@ func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
 	evented := map[string]bool{}
 	for _, u := range wrote {
 		for _, op := range u {
-			if key := string(op.KeyBytes()); op.IsPut() && strings.HasPrefix(key, k.EventsPrefix()) {
-				evented[k.EventJob(key)] = true
+			if ek, ok := k.ParseEventKey(string(op.KeyBytes())); ok && op.IsPut() {
+				evented[ek.Job] = true
 			}
 		}
 	}
@@ -135,7 +135,7 @@ func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
 	for _, u := range units {
 		for _, op := range u {
 			key := string(op.KeyBytes())
-			if strings.HasPrefix(key, k.EventsPrefix()) && evented[k.EventJob(key)] {
+			if ek, ok := k.ParseEventKey(key); ok && evented[ek.Job] {
 				continue
 			}
 			keys = append(keys, key)

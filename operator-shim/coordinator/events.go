@@ -37,7 +37,8 @@ func loadEvents(keys fleet.Keys, kvs []*mvccpb.KeyValue, log *slog.Logger) *even
 	bad := 0
 	for _, kv := range kvs { // etcd returns them in key (time) order
 		key := string(kv.Key)
-		job := keys.EventJob(key)
+		ek, _ := keys.ParseEventKey(key) // Job "" for a key that names no job
+		job := ek.Job
 		e, err := fleet.DecodeEvent(key, kv.Value)
 		r := evRec{key: key}
 		if err != nil {

@@ -89,7 +89,8 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 			return
 		}
 		kv := v.reports[key]
-		node, kind, job, ok := k.ReportOwner(key)
+		rk, ok := k.ParseReportKey(key)
+		node, kind, job := rk.Node, rk.Kind, rk.Job
 		var f *fleet.Finish
 		var p *fleet.Problem
 		if ok && kind == fleet.ReportFinished {

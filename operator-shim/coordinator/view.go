@@ -141,7 +141,9 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.usage = nil
 	v.stale.nodes, v.stale.teams, v.stale.jobs, v.stale.allocs = true, true, true, true
 	for _, kv := range snap.Alive {
-		v.alive[strings.TrimPrefix(string(kv.Key), v.keys.AlivePrefix())] = true
+		if node, ok := v.keys.ParseAliveKey(string(kv.Key)); ok {
+			v.alive[node] = true
+		}
 	}
 	for _, kv := range snap.Nodes {
 		v.putNode(kv)
@@ -171,10 +173,11 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 		}
 	}
 	for _, kv := range snap.Assigned {
-		node, job, ok := v.keys.AssignmentOwner(string(kv.Key))
+		ak, ok := v.keys.ParseAssignmentKey(string(kv.Key))
 		if !ok {
 			continue
 		}
+		node, job := ak.Node, ak.Job
 		a, err := fleet.DecodeAssignment(string(kv.Key), kv.Value)
 		gen := int64(-1) // rewritten by the next cycle
 		// One without the job's credentials or uid (an earlier release's)
@@ -220,7 +223,11 @@ func decodeOrLastGood[T any](ctx context.Context, cli *clientv3.Client, log *slo
 }
 
 func (v *view) putNode(kv *mvccpb.KeyValue) bool {
-	node := strings.TrimPrefix(string(kv.Key), v.keys.NodesPrefix())
+	node, ok := v.keys.ParseNodeKey(string(kv.Key))
+	if !ok {
+		v.log.Warn("ignoring a node inventory at a key that names no node", "key", fleet.ClipKey(kv.Key))
+		return false
+	}
 	if kv.Lease == 0 {
 		// An inventory counts only while its agent's lease proves the
 		// agent alive; one without a lease would never expire.
@@ -290,7 +297,11 @@ func nodeCounts(inv devices.Inventory, alive bool) bool {
 }
 
 func (v *view) putFinish(kv *mvccpb.KeyValue, now time.Time) bool {
-	job := strings.TrimPrefix(string(kv.Key), v.keys.FinishedPrefix())
+	job, ok := v.keys.ParseFinishKey(string(kv.Key))
+	if !ok {
+		v.log.Warn("ignoring a finish record at a key that names no job", "key", fleet.ClipKey(kv.Key))
+		return false
+	}
 	f, err := fleet.DecodeFinish(string(kv.Key), kv.Value)
 	if err != nil {
 		v.log.Warn("malformed finish record: the job counts as finished", "err", err)
@@ -383,7 +394,10 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 		del := e.Type == clientv3.EventTypeDelete
 		switch {
 		case strings.HasPrefix(key, k.NodesPrefix()):
-			node := strings.TrimPrefix(key, k.NodesPrefix())
+			node, ok := k.ParseNodeKey(key)
+			if !ok {
+				continue
+			}
 			if del {
 				had := v.delNode(node)
 				changed = changed || had
@@ -393,12 +407,15 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 				v.stale.nodes = true
 			}
 		case strings.HasPrefix(key, k.AlivePrefix()):
-			if v.setAlive(strings.TrimPrefix(key, k.AlivePrefix()), !del) {
+			if node, ok := k.ParseAliveKey(key); ok && v.setAlive(node, !del) {
 				changed = true
 				v.stale.nodes = true
 			}
 		case strings.HasPrefix(key, k.TeamsPrefix()):
-			name := strings.TrimPrefix(key, k.TeamsPrefix())
+			name, ok := k.ParseTeamKey(key)
+			if !ok {
+				continue
+			}
 			v.stale.teams = true
 			if del {
 				delete(v.teams, name)
@@ -429,7 +446,10 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			v.setSpec(key, specRec{spec: *spec, createRev: e.Kv.CreateRevision})
 			changed = true
 		case strings.HasPrefix(key, k.FinishedPrefix()):
-			job := strings.TrimPrefix(key, k.FinishedPrefix())
+			job, ok := k.ParseFinishKey(key)
+			if !ok {
+				continue
+			}
 			if del {
 				changed = v.delFinished(job) || changed
 			} else if v.putFinish(e.Kv, now) {

@@ -292,8 +292,8 @@ func (c *Controller) syncNodes(ctx context.Context, inf cache.SharedIndexInforme
 		return
 	}
 	for _, kv := range r.Kvs {
-		name := strings.TrimPrefix(string(kv.Key), c.store.Keys.NodesPrefix())
-		if kv.Lease != int64(bs.record) || seen[name] {
+		name, ok := c.store.Keys.ParseNodeKey(string(kv.Key))
+		if !ok || kv.Lease != int64(bs.record) || seen[name] {
 			continue
 		}
 		alive := c.store.Keys.Alive(name)
