@@ -14,6 +14,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/fsutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -128,14 +129,14 @@ func WriteDirFunc(dir string, write func(tmp string) error) (err error) {
 		return fmt.Errorf("checkpoint: write %s: encode manifest: %w", dir, err)
 	}
 	// writeFileAtomic also fsyncs tmp, making every entry in it durable.
-	if err := writeFileAtomic(filepath.Join(tmp, ManifestName), append(data, '\n'), 0o644); err != nil {
+	if err := fsutil.WriteFileAtomic(filepath.Join(tmp, ManifestName), append(data, '\n'), 0o644); err != nil {
 		return fmt.Errorf("checkpoint: write %s: manifest: %w", dir, err)
 	}
 	hook("manifest-written")
 	if err := renameInto(tmp, dir); err != nil {
 		return fmt.Errorf("checkpoint: write %s: %w", dir, err)
 	}
-	if err := syncDir(parent); err != nil {
+	if err := fsutil.SyncDir(parent); err != nil {
 		return fmt.Errorf("checkpoint: write %s: %w", dir, err)
 	}
 	hook("renamed")
@@ -179,7 +180,7 @@ func syncTree(root string) (*Manifest, error) {
 	}
 	// Deepest first, so that a directory is synced after its children.
 	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := syncDir(dirs[i]); err != nil {
+		if err := fsutil.SyncDir(dirs[i]); err != nil {
 			return nil, err
 		}
 	}

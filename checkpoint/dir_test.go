@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 // stepFiles is the deterministic content of a test checkpoint.
@@ -213,7 +215,7 @@ func helperCrashWriter() error {
 	if err := WriteDir(step1, stepFiles(1, 1)); err != nil {
 		return err
 	}
-	if err := SendReport(ctx, sock, Report{Type: ReportCheckpoint, Step: 1, Path: step1, WorldSize: 1}); err != nil {
+	if err := control.SendReport(ctx, sock, control.Report{Type: control.ReportCheckpoint, Step: 1, Path: step1, WorldSize: 1}); err != nil {
 		return err
 	}
 	fmt.Println("committed 1")
@@ -270,7 +272,7 @@ func TestCrashDuringWriteNeverLeavesTornCheckpoint(t *testing.T) {
 			ctx := testCtx(t, 30*time.Second)
 			root := t.TempDir()
 			store := NewStore(cli, "", uniqueJob(fmt.Sprintf("job-crash-%d", i)))
-			ch, err := NewChannel(filepath.Join(root, "ctl"), WithHandler(store.ReportHandler(nil)))
+			ch, err := control.NewChannel(filepath.Join(root, "ctl"), control.WithHandler(store.ReportHandler(nil)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -332,7 +334,7 @@ func helperLoopWriter() error {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := SendReport(ctx, sock, Report{Type: ReportCheckpoint, Step: int64(step), Path: dir, WorldSize: 1})
+		err := control.SendReport(ctx, sock, control.Report{Type: control.ReportCheckpoint, Step: int64(step), Path: dir, WorldSize: 1})
 		cancel()
 		if err != nil {
 			return err
@@ -350,7 +352,7 @@ func TestKillAtRandomMomentKeepsLatestLoadable(t *testing.T) {
 		ctx := testCtx(t, 30*time.Second)
 		root := t.TempDir()
 		store := NewStore(cli, "", uniqueJob(fmt.Sprintf("job-loop-%d", round)))
-		ch, err := NewChannel(filepath.Join(root, "ctl"), WithHandler(store.ReportHandler(nil)))
+		ch, err := control.NewChannel(filepath.Join(root, "ctl"), control.WithHandler(store.ReportHandler(nil)))
 		if err != nil {
 			t.Fatal(err)
 		}

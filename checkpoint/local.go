@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 // LocalRecord keeps a single-node job's latest committed checkpoint in
@@ -47,13 +49,13 @@ func (l *LocalRecord) Latest() *Record {
 // ReportHandler commits every checkpoint report (at round 0), and every step
 // whose checkpoint_update reports are complete, and accepts
 // every other report, like Store.ReportHandler.
-func (l *LocalRecord) ReportHandler() Handler {
+func (l *LocalRecord) ReportHandler() control.Handler {
 	var pending parts
-	return func(_ context.Context, r Report) error {
+	return func(_ context.Context, r control.Report) error {
 		switch r.Type {
-		case ReportCheckpoint:
+		case control.ReportCheckpoint:
 			return l.Commit(Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Time: r.Received.UTC()})
-		case ReportCheckpointUpdate:
+		case control.ReportCheckpointUpdate:
 			if rec, done := pending.add(r); done {
 				return l.Commit(rec)
 			}

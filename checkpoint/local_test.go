@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 func TestLocalRecordNeverMovesBackwards(t *testing.T) {
@@ -12,13 +14,13 @@ func TestLocalRecordNeverMovesBackwards(t *testing.T) {
 		t.Fatal("a new record is not empty")
 	}
 	h := l.ReportHandler()
-	if err := h(context.Background(), Report{Type: ReportCheckpoint, Step: 10, Path: "/ck/10", WorldSize: 4}); err != nil {
+	if err := h(context.Background(), control.Report{Type: control.ReportCheckpoint, Step: 10, Path: "/ck/10", WorldSize: 4}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h(context.Background(), Report{Type: ReportStopping, Step: 3}); err != nil {
+	if err := h(context.Background(), control.Report{Type: control.ReportStopping, Step: 3}); err != nil {
 		t.Errorf("stopping report refused: %v", err)
 	}
-	err := h(context.Background(), Report{Type: ReportCheckpoint, Step: 9, Path: "/ck/9"})
+	err := h(context.Background(), control.Report{Type: control.ReportCheckpoint, Step: 9, Path: "/ck/9"})
 	if !errors.Is(err, ErrStale) {
 		t.Errorf("older checkpoint accepted: %v", err)
 	}

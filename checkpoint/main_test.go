@@ -7,8 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
-	"strings"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 )
 
@@ -74,22 +74,16 @@ func testCtx(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// noChannelGoroutines fails if goroutines of a Channel are still running.
-func noChannelGoroutines(t *testing.T) {
+// newTestChannel is a control channel in a fresh directory, closed at the
+// end of the test.
+func newTestChannel(t *testing.T, opts ...control.Option) *control.Channel {
 	t.Helper()
-	buf := make([]byte, 1<<20)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := runtime.Stack(buf, true)
-		stacks := string(buf[:n])
-		if !strings.Contains(stacks, "checkpoint.(*Channel)") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Channel goroutines still running after Close:\n%s", stacks)
-		}
-		time.Sleep(10 * time.Millisecond)
+	ch, err := control.NewChannel(filepath.Join(t.TempDir(), "ctl"), opts...)
+	if err != nil {
+		t.Fatalf("NewChannel: %v", err)
 	}
+	t.Cleanup(func() { ch.Close() })
+	return ch
 }
 
 // lineWaiter reads lines from r and lets tests wait for one that matches.
@@ -138,8 +132,6 @@ func runHelper(mode string) int {
 		err = helperCrashWriter()
 	case "loop-writer":
 		err = helperLoopWriter()
-	case "reporter":
-		err = helperReporter()
 	default:
 		err = fmt.Errorf("unknown helper mode %q", mode)
 	}
@@ -168,14 +160,4 @@ func startHelper(t *testing.T, mode string, env ...string) (*exec.Cmd, *lineWait
 		cmd.Wait()
 	})
 	return cmd, newLineWaiter(out)
-}
-
-// helperReporter is a worker that reports a checkpoint (step $STEP) to
-// $HYPERPODRUN_CONTROL_SOCKET and exits 0 when the agent acknowledged it.
-func helperReporter() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var step int64
-	fmt.Sscan(os.Getenv("STEP"), &step)
-	return SendReport(ctx, os.Getenv(EnvControlSocket), Report{Type: ReportCheckpoint, Step: step, Path: fmt.Sprintf("/ckpt/%d", step)})
 }

@@ -1,6 +1,10 @@
 package checkpoint
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
+)
 
 // parts reconciles per-rank checkpoint updates (HyperPod's
 // CheckpointDiscoverySocketClient.update) into commits: a step is committed
@@ -18,7 +22,7 @@ type stepParts struct {
 }
 
 // add records one update and returns the commit it completes, if any.
-func (p *parts) add(r Report) (Record, bool) {
+func (p *parts) add(r control.Report) (Record, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.steps == nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"strconv"
 	"testing"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 // HyperPod's CheckpointDiscoverySocketClient: every writer reports its part;
@@ -13,7 +15,7 @@ func TestCheckpointUpdatesCommitWhenEveryWriterReported(t *testing.T) {
 	h := l.ReportHandler()
 	upd := func(rank int, kind, path string, step int64) {
 		t.Helper()
-		r, err := parseReport([]byte(`{"type":"checkpoint_update","step":` + strconv.FormatInt(step, 10) + `,"path":"` + path +
+		r, err := control.ParseReport([]byte(`{"type":"checkpoint_update","step":` + strconv.FormatInt(step, 10) + `,"path":"` + path +
 			`","checkpoint_type":"` + kind + `","num_model_checkpoints":1,"num_data_checkpoints":2,"nodes":2,"rank":` + strconv.FormatInt(int64(rank), 10) + `,"world_size":4}`))
 		if err != nil {
 			t.Fatal(err)
@@ -36,7 +38,7 @@ func TestCheckpointUpdatesCommitWhenEveryWriterReported(t *testing.T) {
 	if rec == nil || rec.Step != 10 || rec.Path != "/ck/m10" {
 		t.Fatalf("after every part: %+v, want step 10 at /ck/m10", rec)
 	}
-	if _, err := parseReport([]byte(`{"type":"checkpoint_update","step":1,"path":"/x","checkpoint_type":"optimizer"}`)); err == nil {
+	if _, err := control.ParseReport([]byte(`{"type":"checkpoint_update","step":1,"path":"/x","checkpoint_type":"optimizer"}`)); err == nil {
 		t.Error("an unknown checkpoint_type was accepted")
 	}
 }

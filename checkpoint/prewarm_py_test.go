@@ -10,12 +10,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 // prewarmedPython starts python3 running code as a worker started ahead of
 // its round (HYPERPODRUN_PREWARM=1, no RANK, the prewarm token), in its own
 // process group, admitted as prewarmed on ch.
-func prewarmedPython(t *testing.T, ch *Channel, code string) (*exec.Cmd, *bytes.Buffer) {
+func prewarmedPython(t *testing.T, ch *control.Channel, code string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	py, err := exec.LookPath("python3")
 	if err != nil {
@@ -38,7 +40,7 @@ func prewarmedPython(t *testing.T, ch *Channel, code string) (*exec.Cmd, *bytes.
 	return cmd, &out
 }
 
-func waitParkedPID(t *testing.T, ch *Channel, pid int) int {
+func waitParkedPID(t *testing.T, ch *control.Channel, pid int) int {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
@@ -89,7 +91,7 @@ print("assigned", rank, os.getenv("WORLD_SIZE"), "HYPERPODRUN_PREWARM" in os.env
 	}
 	ch.SetRound(3)
 	ch.Admit(3, pid, 5)
-	if n := ch.Release(map[int]Assignment{pid: {Round: 3, Env: map[string]string{"RANK": "5", "WORLD_SIZE": "6", EnvControlToken: ch.Token(), EnvRound: "3"}}}); n != 1 {
+	if n := ch.Release(map[int]control.Assignment{pid: {Round: 3, Env: map[string]string{"RANK": "5", "WORLD_SIZE": "6", control.EnvControlToken: ch.Token(), control.EnvRound: "3"}}}); n != 1 {
 		t.Fatalf("Release answered %d", n)
 	}
 	waitExit(t, cmd, out)
@@ -103,7 +105,7 @@ print("assigned", rank, os.getenv("WORLD_SIZE"), "HYPERPODRUN_PREWARM" in os.env
 print("rank", os.environ.get("RANK"), flush=True)
 `)
 	waitParkedPID(t, ch, cmd.Process.Pid)
-	ch.Release(map[int]Assignment{cmd.Process.Pid: {Leave: true, Reason: "hyperpodrun is leaving the job"}})
+	ch.Release(map[int]control.Assignment{cmd.Process.Pid: {Leave: true, Reason: "hyperpodrun is leaving the job"}})
 	waitExit(t, cmd, out)
 	if strings.Contains(out.String(), "rank") {
 		t.Errorf("a worker told to leave ran on:\n%s", out)

@@ -3,7 +3,6 @@ package checkpoint
 import (
 	"context"
 	"fmt"
-	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"math"
 	"net"
 	"os"
@@ -17,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 )
 
 // pythonWithTorch returns a Python that can import torch.distributed, or
@@ -182,12 +184,12 @@ type elasticJob struct {
 	py, pkg, root string
 	total         int
 	store         *Store
-	ch            *Channel
+	ch            *control.Channel
 	round         atomic.Int64
 	ref           []stepLog
 
 	mu       sync.Mutex
-	stopping []Report
+	stopping []control.Report
 }
 
 func newElasticJob(t *testing.T, job string, total int) *elasticJob {
@@ -203,8 +205,8 @@ func newElasticJob(t *testing.T, job string, total int) *elasticJob {
 	}
 	j.store = NewStore(etcdClient(t), "", uniqueJob(job))
 	commit := j.store.ReportHandler(j.round.Load)
-	ch, err := NewChannel(filepath.Join(j.root, "ctl"), WithHandler(func(ctx context.Context, r Report) error {
-		if r.Type == ReportStopping {
+	ch, err := control.NewChannel(filepath.Join(j.root, "ctl"), control.WithHandler(func(ctx context.Context, r control.Report) error {
+		if r.Type == control.ReportStopping {
 			j.mu.Lock()
 			j.stopping = append(j.stopping, r)
 			j.mu.Unlock()
@@ -229,7 +231,7 @@ func (j *elasticJob) start(t *testing.T, world int, rec *Record, extra ...string
 	j.mu.Lock()
 	j.stopping = nil
 	j.mu.Unlock()
-	env := map[string]string{"PYTHONPATH": j.pkg, EnvRound: strconv.FormatInt(j.round.Load(), 10)}
+	env := map[string]string{"PYTHONPATH": j.pkg, control.EnvRound: strconv.FormatInt(j.round.Load(), 10)}
 	for k, v := range j.ch.Env() {
 		env[k] = v
 	}
@@ -241,9 +243,9 @@ func (j *elasticJob) start(t *testing.T, world int, rec *Record, extra ...string
 }
 
 // announce announces a resize to newWorld and signals the group.
-func (j *elasticJob) announce(t *testing.T, g *workerGroup, kind EventKind, newWorld int) {
+func (j *elasticJob) announce(t *testing.T, g *workerGroup, kind control.EventKind, newWorld int) {
 	t.Helper()
-	if err := j.ch.Announce(Event{Kind: kind, NewWorldSize: newWorld, Round: j.round.Load(), Deadline: time.Now().Add(30 * time.Second)}); err != nil {
+	if err := j.ch.Announce(control.Event{Kind: kind, NewWorldSize: newWorld, Round: j.round.Load(), Deadline: time.Now().Add(30 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	g.signal(t, syscall.SIGUSR1)
@@ -329,14 +331,14 @@ func TestPyTorchExampleResizesWithoutLosingAStep(t *testing.T) {
 
 	g1 := j.start(t, 3, nil, "--step-time", "0.1")
 	g1.waitStep(t, 4)
-	j.announce(t, g1, ScaleDown, 2)
+	j.announce(t, g1, control.ScaleDown, 2)
 	steps1 := g1.wait(t, true)
 	checkResumed(t, steps1, 0, 3)
 	rec1 := j.checkStopped(t, 3, steps1)
 
 	g2 := j.start(t, 2, rec1, "--step-time", "0.1")
 	g2.waitStep(t, int(rec1.Step)+3)
-	j.announce(t, g2, ScaleUp, 3)
+	j.announce(t, g2, control.ScaleUp, 3)
 	steps2 := g2.wait(t, true)
 	checkResumed(t, steps2, rec1.Step, 2)
 	rec2 := j.checkStopped(t, 2, steps2)
@@ -362,7 +364,7 @@ func TestPyTorchExampleIgnoringTheSignalResumesFromLastCommit(t *testing.T) {
 
 	g1 := j.start(t, 2, nil, "--step-time", "0.1", "--ckpt-every", "3", "--ignore-signal")
 	g1.waitStep(t, 4)
-	j.announce(t, g1, Preemption, 3)
+	j.announce(t, g1, control.Preemption, 3)
 	at := g1.steps[len(g1.steps)-1].step
 	g1.waitStep(t, at+2) // still training: the signal was ignored
 	g1.signal(t, syscall.SIGTERM)

@@ -11,7 +11,20 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
+
+// Variables that tell restarted workers where to resume ([Record.Env]).
+const (
+	// EnvCheckpoint is the location of the latest committed checkpoint.
+	EnvCheckpoint = "HYPERPODRUN_CHECKPOINT"
+	// EnvResumeStep is the step of the latest committed checkpoint.
+	EnvResumeStep = "HYPERPODRUN_RESUME_STEP"
+	// EnvCheckpointWorldSize is the world size that wrote that checkpoint.
+	EnvCheckpointWorldSize = "HYPERPODRUN_CHECKPOINT_WORLD_SIZE"
+	// EnvCheckpointRound is the rendezvous round that committed it.
+	EnvCheckpointRound = "HYPERPODRUN_CHECKPOINT_ROUND"
 )
 
 // ErrStale is returned by Store.Commit for a record older than the stored
@@ -212,14 +225,14 @@ func (s *Store) logger() *slog.Logger {
 // round(), read when the report arrives), and accepts every other report.
 // Use it with WithHandler so that a worker's
 // report_checkpoint returns only once the record is in etcd.
-func (s *Store) ReportHandler(round func() int64) Handler {
+func (s *Store) ReportHandler(round func() int64) control.Handler {
 	var pending parts
-	return func(ctx context.Context, r Report) error {
+	return func(ctx context.Context, r control.Report) error {
 		var rec Record
 		switch r.Type {
-		case ReportCheckpoint:
+		case control.ReportCheckpoint:
 			rec = Record{Step: r.Step, Path: r.Path, WorldSize: r.WorldSize, Time: r.Received.UTC()}
-		case ReportCheckpointUpdate:
+		case control.ReportCheckpointUpdate:
 			var done bool
 			if rec, done = pending.add(r); !done {
 				return nil

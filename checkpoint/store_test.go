@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -177,22 +178,22 @@ func TestReportHandlerCommitsBeforeAcknowledging(t *testing.T) {
 	ctx := testCtx(t, 20*time.Second)
 	s := NewStore(cli, "", uniqueJob("job-handler"))
 	round := int64(5)
-	ch, err := NewChannel(filepath.Join(t.TempDir(), "ctl"), WithHandler(s.ReportHandler(func() int64 { return round })))
+	ch, err := control.NewChannel(filepath.Join(t.TempDir(), "ctl"), control.WithHandler(s.ReportHandler(func() int64 { return round })))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ch.Close()
-	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 20, Path: "/ckpt/20", Rank: 0, WorldSize: 3}); err != nil {
+	if err := control.SendReport(ctx, ch.SocketPath(), control.Report{Type: control.ReportCheckpoint, Step: 20, Path: "/ckpt/20", Rank: 0, WorldSize: 3}); err != nil {
 		t.Fatalf("report: %v", err)
 	}
 	rec, err := s.Latest(ctx)
 	if err != nil || rec == nil || rec.Step != 20 || rec.Path != "/ckpt/20" || rec.WorldSize != 3 || rec.Round != 5 || rec.Time.IsZero() {
 		t.Fatalf("after acknowledged report Latest = %+v, %v", rec, err)
 	}
-	if err := SendReport(ctx, ch.SocketPath(), Report{Type: ReportStopping, Step: 20, Rank: 1}); err != nil {
+	if err := control.SendReport(ctx, ch.SocketPath(), control.Report{Type: control.ReportStopping, Step: 20, Rank: 1}); err != nil {
 		t.Fatalf("stopping report: %v", err)
 	}
-	err = SendReport(ctx, ch.SocketPath(), Report{Type: ReportCheckpoint, Step: 10, Path: "/ckpt/10"})
+	err = control.SendReport(ctx, ch.SocketPath(), control.Report{Type: control.ReportCheckpoint, Step: 10, Path: "/ckpt/10"})
 	if err == nil || !strings.Contains(err.Error(), "older than") {
 		t.Fatalf("stale report = %v, want a refusal", err)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/c10dstore"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
@@ -120,7 +121,7 @@ type elastic struct {
 	// worker reported it is stopping for a planned change.
 	roundNo, stopping atomic.Int64
 	store             *checkpoint.Store
-	ch                *checkpoint.Channel
+	ch                *control.Channel
 	round             *rendezvous.Round
 	// guard renews the workers' watchdog from the lease keepalive.
 	guard *leaseGuard
@@ -225,14 +226,14 @@ func (e *elastic) run(ctx context.Context) (err error) {
 	defer e.guard.close()
 	defer e.closeStore()
 	commit := e.store.ReportHandler(func() int64 { return e.roundNo.Load() })
-	e.ch, err = checkpoint.NewChannel(ctlDir,
-		checkpoint.WithHandler(func(ctx context.Context, r checkpoint.Report) error {
+	e.ch, err = control.NewChannel(ctlDir,
+		control.WithHandler(func(ctx context.Context, r control.Report) error {
 			if !e.guard.leaseAlive() {
 				// Fenced (perhaps while this agent was stopped): another
 				// round may run this node's ranks already.
-				return fmt.Errorf("%w: this node's lease of round %d is no longer provably alive", checkpoint.ErrStaleRound, r.Round)
+				return fmt.Errorf("%w: this node's lease of round %d is no longer provably alive", control.ErrStaleRound, r.Round)
 			}
-			if r.Type == checkpoint.ReportStopping {
+			if r.Type == control.ReportStopping {
 				// A worker saw a planned change (possibly announced on
 				// another node) and exits 0: not the end of training.
 				e.stopping.Store(e.roundNo.Load())
@@ -464,8 +465,10 @@ func (e *elastic) joinOnce(ctx context.Context, event *scaleEvent) (*rendezvous.
 }
 
 // barrier marks this node ready for round r (its previous workers are gone)
-// and waits until every member is. It returns the change instead when the
-// round is superseded first (a member died before it got ready).
+// and waits until every member is (rendezvous.Barrier) and no node outside
+// the round still runs workers of an older round (rendezvous.RunningMarker).
+// It returns the change instead when the round is superseded first (a
+// member died before it got ready).
 func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scaleEvent) (*rendezvous.Change, error) {
 	parent := ctx
 	if event != nil {
@@ -473,97 +476,55 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 	}
 	_, span := e.tracer.Start(parent, "barrier", trace.WithAttributes(attribute.Int64("round", r.Number), attribute.Int("nodes", r.NumNodes)))
 	defer span.End()
-	keys := fleet.NewKeys(e.cfg.Prefix)
-	dir := keys.ReadyRound(e.cfg.JobID, r.Number)
 	// The round's store is up before this node says it is ready, so no
 	// worker of any node starts before it: none waits on torch's
 	// connect-retry grid.
 	if err := e.serveStore(ctx, r); err != nil {
 		return nil, err
 	}
-	wctx, wcancel := context.WithTimeout(ctx, e.opTimeout())
-	defer wcancel()
-	if _, err := e.cli.Put(wctx, keys.Ready(e.cfg.JobID, r.Number, e.node.ID()), "1"); err != nil {
-		return nil, fmt.Errorf("mark ready for round %d: %w", r.Number, err)
+	b := rendezvous.NewBarrier(e.cli, e.cfg.Prefix, e.cfg.JobID, r.Number, r.NumNodes, e.node.ID(), e.opTimeout())
+	if err := b.Arrive(ctx); err != nil {
+		return nil, err
 	}
-	if r.Rank == 0 && r.Number > 1 {
-		// Old rounds' markers are garbage now.
-		e.cli.Delete(wctx, keys.ReadyPrefix(e.cfg.JobID), clientv3.WithRange(keys.ReadyRound(e.cfg.JobID, r.Number-1)))
+	if r.Rank == 0 {
+		if err := b.PruneOlder(ctx); err != nil {
+			e.log.Warn("cannot delete old rounds' ready barriers", "err", err)
+		}
 	}
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changed, failed := e.superseded(bctx, r)
-	rctx, rcancel := context.WithTimeout(bctx, e.opTimeout())
-	resp, err := e.cli.Get(rctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	rcancel()
-	if err != nil {
-		return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
-	}
-	ready := int(resp.Count)
-	wch := e.cli.Watch(bctx, dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete())
-	for ready < r.NumNodes {
-		select {
-		case w, ok := <-wch:
-			if !ok || w.Err() != nil {
-				return nil, fmt.Errorf("round %d barrier: watch ended: %v", r.Number, w.Err())
-			}
-			for _, ev := range w.Events {
-				if ev.IsCreate() {
-					ready++
-				}
-			}
-		case c := <-changed:
-			return &c, nil
-		case err := <-failed:
-			return nil, err
-		case <-e.node.LeaseLost():
-			return nil, rendezvous.ErrLeaseLost
-		case s := <-e.o.Signals:
-			sig, _ := s.(syscall.Signal)
-			return nil, signalError{sig}
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	passed := make(chan error, 1)
+	go func() {
+		err := b.Wait(bctx)
+		if err == nil {
+			// Nodes that are not in this round (leaving: drained, or
+			// spares) may still be checkpointing with their workers of an
+			// older round: no rank of this round exists before theirs are
+			// gone. A dead node's marker expires with its lease.
+			err = e.marker().WaitOlderGone(bctx, r.Number, func(nodes []string) {
+				e.log.Info("waiting for older workers on other nodes to stop", "round", r.Number, "nodes", strings.Join(nodes, ","))
+			})
 		}
-	}
-	// Nodes that are not in this round (leaving: drained, or spares) may
-	// still be checkpointing with their workers of an older round: no rank
-	// of this round exists before theirs are gone. A dead node's marker
-	// expires with its lease.
-	for {
-		older, rev, err := e.olderWorkers(bctx, r.Number)
+		passed <- err
+	}()
+	select {
+	case err := <-passed:
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
 		}
-		if len(older) == 0 {
-			return nil, nil
-		}
-		e.log.Info("waiting for older workers on other nodes to stop", "round", r.Number, "nodes", strings.Join(older, ","))
-		keys := fleet.NewKeys(e.cfg.Prefix)
-		wctx, wcancel := context.WithCancel(bctx)
-		rch := e.cli.Watch(wctx, keys.RunningPrefix(e.cfg.JobID), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		select {
-		case w, ok := <-rch:
-			wcancel()
-			if !ok || w.Err() != nil {
-				return nil, fmt.Errorf("round %d barrier: watch running workers ended: %v", r.Number, w.Err())
-			}
-		case c := <-changed:
-			wcancel()
-			return &c, nil
-		case err := <-failed:
-			wcancel()
-			return nil, err
-		case <-e.node.LeaseLost():
-			wcancel()
-			return nil, rendezvous.ErrLeaseLost
-		case s := <-e.o.Signals:
-			wcancel()
-			sig, _ := s.(syscall.Signal)
-			return nil, signalError{sig}
-		case <-ctx.Done():
-			wcancel()
-			return nil, ctx.Err()
-		}
+		return nil, nil
+	case c := <-changed:
+		return &c, nil
+	case err := <-failed:
+		return nil, err
+	case <-e.node.LeaseLost():
+		return nil, rendezvous.ErrLeaseLost
+	case s := <-e.o.Signals:
+		sig, _ := s.(syscall.Signal)
+		return nil, signalError{sig}
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 }
 
@@ -592,24 +553,20 @@ func (e *elastic) closeStore() {
 	}
 }
 
+// marker is this node's running-workers marker, under its current lease.
+func (e *elastic) marker() *rendezvous.RunningMarker {
+	return rendezvous.NewRunningMarker(e.cli, e.cfg.Prefix, e.cfg.JobID, e.node.ID(), e.node.Lease(), e.opTimeout())
+}
+
 // markRunning records, under this node's lease, that its workers of round
-// r may be alive from now on (fleet.Keys.Running).
+// r may be alive from now on (fleet.Keys.Running), and leaves the will
+// that revokes the lease should this agent die (leaseWill).
 func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
-	lease := e.node.Lease()
-	if lease == 0 {
-		return fmt.Errorf("round %d: %w", r.Number, rendezvous.ErrLeaseLost)
+	m := e.marker()
+	if err := m.Mark(ctx, r.Number); err != nil {
+		return err
 	}
-	keys := fleet.NewKeys(e.cfg.Prefix)
-	wctx, cancel := context.WithTimeout(ctx, e.opTimeout())
-	defer cancel()
-	_, err := e.cli.Put(wctx, keys.Running(e.cfg.JobID, e.node.ID()), fleet.Hex16(r.Number), clientv3.WithLease(lease))
-	if errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound) {
-		return fmt.Errorf("round %d: mark workers running: %w", r.Number, rendezvous.ErrLeaseLost)
-	}
-	if err != nil {
-		return fmt.Errorf("round %d: mark workers running: %w", r.Number, err)
-	}
-	e.guard.setWill(encodeWill(e.copts, lease))
+	e.guard.setWill(encodeWill(e.copts, e.node.Lease()))
 	return nil
 }
 
@@ -617,36 +574,9 @@ func (e *elastic) markRunning(ctx context.Context, r *rendezvous.Round) error {
 // (best effort: the lease takes it with it otherwise, and this node's own
 // marker never holds up its own barrier).
 func (e *elastic) markStopped(ctx context.Context) {
-	keys := fleet.NewKeys(e.cfg.Prefix)
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.opTimeout())
-	defer cancel()
-	if _, err := e.cli.Delete(wctx, keys.Running(e.cfg.JobID, e.node.ID())); err != nil {
+	if err := e.marker().Clear(context.WithoutCancel(ctx)); err != nil {
 		e.log.Warn("cannot clear this node's running-workers marker; it goes with the lease", "err", err)
 	}
-}
-
-// olderWorkers lists the nodes other than this one whose workers of a
-// round before round may still be alive, at the revision read.
-func (e *elastic) olderWorkers(ctx context.Context, round int64) ([]string, int64, error) {
-	keys := fleet.NewKeys(e.cfg.Prefix)
-	p := keys.RunningPrefix(e.cfg.JobID)
-	rctx, cancel := context.WithTimeout(ctx, e.opTimeout())
-	defer cancel()
-	resp, err := e.cli.Get(rctx, p, clientv3.WithPrefix())
-	if err != nil {
-		return nil, 0, fmt.Errorf("round %d barrier: read running workers: %w", round, err)
-	}
-	var older []string
-	for _, kv := range resp.Kvs {
-		node := strings.TrimPrefix(string(kv.Key), p)
-		if node == e.node.ID() {
-			continue // ours are gone: we are past watch
-		}
-		if r, err := strconv.ParseInt(string(kv.Value), 16, 64); err != nil || r < round {
-			older = append(older, node)
-		}
-	}
-	return older, resp.Header.Revision, nil
 }
 
 // signalError carries a signal received while no workers run.
@@ -915,9 +845,9 @@ func (e *elastic) opTimeout() time.Duration {
 // "preemption" or "shutdown" (new world size 0) with the coordinator's
 // reason, not "drain".
 func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Round) error {
-	ev := checkpoint.Event{Kind: checkpoint.Drain, NewWorldSize: e.newWorldSize(ctx, checkpoint.Drain, r)}
+	ev := control.Event{Kind: control.Drain, NewWorldSize: e.newWorldSize(ctx, control.Drain, r)}
 	if stop, ok := e.stopRecord(ctx); ok {
-		ev = checkpoint.Event{Kind: checkpoint.EventKind(stop.Kind), Reason: stop.Reason}
+		ev = control.Event{Kind: control.EventKind(stop.Kind), Reason: stop.Reason}
 	} else {
 		// Tell every member first: the closer proposes the next round
 		// without this node at once, and the other agents announce it to
@@ -938,7 +868,7 @@ func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 // tellMembersWeDrain marks this node as leaving in the rendezvous and waits
 // briefly for the round without it, whose world size the workers are told.
 // Without an answer the drain goes on as a local announcement.
-func (e *elastic) tellMembersWeDrain(ctx context.Context, r *rendezvous.Round, ev *checkpoint.Event) {
+func (e *elastic) tellMembersWeDrain(ctx context.Context, r *rendezvous.Round, ev *control.Event) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if err := e.node.Drain(ctx); err != nil {
@@ -982,12 +912,12 @@ func (e *elastic) stopRecord(ctx context.Context) (fleet.Stop, bool) {
 // newWorldSize estimates the world size after a planned change (nodes are
 // assumed to run this node's --nproc-per-node): the target for a resize,
 // one node more for a waiting node, one fewer for a drain.
-func (e *elastic) newWorldSize(ctx context.Context, kind checkpoint.EventKind, r *rendezvous.Round) int {
+func (e *elastic) newWorldSize(ctx context.Context, kind control.EventKind, r *rendezvous.Round) int {
 	nodes := r.NumNodes
 	switch kind {
-	case checkpoint.ScaleUp:
+	case control.ScaleUp:
 		nodes++
-	case checkpoint.Drain:
+	case control.Drain:
 		nodes--
 	default:
 		if t := e.desired(ctx).Target(); t > 0 {
@@ -1045,7 +975,7 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
 	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
 	if o.InProcessResize {
-		ev := checkpoint.Event{Kind: checkpoint.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		ev := control.Event{Kind: control.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
 		if planned {
 			ev = e.plannedEvent(ctx, c, r)
 		}
@@ -1083,24 +1013,24 @@ func changeTrace(job string, round int64, id string) context.Context {
 // scale_down when the proposed round is larger or smaller, with its world
 // size; resize when the size stays (or is not proposed yet, in which case
 // the world size is estimated from the target).
-func (e *elastic) plannedEvent(ctx context.Context, c rendezvous.Change, r *rendezvous.Round) checkpoint.Event {
+func (e *elastic) plannedEvent(ctx context.Context, c rendezvous.Change, r *rendezvous.Round) control.Event {
 	switch {
 	case c.WorldSize > 0 && c.NumNodes > r.NumNodes:
-		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		return control.Event{Kind: control.ScaleUp, NewWorldSize: c.WorldSize, Reason: c.Detail}
 	case c.WorldSize > 0 && c.NumNodes < r.NumNodes:
-		return checkpoint.Event{Kind: checkpoint.ScaleDown, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		return control.Event{Kind: control.ScaleDown, NewWorldSize: c.WorldSize, Reason: c.Detail}
 	case c.WorldSize > 0:
-		return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: c.WorldSize, Reason: c.Detail}
+		return control.Event{Kind: control.Resize, NewWorldSize: c.WorldSize, Reason: c.Detail}
 	case c.Reason == rendezvous.NodeWaiting:
-		return checkpoint.Event{Kind: checkpoint.ScaleUp, NewWorldSize: e.newWorldSize(ctx, checkpoint.ScaleUp, r), Reason: c.Detail}
+		return control.Event{Kind: control.ScaleUp, NewWorldSize: e.newWorldSize(ctx, control.ScaleUp, r), Reason: c.Detail}
 	}
-	return checkpoint.Event{Kind: checkpoint.Resize, NewWorldSize: e.newWorldSize(ctx, checkpoint.Resize, r), Reason: c.Detail}
+	return control.Event{Kind: control.Resize, NewWorldSize: e.newWorldSize(ctx, control.Resize, r), Reason: c.Detail}
 }
 
 // announceAndWait announces a planned change to the workers (event file,
 // then the elastic signal) and waits up to --graceful-timeout for them to
 // checkpoint and exit, then escalates: SIGTERM, then SIGKILL.
-func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev checkpoint.Event) {
+func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev control.Event) {
 	o := e.o
 	ev.Deadline = time.Now().Add(o.GracefulTimeout)
 	ev.Round = r.Number

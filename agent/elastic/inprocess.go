@@ -10,7 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
@@ -49,7 +49,7 @@ const envInProcess = "HYPERPODRUN_INPROCESS"
 // one of them is parked for its next assignment; it returns false (the
 // workers are gone then) when they do not all ask within the graceful
 // timeout, or some exited or failed instead: the next round restarts them.
-func (e *elastic) handOver(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev checkpoint.Event) bool {
+func (e *elastic) handOver(ectx context.Context, g *launcher.Group, r *rendezvous.Round, ev control.Event) bool {
 	o := e.o
 	ev.InProcess = true
 	ev.Deadline = time.Now().Add(o.GracefulTimeout)
@@ -126,9 +126,9 @@ func (e *elastic) leaveParked(why string) int {
 	if len(parked) == 0 {
 		return 0
 	}
-	by := make(map[int]checkpoint.Assignment, len(parked))
+	by := make(map[int]control.Assignment, len(parked))
 	for pg := range parked {
-		by[pg] = checkpoint.Assignment{Leave: true, Reason: why}
+		by[pg] = control.Assignment{Leave: true, Reason: why}
 	}
 	return e.ch.Release(by)
 }
@@ -209,10 +209,10 @@ func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts, att
 		return nil, nil
 	}
 	e.prewarmed = false
-	by := make(map[int]checkpoint.Assignment, len(workers))
+	by := make(map[int]control.Assignment, len(workers))
 	for _, w := range workers {
 		e.ch.Admit(r.Number, w.PID, w.Rank)
-		by[w.PID] = checkpoint.Assignment{Round: r.Number, Env: w.Env}
+		by[w.PID] = control.Assignment{Round: r.Number, Env: w.Env}
 	}
 	msg := "reassigning workers in process"
 	if prewarmed {

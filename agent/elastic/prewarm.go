@@ -6,10 +6,8 @@ import (
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
 // envPrewarm tells a worker it was started ahead of its round: it holds no
@@ -24,7 +22,7 @@ const envPrewarm = "HYPERPODRUN_PREWARM"
 // start Python and import torch. So it starts its workers first, with no
 // rank (launcher.Assignment.Prewarm); they park on the control channel
 // asking for their first assignment (believed only for that:
-// checkpoint.Channel.AdmitPrewarmed), and the node registers once every
+// control.Channel.AdmitPrewarmed), and the node registers once every
 // one of them asks. They are then kept as e.carry, like a survivor's
 // parked workers: after the ready barrier and the running marker, resume
 // admits each for its rank of the round and answers it. Fencing is
@@ -65,14 +63,12 @@ func shouldPrewarm(v prewarmView) (bool, string) {
 // runningNodes counts the nodes of the job whose workers may run now, or
 // returns -1 when etcd does not say in time.
 func (e *elastic) runningNodes(ctx context.Context) int {
-	ctx, cancel := context.WithTimeout(ctx, e.opTimeout())
-	defer cancel()
-	resp, err := e.cli.Get(ctx, fleet.NewKeys(e.cfg.Prefix).RunningPrefix(e.cfg.JobID), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	n, err := rendezvous.RunningNodes(ctx, e.cli, e.cfg.Prefix, e.cfg.JobID, e.opTimeout())
 	if err != nil {
 		e.log.Warn("cannot read which nodes of the job run workers; not prewarming", "err", err)
 		return -1
 	}
-	return int(resp.Count)
+	return n
 }
 
 // prewarm starts this node's workers ahead of their round and waits until

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -56,7 +57,7 @@ func RunStatic(ctx context.Context, o Options) error {
 		}
 		defer os.RemoveAll(dir)
 		record = &checkpoint.LocalRecord{}
-		ch, err := checkpoint.NewChannel(dir, checkpoint.WithHandler(record.ReportHandler()), checkpoint.WithLogger(log))
+		ch, err := control.NewChannel(dir, control.WithHandler(record.ReportHandler()), control.WithLogger(log))
 		if err != nil {
 			return &ExitError{1, fmt.Errorf("control channel: %w", err)}
 		}

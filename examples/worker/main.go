@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
+	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 )
 
 type state struct {
@@ -85,7 +86,7 @@ func save(st state, dir string, rank, world int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if sock != "" {
-		checkpoint.SendReport(ctx, sock, checkpoint.Report{Type: checkpoint.ReportStopping, Step: int64(st.Step), Rank: rank, WorldSize: world})
+		control.SendReport(ctx, sock, control.Report{Type: control.ReportStopping, Step: int64(st.Step), Rank: rank, WorldSize: world})
 	}
 }
 
@@ -104,7 +105,7 @@ func commit(st state, dir string, rank, world int) {
 		return
 	}
 	if sock := os.Getenv("HYPERPODRUN_CONTROL_SOCKET"); sock != "" {
-		if err := checkpoint.SendReport(ctx, sock, checkpoint.Report{Type: checkpoint.ReportCheckpoint, Step: int64(st.Step), Path: path, Rank: rank, WorldSize: world}); err != nil {
+		if err := control.SendReport(ctx, sock, control.Report{Type: control.ReportCheckpoint, Step: int64(st.Step), Path: path, Rank: rank, WorldSize: world}); err != nil {
 			fmt.Fprintln(os.Stderr, "worker: report checkpoint:", err)
 		}
 	}
