@@ -95,7 +95,7 @@ func RunStatic(ctx context.Context, o Options) error {
 				return runHook(ctx, "post-train", o.PostTrain)
 			}
 		}
-		if a.RestartCount >= o.MaxRestarts {
+		if launcher.BudgetSpent(a.RestartCount+1, o.MaxRestarts) { // this failure included
 			fmt.Fprint(o.stderrW(), res.Summary(o.Spec.Entrypoint))
 			return &ExitError{1, fmt.Errorf("%s failed: %d worker(s) failed, %d restart(s) used of --max-restarts %d", o.Spec.Entrypoint, len(res.Failures), a.RestartCount, o.MaxRestarts)}
 		}

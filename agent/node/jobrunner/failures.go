@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/launcher"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
@@ -139,9 +140,9 @@ const (
 //   - restart: anything else: restart after a backoff.
 func judgeFailure(globalRestarts int64, known bool, nodeFailures int, maxRestarts int) string {
 	switch {
-	case known && globalRestarts > int64(maxRestarts):
+	case known && launcher.BudgetSpent(int(globalRestarts), maxRestarts):
 		return ruleBudgetSpent
-	case nodeFailures > maxRestarts:
+	case launcher.BudgetSpent(nodeFailures, maxRestarts):
 		return ruleCrashLoop
 	}
 	return ruleRestart
