@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	hprBinary = filepath.Join(dir, "hyperpodrun")
-	if out, err := exec.Command("go", "build", "-o", hprBinary, "../cmd/hyperpodrun").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", hprBinary, "../../cmd/hyperpodrun").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build hyperpodrun: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 
 func repoPath(rel string) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", rel)
+	return filepath.Join(filepath.Dir(file), "..", "..", rel)
 }
 
 // torchPython returns Debian's python with torch, or skips (fails in CI).
