@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // testLogger sends the server's logs to the test log.
@@ -136,7 +138,7 @@ func TestV2WaitWakeAndCancel(t *testing.T) {
 	// A wait on several keys is woken when the last one arrives.
 	done := make(chan error, 1)
 	go func() { done <- waiter.wait(20*time.Second, "a", "b") }()
-	waitFor(t, func() bool { return waitersOn(s, "/a") == 1 && waitersOn(s, "/b") == 1 })
+	testutil.Eventually(t, 20*time.Second, "1 waiter(s) on /a and 1 waiter(s) on /b", testutil.True(func() bool { return waitersOn(s, "/a") == 1 && waitersOn(s, "/b") == 1 }))
 	setter.set("a", "1")
 	select {
 	case err := <-done:
@@ -154,7 +156,7 @@ func TestV2WaitWakeAndCancel(t *testing.T) {
 	b.u64(1)
 	b.str("/late")
 	b.flush()
-	waitFor(t, func() bool { return waitersOn(s, "/late") == 1 })
+	testutil.Eventually(t, 20*time.Second, "1 waiter(s) on /late", testutil.True(func() bool { return waitersOn(s, "/late") == 1 }))
 	setter.set("late", "x")
 	setter.numKeys() // a round trip: the SET has been applied
 	b = waiter.buf(v2CancelWait)
@@ -175,9 +177,9 @@ func TestV2WaitWakeAndCancel(t *testing.T) {
 	b.u64(1)
 	b.str("/ghost")
 	b.flush()
-	waitFor(t, func() bool { return waitersOn(s, "/ghost") == 1 })
+	testutil.Eventually(t, 20*time.Second, "1 waiter(s) on /ghost", testutil.True(func() bool { return waitersOn(s, "/ghost") == 1 }))
 	_ = gone.nc.Close()
-	waitFor(t, func() bool { return waitersOn(s, "/ghost") == 0 })
+	testutil.Eventually(t, 20*time.Second, "0 waiter(s) on /ghost", testutil.True(func() bool { return waitersOn(s, "/ghost") == 0 }))
 	setter.set("ghost", "boo") // no write to a dead connection
 }
 
@@ -217,7 +219,7 @@ func TestV2Queues(t *testing.T) {
 			results <- res{v, err}
 		}()
 	}
-	waitFor(t, func() bool { return waitersOn(s, "/work") == 2 })
+	testutil.Eventually(t, 20*time.Second, "2 waiter(s) on /work", testutil.True(func() bool { return waitersOn(s, "/work") == 2 }))
 	p.queuePush("work", "w1")
 	r := <-results
 	if r.err != nil || r.v != "w1" {
@@ -356,7 +358,7 @@ func TestHostileInput(t *testing.T) {
 	if _, ok := s.Get("k"); !ok {
 		t.Fatal(`"k" from the ADD case is missing`)
 	}
-	waitFor(t, func() bool { return s.numConns() == 1 })
+	testutil.Eventually(t, 20*time.Second, "one open connection", testutil.True(func() bool { return s.numConns() == 1 }))
 }
 
 func TestLimitsOnStoreAndConnections(t *testing.T) {
@@ -374,7 +376,7 @@ func TestLimitsOnStoreAndConnections(t *testing.T) {
 	if got := a.add("n", 1); got != 1 {
 		t.Fatalf("add = %d", got)
 	}
-	waitFor(t, func() bool { return s.numConns() == 1 })
+	testutil.Eventually(t, 20*time.Second, "one open connection", testutil.True(func() bool { return s.numConns() == 1 }))
 	_ = newV2Client(t, addr)
 	third := dialTest(t, addr)
 	expectClosed(t, third)
@@ -436,10 +438,10 @@ func TestCloseClosesEverything(t *testing.T) {
 	b.u64(1)
 	b.str("/never")
 	b.flush()
-	waitFor(t, func() bool { return waitersOn(s, "/never") == 1 })
+	testutil.Eventually(t, 20*time.Second, "1 waiter(s) on /never", testutil.True(func() bool { return waitersOn(s, "/never") == 1 }))
 	waitDone := make(chan error, 1)
 	go func() { waitDone <- s.Wait(context.Background(), "/also-never") }()
-	waitFor(t, func() bool { return waitersOn(s, "/also-never") == 1 })
+	testutil.Eventually(t, 20*time.Second, "1 waiter(s) on /also-never", testutil.True(func() bool { return waitersOn(s, "/also-never") == 1 }))
 
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -542,18 +544,6 @@ func BenchmarkAdd(b *testing.B) {
 	}
 }
 
-// waitFor polls cond until it holds or 20 s pass.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 20s")
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func waitersOn(s *Server, key string) int {
 	s.st.mu.Lock()
 	defer s.st.mu.Unlock()
@@ -583,11 +573,12 @@ func TestUnreadRepliesBounded(t *testing.T) {
 	if _, err := w.Write(append(watch, "/w"...)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 20*time.Second, "the condition", testutil.True(func() bool {
 		s.st.mu.Lock()
 		defer s.st.mu.Unlock()
 		return len(s.st.watchers["/w"]) == 1
-	})
+	}))
+
 	c := newLegacyClient(t, addr)
 	value := string(make([]byte, 64<<10))
 	for i := 0; s.numConns() == 2; i++ {

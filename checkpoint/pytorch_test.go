@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // pythonWithTorch returns a Python that can import torch.distributed, or
@@ -39,16 +39,6 @@ func pythonWithTorch(t *testing.T) string {
 		t.Skipf("%s cannot import torch.distributed: %v\n%s", py, err, out)
 	}
 	return py
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // syncBuffer collects a process's stderr for failure messages.
@@ -94,7 +84,7 @@ func startWorkers(t *testing.T, py string, world int, extraEnv map[string]string
 			base = append(base, kv)
 		}
 	}
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	g := &workerGroup{stderr: &syncBuffer{}}
 	for rank := 0; rank < world; rank++ {
 		cmd := exec.Command(py, append([]string{script}, args...)...)

@@ -176,78 +176,14 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 	}
 	layers = append(layers, g.spec.WorkerEnv(g.asg, lr, w.errorFile))
 	env := mergeEnv(layers...)
-	prefix := []byte(g.linePrefix(lr))
-	showConsole := g.spec.RanksFilter == nil || g.spec.RanksFilter[lr]
-	redir, tee := g.spec.Redirects.For(lr), g.spec.Tee.For(lr)
-	if g.dir == "" {
-		redir, tee = StdNone, StdNone
-	}
 
-	var closeAfterStart []*os.File
-	defer func() {
-		for _, f := range closeAfterStart {
-			f.Close()
-		}
-	}()
-	// stream sets up one of stdout (1) / stderr (2), as torchrun does: a
-	// file passed straight to the child when redirected; a pipe we copy to
-	// the file and (prefixed) to the console when teed; else the console
-	// itself, inherited (torchrun's workers write to its own stdout/stderr,
-	// so a terminal stays a terminal and lines are not prefixed).
-	stream := func(which Std, name string, console io.Writer, filtered *lockedFile) (*os.File, error) {
-		var file *os.File
-		if redir.Has(which) || tee.Has(which) {
-			f, err := os.OpenFile(filepath.Join(rankDir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-			if err != nil {
-				return nil, fmt.Errorf("open worker log: %w", err)
-			}
-			if redir.Has(which) && !tee.Has(which) {
-				closeAfterStart = append(closeAfterStart, f)
-				return f, nil // file only: the child writes it directly
-			}
-			file = f
-		}
-		var out io.Writer
-		if showConsole {
-			out = console
-		}
-		if file == nil {
-			if f, ok := out.(*os.File); ok {
-				return f, nil // inherited: the worker writes to our console
-			}
-			if out == nil {
-				f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-				if err != nil {
-					return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
-				}
-				closeAfterStart = append(closeAfterStart, f)
-				return f, nil
-			}
-		}
-		r, wr, err := os.Pipe()
-		if err != nil {
-			return nil, fmt.Errorf("create pipe: %w", err)
-		}
-		closeAfterStart = append(closeAfterStart, wr)
-		w.pipes = append(w.pipes, r)
-		w.output.Add(1)
-		go func() {
-			defer w.output.Done()
-			if file == nil {
-				// Not teed: the console as the worker wrote it, unprefixed.
-				io.Copy(out, r)
-				return
-			}
-			copyLines(r, file, out, prefix, filtered)
-			file.Close()
-		}()
-		return wr, nil
-	}
-	stdout, err := stream(StdOut, "stdout.log", g.spec.Stdout, g.filteredOut)
+	s := g.newWorkerStreams(w, lr, rankDir)
+	defer s.closeAfterStart()
+	stdout, err := s.stream(StdOut, "stdout.log", g.spec.Stdout, g.filteredOut)
 	if err != nil {
 		return nil, err
 	}
-	stderr, err := stream(StdErr, "stderr.log", g.spec.Stderr, g.filteredErr)
+	stderr, err := s.stream(StdErr, "stderr.log", g.spec.Stderr, g.filteredErr)
 	if err != nil {
 		return nil, err
 	}
@@ -262,19 +198,8 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 			Pdeathsig: syscall.SIGKILL,
 		},
 	}
-	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
-	if g.numaCPUs != nil {
-		cpus := g.numaCPUs[lr]
-		if g.numactl != "" {
-			bound := append([]string{g.numactl, "--physcpubind=" + formatCPUList(cpus)}, argv...)
-			fork = func() (int, error) { return syscall.ForkExec(g.numactl, bound, attr) }
-		} else {
-			plain := fork
-			fork = func() (int, error) { return forkExecBound(cpus, plain) }
-		}
-	}
 	reap.mu.Lock() // hold off the reaper's delivery until we registered
-	pid, err := fork()
+	pid, err := g.forker(path, argv, attr, lr)()
 	reap.mu.Unlock()
 	if err != nil {
 		for _, r := range w.pipes {
@@ -291,41 +216,150 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 	if g.onSpawn != nil {
 		g.onSpawn(pid, lr)
 	}
-	exitCh := reap.wait(pid)
-	go func() {
-		w.exit = <-exitCh
-		w.exitTime = time.Now()
-		// Whether this exit is the worker's own failure is decided now: once
-		// Stop began, exits are caused by us.
-		g.mu.Lock()
-		ownExit := !g.stopping
-		g.mu.Unlock()
-		// Kill whatever the worker left in its process group (forked
-		// children) so the pipes reach EOF and nothing outlives it.
-		syscall.Kill(-pid, syscall.SIGKILL)
-		if g.wd != nil {
-			_ = g.wd.Release(pid)
-		}
-		drained := make(chan struct{})
-		go func() { w.output.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(5 * time.Second):
-			// A descendant that left the group still holds the pipe.
-			for _, r := range w.pipes {
-				r.Close()
-			}
-			<-drained
-		}
+	go g.awaitExit(w, reap.wait(pid))
+	return w, nil
+}
+
+// forker returns how local rank lr's worker is started: a plain fork and
+// exec, or bound to its NUMA node's CPUs (through numactl when there is
+// one).
+func (g *Group) forker(path string, argv []string, attr *syscall.ProcAttr, lr int) func() (int, error) {
+	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	if g.numaCPUs == nil {
+		return fork
+	}
+	cpus := g.numaCPUs[lr]
+	if g.numactl != "" {
+		bound := append([]string{g.numactl, "--physcpubind=" + formatCPUList(cpus)}, argv...)
+		return func() (int, error) { return syscall.ForkExec(g.numactl, bound, attr) }
+	}
+	return func() (int, error) { return forkExecBound(cpus, fork) }
+}
+
+// awaitExit waits for worker w's exit, cleans up after it (what it left in
+// its process group, its output pipes, the watchdog's guard), records a
+// failure of its own and closes w.done.
+func (g *Group) awaitExit(w *worker, exitCh <-chan exitInfo) {
+	w.exit = <-exitCh
+	w.exitTime = time.Now()
+	// Whether this exit is the worker's own failure is decided now: once
+	// Stop began, exits are caused by us.
+	g.mu.Lock()
+	ownExit := !g.stopping
+	g.mu.Unlock()
+	// Kill whatever the worker left in its process group (forked
+	// children) so the pipes reach EOF and nothing outlives it.
+	syscall.Kill(-w.pid, syscall.SIGKILL)
+	if g.wd != nil {
+		_ = g.wd.Release(w.pid)
+	}
+	drained := make(chan struct{})
+	go func() { w.output.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		// A descendant that left the group still holds the pipe.
 		for _, r := range w.pipes {
 			r.Close()
 		}
-		if ownExit && !w.succeeded() {
-			g.recordFailure(w)
+		<-drained
+	}
+	for _, r := range w.pipes {
+		r.Close()
+	}
+	if ownExit && !w.succeeded() {
+		g.recordFailure(w)
+	}
+	close(w.done)
+}
+
+// workerStreams sets up one worker's stdout and stderr.
+type workerStreams struct {
+	w           *worker
+	rankDir     string
+	prefix      []byte
+	showConsole bool
+	redir, tee  Std
+	// toClose: our copies of the files the child gets, closed once it
+	// started.
+	toClose []*os.File
+}
+
+func (g *Group) newWorkerStreams(w *worker, lr int, rankDir string) *workerStreams {
+	s := &workerStreams{
+		w:           w,
+		rankDir:     rankDir,
+		prefix:      []byte(g.linePrefix(lr)),
+		showConsole: g.spec.RanksFilter == nil || g.spec.RanksFilter[lr],
+		redir:       g.spec.Redirects.For(lr),
+		tee:         g.spec.Tee.For(lr),
+	}
+	if g.dir == "" {
+		s.redir, s.tee = StdNone, StdNone
+	}
+	return s
+}
+
+func (s *workerStreams) closeAfterStart() {
+	for _, f := range s.toClose {
+		f.Close()
+	}
+}
+
+// stream sets up one of stdout (1) / stderr (2), as torchrun does: a
+// file passed straight to the child when redirected; a pipe we copy to
+// the file and (prefixed) to the console when teed; else the console
+// itself, inherited (torchrun's workers write to its own stdout/stderr,
+// so a terminal stays a terminal and lines are not prefixed).
+func (s *workerStreams) stream(which Std, name string, console io.Writer, filtered *lockedFile) (*os.File, error) {
+	var file *os.File
+	if s.redir.Has(which) || s.tee.Has(which) {
+		f, err := os.OpenFile(filepath.Join(s.rankDir, name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("open worker log: %w", err)
 		}
-		close(w.done)
+		if s.redir.Has(which) && !s.tee.Has(which) {
+			s.toClose = append(s.toClose, f)
+			return f, nil // file only: the child writes it directly
+		}
+		file = f
+	}
+	var out io.Writer
+	if s.showConsole {
+		out = console
+	}
+	if file == nil {
+		if f, ok := out.(*os.File); ok {
+			return f, nil // inherited: the worker writes to our console
+		}
+		if out == nil {
+			f, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+			if err != nil {
+				return nil, fmt.Errorf("open %s: %w", os.DevNull, err)
+			}
+			s.toClose = append(s.toClose, f)
+			return f, nil
+		}
+	}
+	r, wr, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("create pipe: %w", err)
+	}
+	s.toClose = append(s.toClose, wr)
+	w := s.w
+	w.pipes = append(w.pipes, r)
+	w.output.Add(1)
+	go func() {
+		defer w.output.Done()
+		if file == nil {
+			// Not teed: the console as the worker wrote it, unprefixed.
+			io.Copy(out, r)
+			return
+		}
+		copyLines(r, file, out, s.prefix, filtered)
+		file.Close()
 	}()
-	return w, nil
+	return wr, nil
 }
 
 // copyLines copies r line by line to file (as is), console (prefixed) and,

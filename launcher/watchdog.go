@@ -326,80 +326,19 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 	if len(os.Args) > 2 {
 		agent, _ = strconv.Atoi(os.Args[2])
 	}
-	log = log.With("watchdog_pid", os.Getpid(), "agent_pid", agent)
+	s := &watchdogState{log: log.With("watchdog_pid", os.Getpid(), "agent_pid", agent), guarded: map[int]bool{}}
 	var (
-		deadline int64 // 0: none
-		guarded  = map[int]bool{}
-		buf      = make([]byte, 4096)
-		partial  []byte
-		will     []byte
+		buf     = make([]byte, 4096)
+		partial []byte
 	)
-	killAll := func(why string) {
-		if len(guarded) == 0 {
-			return
-		}
-		pgids := make([]int, 0, len(guarded))
-		for pgid := range guarded {
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			pgids = append(pgids, pgid)
-		}
-		clear(guarded)
-		log.Error("hyperpodrun watchdog: killed the workers' process groups (fencing)", "why", why, "pgids", pgids)
-	}
-	handle := func(line []byte) {
-		op, arg, ok := bytes.Cut(bytes.TrimSpace(line), []byte{' '})
-		if !ok || len(op) != 1 {
-			log.Warn("hyperpodrun watchdog: malformed message", "msg", string(line))
-			return
-		}
-		if op[0] == 'w' {
-			if string(arg) == "-" {
-				will = nil
-				return
-			}
-			b, err := base64.StdEncoding.DecodeString(string(arg))
-			if err != nil {
-				log.Warn("hyperpodrun watchdog: malformed will")
-				return
-			}
-			will = b
-			return
-		}
-		n, err := strconv.ParseInt(string(arg), 10, 64)
-		if err != nil || n <= 0 {
-			log.Warn("hyperpodrun watchdog: malformed message", "msg", string(line))
-			return
-		}
-		switch op[0] {
-		case 'd':
-			deadline = n
-		case 'g':
-			if n > 1 && n <= 1<<22 {
-				guarded[int(n)] = true
-			}
-		case 'r':
-			delete(guarded, int(n))
-		default:
-			log.Warn("hyperpodrun watchdog: unknown message", "msg", string(line))
-		}
-	}
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
-		timeout := -1
-		if deadline != 0 && len(guarded) > 0 {
-			rem := deadline - monoNow()
-			if rem <= 0 {
-				timeout = 0
-			} else {
-				timeout = int((rem + int64(time.Millisecond) - 1) / int64(time.Millisecond))
-			}
-		}
-		n, err := unix.Poll(pfd, timeout)
+		n, err := unix.Poll(pfd, s.pollTimeout())
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			killAll("poll failed: " + err.Error())
+			s.killAll("poll failed: " + err.Error())
 			return 1
 		}
 		if n > 0 {
@@ -409,15 +348,7 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 				continue
 			}
 			if r <= 0 {
-				why := "the agent exited (its pipe closed)"
-				if err != nil && !errors.Is(err, io.EOF) {
-					why = "reading the agent's pipe failed: " + err.Error()
-				}
-				pgids := maps.Clone(guarded)
-				killAll(why)
-				if will != nil && err == nil && agentDeathHook != nil && groupsGone(pgids, 3*time.Second) {
-					agentDeathHook(will)
-				}
+				s.agentGone(err)
 				return 0
 			}
 			partial = append(partial, buf[:r]...)
@@ -426,7 +357,7 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 				if i < 0 {
 					break
 				}
-				handle(partial[:i])
+				s.handle(partial[:i])
 				partial = partial[i+1:]
 			}
 			if len(partial) > maxWill+16 {
@@ -434,10 +365,101 @@ func runWatchdog(fd uintptr, log *slog.Logger) int {
 			}
 			continue
 		}
-		if deadline != 0 && len(guarded) > 0 && monoNow() >= deadline {
-			late := time.Duration(monoNow() - deadline)
-			killAll(fmt.Sprintf("the agent did not prove its lease alive in time (deadline passed %s ago); it may be stopped or wedged", late.Round(time.Millisecond)))
+		if s.deadline != 0 && len(s.guarded) > 0 && monoNow() >= s.deadline {
+			late := time.Duration(monoNow() - s.deadline)
+			s.killAll(fmt.Sprintf("the agent did not prove its lease alive in time (deadline passed %s ago); it may be stopped or wedged", late.Round(time.Millisecond)))
 		}
+	}
+}
+
+// watchdogState is what the watchdog process knows: the agent's deadline,
+// the process groups it guards and the agent's will.
+type watchdogState struct {
+	log      *slog.Logger
+	deadline int64 // 0: none
+	guarded  map[int]bool
+	will     []byte
+}
+
+// pollTimeout is how long to wait for the agent's next message: until the
+// deadline while there is one and workers to guard, else forever (-1).
+func (s *watchdogState) pollTimeout() int {
+	if s.deadline == 0 || len(s.guarded) == 0 {
+		return -1
+	}
+	rem := s.deadline - monoNow()
+	if rem <= 0 {
+		return 0
+	}
+	return int((rem + int64(time.Millisecond) - 1) / int64(time.Millisecond))
+}
+
+// killAll kills every guarded process group.
+func (s *watchdogState) killAll(why string) {
+	if len(s.guarded) == 0 {
+		return
+	}
+	pgids := make([]int, 0, len(s.guarded))
+	for pgid := range s.guarded {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+		pgids = append(pgids, pgid)
+	}
+	clear(s.guarded)
+	s.log.Error("hyperpodrun watchdog: killed the workers' process groups (fencing)", "why", why, "pgids", pgids)
+}
+
+// agentGone handles the end of the agent's pipe (readErr: the read's error,
+// nil at EOF): it kills the guarded groups and, once they are gone after a
+// clean EOF, runs the agent's will.
+func (s *watchdogState) agentGone(readErr error) {
+	why := "the agent exited (its pipe closed)"
+	if readErr != nil && !errors.Is(readErr, io.EOF) {
+		why = "reading the agent's pipe failed: " + readErr.Error()
+	}
+	pgids := maps.Clone(s.guarded)
+	s.killAll(why)
+	if s.will != nil && readErr == nil && agentDeathHook != nil && groupsGone(pgids, 3*time.Second) {
+		agentDeathHook(s.will)
+	}
+}
+
+// handle applies one message from the agent: w (the will, base64, or -),
+// d (the deadline), g (guard a process group), r (release one).
+func (s *watchdogState) handle(line []byte) {
+	op, arg, ok := bytes.Cut(bytes.TrimSpace(line), []byte{' '})
+	if !ok || len(op) != 1 {
+		s.log.Warn("hyperpodrun watchdog: malformed message", "msg", string(line))
+		return
+	}
+	if op[0] == 'w' {
+		if string(arg) == "-" {
+			s.will = nil
+			return
+		}
+		b, err := base64.StdEncoding.DecodeString(string(arg))
+		if err != nil {
+			s.log.Warn("hyperpodrun watchdog: malformed will")
+			return
+		}
+		s.will = b
+		return
+	}
+	n, err := strconv.ParseInt(string(arg), 10, 64)
+	if err != nil || n <= 0 {
+		s.log.Warn("hyperpodrun watchdog: malformed message", "msg", string(line))
+		return
+	}
+	switch op[0] {
+	case 'd':
+		s.deadline = n
+	case 'g':
+		if n > 1 && n <= 1<<22 {
+			s.guarded[int(n)] = true
+		}
+	case 'r':
+		delete(s.guarded, int(n))
+	default:
+		s.log.Warn("hyperpodrun watchdog: unknown message", "msg", string(line))
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -98,19 +100,6 @@ func groupMembers(pgid int) []int {
 	return out
 }
 
-// waitFor polls cond every 10ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // startGroup starts "sh -c 'sleep 600 & wait'" in a process group of its
 // own and waits until both processes are in it.
 func startGroup(t *testing.T) *exec.Cmd {
@@ -123,7 +112,7 @@ func startGroup(t *testing.T) *exec.Cmd {
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); <-exited })
-	waitFor(t, 5*time.Second, "the group's two processes", func() bool { return len(groupMembers(cmd.Process.Pid)) == 2 })
+	testutil.Eventually(t, 5*time.Second, "the group's two processes", testutil.True(func() bool { return len(groupMembers(cmd.Process.Pid)) == 2 }))
 	return cmd
 }
 
@@ -151,7 +140,7 @@ func TestWatchdogKillsGuardedGroupsWhenTheDeadlinePasses(t *testing.T) {
 		t.Fatal("Expired before the deadline")
 	}
 	for _, c := range []*exec.Cmd{g1, g2} {
-		waitFor(t, 5*time.Second, "the guarded group killed", func() bool { return len(groupMembers(c.Process.Pid)) == 0 })
+		testutil.Eventually(t, 5*time.Second, "the guarded group killed", testutil.True(func() bool { return len(groupMembers(c.Process.Pid)) == 0 }))
 	}
 	if early := time.Until(deadline); early > 0 {
 		t.Errorf("groups killed %s before the deadline", early)
@@ -190,7 +179,7 @@ func TestWatchdogKeepsGroupsWhileRenewed(t *testing.T) {
 		t.Error("Expired while renewed")
 	}
 	// Unrenewed, it is killed; the released group is not.
-	waitFor(t, 5*time.Second, "the group killed once renewals stop", func() bool { return len(groupMembers(g.Process.Pid)) == 0 })
+	testutil.Eventually(t, 5*time.Second, "the group killed once renewals stop", testutil.True(func() bool { return len(groupMembers(g.Process.Pid)) == 0 }))
 	if n := len(groupMembers(released.Process.Pid)); n != 2 {
 		t.Errorf("released group has %d live processes, want 2 (the watchdog must not kill it)", n)
 	}
@@ -203,7 +192,7 @@ func TestWatchdogKillsAGroupGuardedAfterTheDeadline(t *testing.T) {
 	if err := wd.Guard(g.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a group guarded after the deadline killed", func() bool { return len(groupMembers(g.Process.Pid)) == 0 })
+	testutil.Eventually(t, 5*time.Second, "a group guarded after the deadline killed", testutil.True(func() bool { return len(groupMembers(g.Process.Pid)) == 0 }))
 }
 
 // startFakeAgent runs fakeAgent in a process of its own and returns it with
@@ -237,7 +226,7 @@ func startFakeAgent(t *testing.T, deadline time.Duration, env ...string) (agent 
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	waitFor(t, 5*time.Second, "the fake agent's group", func() bool { return len(groupMembers(group)) == 2 })
+	testutil.Eventually(t, 5*time.Second, "the fake agent's group", testutil.True(func() bool { return len(groupMembers(group)) == 2 }))
 	return cmd, group, watchdog
 }
 
@@ -252,7 +241,7 @@ func TestWatchdogKillsGroupsOfAStoppedAgent(t *testing.T) {
 	if err := agent.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 5*time.Second, "the stopped agent's group killed", func() bool { return len(groupMembers(group)) == 0 })
+	took := testutil.Eventually(t, 5*time.Second, "the stopped agent's group killed", testutil.True(func() bool { return len(groupMembers(group)) == 0 }))
 	t.Logf("group killed %s after the agent was stopped (deadline 500ms ahead)", took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("group killed %s after the stop, want about 500ms", took)
@@ -269,9 +258,9 @@ func TestWatchdogKillsGroupsWhenTheAgentDies(t *testing.T) {
 	if err := agent.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 5*time.Second, "the dead agent's group killed", func() bool { return len(groupMembers(group)) == 0 })
+	took := testutil.Eventually(t, 5*time.Second, "the dead agent's group killed", testutil.True(func() bool { return len(groupMembers(group)) == 0 }))
 	t.Logf("group killed %s after the agent was SIGKILLed", took.Round(time.Millisecond))
-	waitFor(t, 5*time.Second, "the watchdog exits with its agent", func() bool { return !alive(watchdog) })
+	testutil.Eventually(t, 5*time.Second, "the watchdog exits with its agent", testutil.True(func() bool { return !alive(watchdog) }))
 }
 
 func TestStartGuardedByWatchdog(t *testing.T) {
@@ -284,7 +273,7 @@ func TestStartGuardedByWatchdog(t *testing.T) {
 	}
 	defer g.Stop(syscall.SIGKILL, 0)
 	for _, w := range g.workers {
-		waitFor(t, 5*time.Second, "worker group", func() bool { return len(groupMembers(w.pid)) == 2 })
+		testutil.Eventually(t, 5*time.Second, "worker group", testutil.True(func() bool { return len(groupMembers(w.pid)) == 2 }))
 	}
 	if wd.Expired() {
 		t.Fatal("Expired an hour before the deadline")
@@ -313,8 +302,8 @@ func TestWatchdogCarriesOutTheWillOfADeadAgentOnly(t *testing.T) {
 	if err := agent.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the will carried out", func() bool { _, err := os.Stat(path); return err == nil })
-	waitFor(t, 5*time.Second, "the watchdog exits", func() bool { return !alive(watchdog) })
+	testutil.Eventually(t, 10*time.Second, "the will carried out", testutil.True(func() bool { _, err := os.Stat(path); return err == nil }))
+	testutil.Eventually(t, 5*time.Second, "the watchdog exits", testutil.True(func() bool { return !alive(watchdog) }))
 	if b, _ := os.ReadFile(path); string(b) != "0" {
 		t.Errorf("the will ran while %s process(es) of the agent's group were left", b)
 	}

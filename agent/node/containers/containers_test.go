@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // fixture is a private containerd, a loopback registry and a busybox
@@ -105,7 +106,7 @@ func TestContainerRunsWithLimitsHostNetworkAndMounts(t *testing.T) {
 	}, `echo "$GREETING"; cat /ckpt/ckpt; touch /ckpt/x 2>/dev/null && echo writable || echo readonly; cat /proc/sys/kernel/hostname; df -k /dev/shm | tail -1; echo started; trap 'exit 3' USR2; while :; do sleep 0.1; done`, func(task *Task) {
 		// The limits, read from the host: the container's own cgroup
 		// (cgroup v1 memory controller, or v2).
-		waitFor(t, func() bool { b, _ := os.ReadFile(task.LogPath); return strings.Contains(string(b), "started") })
+		testutil.Eventually(t, 30*time.Second, "the task log to say started", testutil.True(func() bool { b, _ := os.ReadFile(task.LogPath); return strings.Contains(string(b), "started") }))
 		for _, p := range []string{"/sys/fs/cgroup/memory/hyperpodrun/" + task.ID + "/memory.limit_in_bytes", "/sys/fs/cgroup/hyperpodrun/" + task.ID + "/memory.max"} {
 			if b, err := os.ReadFile(p); err == nil {
 				limit = strings.TrimSpace(string(b))
@@ -224,17 +225,6 @@ func TestAdoptFindsARunningContainerByLabel(t *testing.T) {
 	}
 }
 
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // A registry that wants credentials: the pull works with a docker-style
@@ -293,8 +283,9 @@ func TestFixtureCleanupKillsContainersATestLeft(t *testing.T) {
 	if pid == 0 {
 		t.Fatal("no container was started")
 	}
-	waitFor(t, func() bool {
+	testutil.Eventually(t, 30*time.Second, "the container init to be gone or a zombie", testutil.True(func() bool {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		return err != nil || strings.Contains(string(b), ") Z ")
-	})
+	}))
+
 }
