@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+
+	"github.com/hyperpodrun/hyperpodrun/devices/local"
 )
 
 // DefaultNeuronSysfsRoot is where the Neuron driver publishes one directory
@@ -155,14 +157,7 @@ func readNeuronDevice(index int, dir, devRoot string, lnc int) (acc Accelerator,
 			fail(fmt.Errorf("%s: invalid core count %q (want 1-%d)", coreFile, s, maxNeuronCores))
 		} else {
 			acc.Cores = n
-			size := lnc
-			if size == 0 {
-				size = defaultLNC(name)
-			}
-			acc.LogicalCores = n
-			if size > 1 && n%size == 0 {
-				acc.LogicalCores = n / size
-			}
+			acc.LogicalCores = local.LogicalCores(n, name, lnc)
 		}
 	}
 
@@ -210,18 +205,6 @@ func readNeuronDevice(index int, dir, devRoot string, lnc int) (acc Accelerator,
 		acc.HealthReason = strings.Join(problems, "; ")
 	}
 	return acc, true, err
-}
-
-// defaultLNC is the Neuron runtime's default logical core size: 2 on
-// Trainium2 and later, 1 before.
-func defaultLNC(deviceName string) int {
-	n := strings.ToLower(deviceName)
-	if strings.HasPrefix(n, "trainium") {
-		if gen, err := strconv.Atoi(strings.TrimPrefix(n, "trainium")); err == nil && gen >= 2 {
-			return 2
-		}
-	}
-	return 1
 }
 
 // parseConnected parses "1, 3, 4, 12" (possibly empty).

@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/urfave/cli/v2"
@@ -68,7 +67,7 @@ func checkBootstrap(c *cli.Context) error {
 // nodeArgs checks node names given on the command line.
 func nodeArgs(c *cli.Context, nodes []string) error {
 	for _, n := range nodes {
-		if devices.ValidateNodeName(n) != nil {
+		if api.ValidateNodeName(n) != nil {
 			if len(n) > 80 {
 				n = n[:80] + "..."
 			}

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -260,11 +259,11 @@ var sorters = map[string]map[string]func(a, b any) int{
 		"reason":   func(a, b any) int { return cmp.Compare(a.(jobView).reasonCode(), b.(jobView).reasonCode()) },
 	},
 	"nodes": {
-		"name":   func(a, b any) int { return cmp.Compare(a.(devices.Inventory).Node, b.(devices.Inventory).Node) },
-		"state":  func(a, b any) int { return cmp.Compare(a.(devices.Inventory).State, b.(devices.Inventory).State) },
-		"flavor": func(a, b any) int { return cmp.Compare(a.(devices.Inventory).Flavor, b.(devices.Inventory).Flavor) },
+		"name":   func(a, b any) int { return cmp.Compare(a.(api.Inventory).Node, b.(api.Inventory).Node) },
+		"state":  func(a, b any) int { return cmp.Compare(a.(api.Inventory).State, b.(api.Inventory).State) },
+		"flavor": func(a, b any) int { return cmp.Compare(a.(api.Inventory).Flavor, b.(api.Inventory).Flavor) },
 		"accelerators": func(a, b any) int {
-			return cmp.Compare(len(b.(devices.Inventory).Accelerators), len(a.(devices.Inventory).Accelerators))
+			return cmp.Compare(len(b.(api.Inventory).Accelerators), len(a.(api.Inventory).Accelerators))
 		},
 	},
 	"teams": {
@@ -547,10 +546,10 @@ func watchJobs(c *cli.Context, st *fleet.Store, rev int64, names []string, keep 
 	return nil
 }
 
-func nodeFilter(c *cli.Context) func(n devices.Inventory) bool {
+func nodeFilter(c *cli.Context) func(n api.Inventory) bool {
 	reqs, _ := parseSelector(c.String("selector"), selectorKeys["nodes"])
 	state := c.String("state")
-	return func(n devices.Inventory) bool {
+	return func(n api.Inventory) bool {
 		f := func(k string) string {
 			if k == "state" {
 				return orDash(n.State)
@@ -582,11 +581,11 @@ func getNodes(c *cli.Context, st *fleet.Store, names []string) error {
 	keep := nodeFilter(c)
 	var missing []string
 	if len(names) > 0 {
-		byName := map[string]devices.Inventory{}
+		byName := map[string]api.Inventory{}
 		for _, n := range nodes {
 			byName[n.Node] = n
 		}
-		var sel []devices.Inventory
+		var sel []api.Inventory
 		for _, name := range names {
 			if n, ok := byName[name]; ok {
 				sel = append(sel, n)
@@ -596,7 +595,7 @@ func getNodes(c *cli.Context, st *fleet.Store, names []string) error {
 		}
 		nodes = sel
 	}
-	nodes = slices.DeleteFunc(nodes, func(n devices.Inventory) bool { return !keep(n) })
+	nodes = slices.DeleteFunc(nodes, func(n api.Inventory) bool { return !keep(n) })
 	sortRows(c, "nodes", nodes)
 	if err := printNodes(c, nodes, jobsOn, true); err != nil {
 		return err
@@ -621,18 +620,18 @@ func getNodes(c *cli.Context, st *fleet.Store, names []string) error {
 			return err
 		}
 		warnAll(c.App.ErrWriter, bad)
-		byName := map[string]devices.Inventory{}
+		byName := map[string]api.Inventory{}
 		for _, n := range now {
 			byName[n.Node] = n
 		}
-		var rows []devices.Inventory
+		var rows []api.Inventory
 		for _, name := range batch {
 			if len(names) > 0 && !slices.Contains(names, name) {
 				continue
 			}
 			n, ok := byName[name]
 			if !ok {
-				n = devices.Inventory{Node: name, State: "Gone"}
+				n = api.Inventory{Node: name, State: "Gone"}
 			}
 			if keep(n) || !ok {
 				rows = append(rows, n)
@@ -652,7 +651,7 @@ func getNodes(c *cli.Context, st *fleet.Store, names []string) error {
 	return nil
 }
 
-func printNodes(c *cli.Context, nodes []devices.Inventory, jobsOn map[string][]string, header bool) error {
+func printNodes(c *cli.Context, nodes []api.Inventory, jobsOn map[string][]string, header bool) error {
 	w := c.App.Writer
 	switch c.String("output") {
 	case "name":
@@ -662,7 +661,7 @@ func printNodes(c *cli.Context, nodes []devices.Inventory, jobsOn map[string][]s
 		return nil
 	case "json":
 		if nodes == nil {
-			nodes = []devices.Inventory{}
+			nodes = []api.Inventory{}
 		}
 		return writeJSON(w, nodes)
 	case "yaml":

@@ -18,7 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"gopkg.in/yaml.v3"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
@@ -83,9 +83,9 @@ func TestSubmitGrowReclaimDescribeResize(t *testing.T) {
 	srv, cli := etcdtest.Start(t)
 	ep := srv.Endpoints[0]
 	for i := 0; i < 4; i++ {
-		inv := devices.Inventory{Node: fmt.Sprintf("node-%d", i), State: devices.StateReady, Flavor: "nvidia-h100-80gb", VCPUs: 96}
+		inv := api.Inventory{Node: fmt.Sprintf("node-%d", i), State: api.StateReady, Flavor: "nvidia-h100-80gb", VCPUs: 96}
 		for g := 0; g < 8; g++ {
-			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
+			inv.Accelerators = append(inv.Accelerators, api.Accelerator{Kind: api.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
 		}
 		etcdtest.RegisterNode(t, cli, inv)
 	}
@@ -230,15 +230,15 @@ func TestSimulateGeneratedTrace(t *testing.T) {
 }
 
 // h100Node is a ready node with eight healthy H100s.
-func h100Node(name string) devices.Inventory {
-	inv := devices.Inventory{Node: name, State: devices.StateReady, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"}, VCPUs: 96}
+func h100Node(name string) api.Inventory {
+	inv := api.Inventory{Node: name, State: api.StateReady, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"}, VCPUs: 96}
 	for g := 0; g < 8; g++ {
-		inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
+		inv.Accelerators = append(inv.Accelerators, api.Accelerator{Kind: api.KindNVIDIA, Index: g, Flavor: "nvidia-h100-80gb", Healthy: true})
 	}
 	return inv
 }
 
-func putNode(t *testing.T, cli *clientv3.Client, inv devices.Inventory) {
+func putNode(t *testing.T, cli *clientv3.Client, inv api.Inventory) {
 	t.Helper()
 	etcdtest.RegisterNode(t, cli, inv)
 }
@@ -459,10 +459,10 @@ func TestDescribeTeamShowsQuotaUsageAndJobs(t *testing.T) {
 func TestDescribeNodeShowsInventory(t *testing.T) {
 	srv, cli := etcdtest.Start(t)
 	ep := srv.Endpoints[0]
-	inv := devices.Inventory{Node: "gpu-7", State: devices.StateDraining, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"},
+	inv := api.Inventory{Node: "gpu-7", State: api.StateDraining, Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"},
 		VCPUs: 192, MemoryBytes: 2 << 40, NVIDIADriver: "550.54.15", Reasons: []string{"no Neuron driver: /sys/class/neuron_device is missing"}}
 	for g := 0; g < 2; g++ {
-		inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Name: "NVIDIA H100 80GB HBM3",
+		inv.Accelerators = append(inv.Accelerators, api.Accelerator{Kind: api.KindNVIDIA, Index: g, Name: "NVIDIA H100 80GB HBM3",
 			Flavor: "nvidia-h100-80gb", UUID: fmt.Sprintf("GPU-%d", g), PCIBusID: fmt.Sprintf("00000000:0%d:00.0", g+7), MemoryBytes: 80 << 30, Healthy: g == 0})
 	}
 	inv.Accelerators[1].HealthReason = "XID 79: fallen off the bus"
@@ -485,11 +485,11 @@ func TestDescribeNodeShowsInventory(t *testing.T) {
 		t.Errorf("describe node gpu-7 shows another node:\n%s", out)
 	}
 	out = mustCtl(t, ep, "describe", "node", "gpu-7", "-o", "json")
-	var got devices.Inventory
+	var got api.Inventory
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("describe node -o json: %v\n%s", err, out)
 	}
-	if got.Node != "gpu-7" || got.State != devices.StateDraining || len(got.Accelerators) != 2 || got.Accelerators[1].Healthy || got.Accelerators[1].HealthReason != inv.Accelerators[1].HealthReason {
+	if got.Node != "gpu-7" || got.State != api.StateDraining || len(got.Accelerators) != 2 || got.Accelerators[1].Healthy || got.Accelerators[1].HealthReason != inv.Accelerators[1].HealthReason {
 		t.Errorf("describe node -o json: %+v", got)
 	}
 	if _, errs, code := ctl(t, ep, "describe", "node", "gpu-9"); code != 1 || !strings.Contains(errs, `node "gpu-9" not found`) {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/devices/local"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -76,7 +76,7 @@ func torch2Flags(c *cli.Context, cl *cmdline, devKind string) error {
 func virtualDevice(kind string, lr int) (string, string) {
 	name := "CUDA_VISIBLE_DEVICES"
 	switch kind {
-	case devices.ProcNeuron:
+	case local.ProcNeuron:
 		name = "NEURON_RT_VISIBLE_CORES"
 	case procXPU:
 		name = "ZE_AFFINITY_MASK"

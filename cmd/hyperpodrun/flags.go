@@ -17,7 +17,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/agent/elastic"
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/devices/local"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
 )
 
@@ -414,10 +414,10 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 		RanksFilter:  filter,
 	}
 	if c.Bool("pin-devices") {
-		if devKind == "" || devKind == devices.ProcCPU {
+		if devKind == "" || devKind == local.ProcCPU {
 			return bad("--pin-devices needs --nproc-per-node gpu or auto on a node with GPUs or Neuron devices (got %q)", c.String("nproc-per-node"))
 		}
-		o.Spec.RankEnv = func(lr int) map[string]string { return devices.PinEnv(devKind, lr, nproc) }
+		o.Spec.RankEnv = func(lr int) map[string]string { return local.PinEnv(devKind, lr, nproc) }
 	}
 	if err := torch2Flags(c, &cl, devKind); err != nil {
 		return cl, err
@@ -451,7 +451,7 @@ func parseNProc(v string) (int, string, error) {
 	case "gpu", "cpu", "auto":
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		return devices.LocalProcs(ctx, v)
+		return local.LocalProcs(ctx, v)
 	}
 	return 0, "", fmt.Errorf("--nproc-per-node %q: want a number >= 1, or gpu, cpu, xpu or auto", v)
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -252,7 +251,7 @@ func TestAuthOnRealEtcdRefusesWhatARoleDoesNotOwn(t *testing.T) {
 			if err != nil {
 				t.Fatalf("the controller grants its node lease: %v", err)
 			}
-			op, err := ctl.PutNodeOp(devices.Inventory{Node: "kn1", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			op, err := ctl.PutNodeOp(api.Inventory{Node: "kn1", Flavor: "cpu", State: api.StateReady}, clientv3.WithLease(lease.ID))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -378,7 +377,7 @@ func TestNodeUsersSpeakOnlyForTheirOwnNode(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			op, err := a.PutNodeOp(devices.Inventory{Node: "node-a", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			op, err := a.PutNodeOp(api.Inventory{Node: "node-a", Flavor: "cpu", State: api.StateReady}, clientv3.WithLease(lease.ID))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -419,7 +418,7 @@ func TestNodeUsersSpeakOnlyForTheirOwnNode(t *testing.T) {
 			if err := a.RecordFinish(ctx, "b-job", fleet.Finish{Outcome: fleet.Failed, Node: "node-b"}); !fleet.IsPermissionDenied(err) {
 				t.Errorf("node-a writes finished/b-job = %v, want permission denied", err)
 			}
-			op, err = a.PutNodeOp(devices.Inventory{Node: "node-b", Flavor: "cpu", State: devices.StateReady}, clientv3.WithLease(lease.ID))
+			op, err = a.PutNodeOp(api.Inventory{Node: "node-b", Flavor: "cpu", State: api.StateReady}, clientv3.WithLease(lease.ID))
 			if err != nil {
 				t.Fatal(err)
 			}

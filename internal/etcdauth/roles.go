@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -188,7 +187,7 @@ func TeamRoleFor(k fleet.Keys, team string) (Role, error) {
 // assignments, not finished/ or problems/ to write: the coordinator copies
 // a node's report there only when the job is placed on that node.
 func NodeRoleFor(k fleet.Keys, node string) (Role, error) {
-	if err := devices.ValidateNodeName(node); err != nil {
+	if err := api.ValidateNodeName(node); err != nil {
 		return Role{}, err
 	}
 	return Role{

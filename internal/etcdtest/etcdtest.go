@@ -9,7 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -35,7 +35,7 @@ func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
 // RegisterNode writes a node's inventory under a lease of its own, as a
 // node agent does (an inventory without a lease is ignored). The lease
 // lives until the test's etcd is closed.
-func RegisterNode(t testing.TB, cli *clientv3.Client, inv devices.Inventory) {
+func RegisterNode(t testing.TB, cli *clientv3.Client, inv api.Inventory) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

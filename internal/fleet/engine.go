@@ -2,14 +2,13 @@ package fleet
 
 import (
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 )
 
 // EngineNode is how the coordinator's engine sees a registered node (the
 // coordinator's view, elasticctl's dry runs and the simulator alike).
-func EngineNode(inv devices.Inventory) api.Node {
+func EngineNode(inv api.Inventory) api.Node {
 	n := api.Node{Name: inv.Node, Flavor: inv.Flavor, VCPUs: inv.VCPUs, Memory: api.ByteSize(inv.MemoryBytes),
-		Draining: inv.State == devices.StateDraining}
+		Draining: inv.State == api.StateDraining}
 	for _, a := range inv.Accelerators {
 		if a.Flavor != inv.Flavor {
 			continue
@@ -19,7 +18,7 @@ func EngineNode(inv devices.Inventory) api.Node {
 			n.UnhealthyAccelerators++
 		}
 	}
-	if n.Flavor == devices.FlavorCPU {
+	if n.Flavor == api.FlavorCPU {
 		// CPU nodes are scheduled in whole nodes: one unit each.
 		n.Accelerators = 1
 	}

@@ -138,7 +138,7 @@ func (k Keys) Event(t time.Time, job string) string {
 // NodesPrefix is the prefix of every node inventory.
 func (k Keys) NodesPrefix() string { return k.under("nodes") }
 
-// Node is a node's inventory (devices.Inventory), under its agent's lease.
+// Node is a node's inventory (api.Inventory), under its agent's lease.
 func (k Keys) Node(node string) string { return k.NodesPrefix() + node }
 
 // FinishedPrefix is the prefix of every finish record. Finish records have

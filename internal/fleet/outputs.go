@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 )
 
 // The coordinator's other outputs (status, events, usage) and the nodes'
@@ -66,7 +65,7 @@ func (s *Store) Usage(ctx context.Context) ([]api.TeamUsage, error) {
 
 // PutNodeOp writes a node's inventory, for a transaction (under the agent's
 // lease).
-func (s *Store) PutNodeOp(inv devices.Inventory, opts ...clientv3.OpOption) (clientv3.Op, error) {
+func (s *Store) PutNodeOp(inv api.Inventory, opts ...clientv3.OpOption) (clientv3.Op, error) {
 	b, err := json.Marshal(inv)
 	if err != nil {
 		return clientv3.Op{}, fmt.Errorf("encode inventory of %s: %w", inv.Node, err)
@@ -75,7 +74,7 @@ func (s *Store) PutNodeOp(inv devices.Inventory, opts ...clientv3.OpOption) (cli
 }
 
 // Nodes lists the node inventories the agents registered.
-func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error) {
+func (s *Store) Nodes(ctx context.Context) ([]api.Inventory, []error, error) {
 	r, err := s.Cli.Get(ctx, s.Keys.NodesPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, fmt.Errorf("list nodes: %w", err)
@@ -86,8 +85,8 @@ func (s *Store) Nodes(ctx context.Context) ([]devices.Inventory, []error, error)
 
 // nodesFrom decodes node inventories; those without a lease or malformed
 // are problems.
-func nodesFrom(kvs []*mvccpb.KeyValue) ([]devices.Inventory, []error) {
-	var out []devices.Inventory
+func nodesFrom(kvs []*mvccpb.KeyValue) ([]api.Inventory, []error) {
+	var out []api.Inventory
 	var bad []error
 	for _, kv := range kvs {
 		if kv.Lease == 0 {
@@ -96,7 +95,7 @@ func nodesFrom(kvs []*mvccpb.KeyValue) ([]devices.Inventory, []error) {
 			bad = append(bad, fmt.Errorf("ignoring %s: a node inventory must be written under its agent's lease", kv.Key))
 			continue
 		}
-		inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+		inv, err := api.ParseInventory(string(kv.Key), kv.Value)
 		if err != nil {
 			bad = append(bad, err)
 			continue

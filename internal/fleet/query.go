@@ -21,7 +21,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdraw"
 	"github.com/hyperpodrun/hyperpodrun/internal/jsonscan"
 )
@@ -448,7 +447,7 @@ func (s *Store) watchNames(ctx context.Context, rev int64, name func(string) str
 }
 
 // NodesAt is Nodes plus the revision it read at.
-func (s *Store) NodesAt(ctx context.Context) ([]devices.Inventory, []error, int64, error) {
+func (s *Store) NodesAt(ctx context.Context) ([]api.Inventory, []error, int64, error) {
 	r, err := s.Cli.Get(ctx, s.Keys.NodesPrefix(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("list nodes: %w", err)

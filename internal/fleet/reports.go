@@ -10,7 +10,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 )
 
 // What nodes say about the jobs placed on them (finish and problem reports,
@@ -26,7 +25,7 @@ func (s *Store) MarkFinished(ctx context.Context, job string, f Finish) error {
 	if err := api.ValidateName("job", job); err != nil {
 		return err
 	}
-	if err := devices.ValidateNodeName(f.Node); err != nil {
+	if err := api.ValidateNodeName(f.Node); err != nil {
 		return fmt.Errorf("finish report of job %s: %w", job, err)
 	}
 	key := s.Keys.FinishReport(f.Node, job)
@@ -93,7 +92,7 @@ func (s *Store) PutProblem(ctx context.Context, p Problem) error {
 	if err := api.ValidateName("job", p.Job); err != nil {
 		return err
 	}
-	if err := devices.ValidateNodeName(p.Node); err != nil {
+	if err := api.ValidateNodeName(p.Node); err != nil {
 		return fmt.Errorf("problem report of job %s: %w", p.Job, err)
 	}
 	p.Cleared = false
@@ -108,7 +107,7 @@ func (s *Store) DeleteProblem(ctx context.Context, job, node string) error {
 	if err := api.ValidateName("job", job); err != nil {
 		return err
 	}
-	if err := devices.ValidateNodeName(node); err != nil {
+	if err := api.ValidateNodeName(node); err != nil {
 		return fmt.Errorf("problem report of job %s: %w", job, err)
 	}
 	rep := s.Keys.ProblemReport(node, job)
@@ -221,7 +220,7 @@ func (s *Store) NodeCreds(ctx context.Context, node, job string) (*JobCreds, err
 	if err := api.ValidateName("job", job); err != nil {
 		return nil, err
 	}
-	if err := devices.ValidateNodeName(node); err != nil {
+	if err := api.ValidateNodeName(node); err != nil {
 		return nil, err
 	}
 	key := s.Keys.Assignment(node, job)
