@@ -194,12 +194,15 @@ func (s workerState) String() string {
 func (s workerState) final() bool { return s == workersSucceeded || s == workersFailed }
 
 // roundEnd is how a round's workers ended: the state, the scaling event
-// that ended the round (workersStopped; nil when there is none to trace)
-// and, in a final state, the agent's outcome (nil: exit 0).
+// that ended the round (workersStopped; nil when there is none to trace),
+// in a final state the agent's outcome (nil: exit 0), and whether they
+// were stopped because this node lost its lease (fencing: the loop
+// rejoins with a fresh lease).
 type roundEnd struct {
-	state workerState
-	next  *scaleEvent
-	err   error
+	state     workerState
+	next      *scaleEvent
+	err       error
+	leaseLost bool
 }
 
 // finished ends the agent with err: succeeded when nil, else failed.
@@ -252,116 +255,40 @@ func (e *elastic) run(ctx context.Context) (err error) {
 		return err
 	}
 
-	var event *scaleEvent
-	// A scale event's trace ends when the next workers start; one still
-	// open when the agent leaves (a spare, a signal) ends with it.
-	defer func() {
-		if event != nil {
-			event.span.End()
-		}
-	}()
 	// Workers kept for an in-process resize do not outlive the agent.
 	defer e.dropCarry("hyperpodrun is leaving the job")
-	attempt := 0
-	if o.InProcessResize {
-		view := prewarmView{InProcess: true, Timeout: o.PrewarmTimeout}
-		if view.Timeout > 0 {
-			view.RunningNodes = e.runningNodes(ctx)
-		}
-		if ok, why := shouldPrewarm(view); ok {
-			e.log.Info("joining a job that trains: prewarming this node's workers before registering", "why", why)
-			if sig := e.prewarm(ctx, attempt); sig != 0 {
-				return e.leaveOnSignal(ctx, sig, "while the workers prewarmed")
-			}
-			if e.carry != nil {
-				attempt++
-			}
-		} else {
-			e.log.Debug("workers start after the round (no prewarm)", "why", why)
-		}
+	attempt, sig := e.prewarmFirst(ctx)
+	if sig != 0 {
+		return e.leaveOnSignal(ctx, sig, "while the workers prewarmed")
 	}
-	for {
-		round, sig, err := e.join(ctx, event)
-		if sig != 0 {
-			return e.leaveOnSignal(ctx, sig, "while waiting for a round")
-		}
-		if errors.Is(err, rendezvous.ErrLeaseLost) {
-			e.killCarry()
-			e.log.Warn("lease lost while joining; rejoining with a new lease", "err", err)
-			if err := e.newNode(); err != nil {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return &ExitError{1, err}
-		}
-		e.round = round
-		e.roundNo.Store(round.Number)
-		restarts, err := e.node.Restarts(ctx)
-		if err != nil {
-			return &ExitError{1, err}
-		}
-		if restarts > o.MaxRestarts {
-			e.leave(ctx)
-			return &ExitError{1, fmt.Errorf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", e.cfg.JobID, restarts, o.MaxRestarts)}
-		}
-		// No node starts the round's workers until every member has
-		// stopped its previous ones: the resume checkpoint is final then.
-		if change, err := e.barrier(ctx, round, event); err != nil {
-			var se signalError
-			if errors.As(err, &se) {
-				return e.leaveOnSignal(ctx, se.sig, "before the round's workers started")
-			}
-			if errors.Is(err, rendezvous.ErrLeaseLost) {
-				e.killCarry()
-				if err := e.newNode(); err != nil {
-					return err
-				}
-				continue
-			}
-			e.leave(ctx)
-			return &ExitError{1, err}
-		} else if change != nil {
-			e.log.Info("round superseded before it started", "round", round.Number, "reason", change.Reason, "detail", change.Detail)
-			continue
-		}
-		if err := e.markRunning(ctx, round); err != nil {
-			if errors.Is(err, rendezvous.ErrLeaseLost) {
-				e.killCarry()
-				if err := e.newNode(); err != nil {
-					return err
-				}
-				continue
-			}
-			e.leave(ctx)
-			return &ExitError{1, err}
-		}
-		var g *launcher.Group
-		if e.carry != nil {
-			g, err = e.resume(ctx, round, restarts, attempt, event)
-		}
-		if g == nil && err == nil {
-			g, err = e.start(ctx, round, restarts, attempt, event)
-		}
-		event = nil
-		if err != nil {
-			e.leave(ctx)
-			return &ExitError{1, err}
-		}
-		attempt++
+	return e.loop(ctx, attempt)
+}
 
-		// The workers are HEALTHY until watch says how they ended.
-		end := e.watch(ctx, g, round)
-		e.ch.SetRound(0) // the round's workers are gone: believe no one
-		e.markStopped(ctx)
-		e.closeStore()
-		e.log.Debug("round ended", "round", round.Number, "workers", end.state)
-		if end.state.final() {
-			return end.err
-		}
-		event = end.next
+// prewarmFirst starts this node's workers before it registers when it
+// joins a job already training in process (prewarm.go). It returns the
+// attempts used (1 when workers are kept prewarmed) and a signal received
+// meanwhile (0: none).
+func (e *elastic) prewarmFirst(ctx context.Context) (attempt int, sig syscall.Signal) {
+	if !e.o.InProcessResize {
+		return 0, 0
 	}
+	view := prewarmView{InProcess: true, Timeout: e.o.PrewarmTimeout}
+	if view.Timeout > 0 {
+		view.RunningNodes = e.runningNodes(ctx)
+	}
+	ok, why := shouldPrewarm(view)
+	if !ok {
+		e.log.Debug("workers start after the round (no prewarm)", "why", why)
+		return 0, 0
+	}
+	e.log.Info("joining a job that trains: prewarming this node's workers before registering", "why", why)
+	if sig := e.prewarm(ctx, attempt); sig != 0 {
+		return 0, sig
+	}
+	if e.carry != nil {
+		attempt++
+	}
+	return attempt, 0
 }
 
 // newNode (re)creates this agent's rendezvous participant.
@@ -933,10 +860,7 @@ func (e *elastic) newWorldSize(ctx context.Context, kind control.EventKind, r *r
 func (e *elastic) fence(g *launcher.Group, r *rendezvous.Round) roundEnd {
 	e.log.Error("lease lost: killing workers before the lease can expire (fencing)", "round", r.Number)
 	g.Stop(syscall.SIGKILL, 0)
-	if err := e.newNode(); err != nil {
-		return failedWith(err)
-	}
-	return roundEnd{state: workersStopped}
+	return roundEnd{state: workersStopped, leaseLost: true}
 }
 
 // failed reports a worker failure to the job and prints the summary.
