@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -60,18 +59,20 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	if err := c.mintFor(ctx, d.Allocations); err != nil {
 		return false, err
 	}
-	c.waited = c.waited[:0]
 	t1 := time.Now()
-	units, changed, running, again := c.writes(d)
-	if verifyWrites {
-		c.verifyDiff(d, units)
-	}
+	p := c.plan(d, !v.haveLast)
 	diff := time.Since(t1)
-	ops, err := c.commit(ctx, leader, units)
+	// The view takes the plan only once it is written: on an error it is
+	// as it was, and read again before the next cycle.
+	ops, err := c.commitPlan(ctx, etcdCommitter{c: c, leader: leader}, p)
 	if err != nil {
 		c.stale = true
 		return false, err
 	}
+	if verifyWrites {
+		c.verifyDiff(d, p)
+	}
+	changed, running, again := p.changed, p.running, p.again
 	// A cycle that changed an allocation is followed by another at once:
 	// the engine starts from the allocations it is given, so the next
 	// cycle on the same inputs may decide more (admit into capacity this
@@ -109,30 +110,20 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 // visits only the jobs whose decision changed, and must miss none.
 var verifyWrites bool
 
-// verifyDiff compares the whole decision with the view, as the first
-// cycle after a read does; it panics when that finds anything to write.
-// The events the cycle recorded are recorded again by the comparison (an
-// event is written whenever the decision is one worth an event): those
-// are no miss, and the view's history is put back as it was.
-func (c *Coordinator) verifyDiff(d policy.Decision, wrote [][]clientv3.Op) {
-	v := c.view
+// verifyDiff compares the whole decision with the view the committed plan
+// wrote left, as the first cycle after a read does; it panics when that
+// finds anything to write. The events the cycle recorded are planned again
+// by the comparison (an event is written whenever the decision is one
+// worth an event): those are no miss. The comparison's plan is not
+// applied.
+func (c *Coordinator) verifyDiff(d policy.Decision, wrote *plan) {
 	k := c.store.Keys
 	evented := map[string]bool{}
-	for _, u := range wrote {
-		for _, op := range u {
-			if ek, ok := k.ParseEventKey(string(op.KeyBytes())); ok && op.IsPut() {
-				evented[ek.Job] = true
-			}
-		}
+	for _, e := range wrote.events {
+		evented[e.job] = true
 	}
-	touched, events := v.touched, v.events.clone()
-	v.haveLast = false
-	waited := len(c.waited)
-	units, _, _, _ := c.writes(d)
-	c.waited = c.waited[:waited]
-	v.touched, v.events = touched, events
 	var keys []string
-	for _, u := range units {
+	for _, u := range c.plan(d, true).units {
 		for _, op := range u {
 			key := string(op.KeyBytes())
 			if ek, ok := k.ParseEventKey(key); ok && evented[ek.Job] {
@@ -232,280 +223,6 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 	}
 	wg.Wait()
 	return written, firstErr
-}
-
-// writes turns a decision into the etcd writes it needs, one unit of ops
-// per job, and records them in the view: a job's desired record and its
-// assignments only when its allocation changed, its status only when a
-// stable field changed (not the message's usage figures), a deduplicated
-// event, the usage only when it changed. changed counts the desired
-// records written by kind.
-//
-// It visits only the jobs whose decision changed since the last cycle's
-// (both lists are in name order: one merge, no lookup per job) and the
-// jobs whose records the view changed meanwhile; the first cycle after a
-// read compares every job with the view.
-func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
-	v := c.view
-	// The decision's allocations and reasons are in job name order
-	// (policy.Decision's contract): merged with the last decision's.
-	full := !v.haveLast
-	touched := v.touched
-	retry := map[string]bool{} // jobs whose write was skipped: checked in full next cycle
-	changed = map[policy.ReasonKind]int{}
-	unit := map[string][]clientv3.Op{}
-	var order []string
-	add := func(job string, op clientv3.Op, err error) {
-		if err != nil {
-			c.log.Error("cannot encode a record; skipped", "job", job, "err", err)
-			retry[job] = true
-			return
-		}
-		if _, ok := unit[job]; !ok {
-			order = append(order, job)
-		}
-		unit[job] = append(unit[job], op)
-	}
-	reason := func(job string) (policy.Reason, bool) { return d.Reason(job) }
-	var placedIdx map[string]bool
-	if full {
-		placedIdx = make(map[string]bool, len(d.Allocations))
-		for _, a := range d.Allocations {
-			placedIdx[a.Job] = true
-		}
-	}
-	placed := func(job string) bool {
-		if placedIdx != nil {
-			return placedIdx[job]
-		}
-		_, ok := slices.BinarySearchFunc(d.Allocations, job, func(a api.Allocation, job string) int { return strings.Compare(a.Job, job) })
-		return ok
-	}
-	// left: the jobs placed by the last decision and not by this one.
-	var left []string
-	last, li := v.lastAllocs, 0
-	for i := range d.Allocations {
-		a := d.Allocations[i]
-		if !full {
-			for li < len(last) && last[li].Job < a.Job {
-				left = append(left, last[li].Job)
-				li++
-			}
-			if li < len(last) && last[li].Job == a.Job {
-				same := sameAllocation(last[li], a)
-				li++
-				if same && !touched[a.Job] {
-					continue // written as it is last cycle
-				}
-			}
-		}
-		prev, had := v.desired[a.Job]
-		uid := c.uids[a.Job]
-		// A job's uid changes only when it gets its first (or the range
-		// changed): its assignments are written again with it.
-		newUID := prev.UID != uid
-		if !had || !prev.Running() || !sameAllocation(prev.Allocation, a) || newUID {
-			nd := fleet.Desired{Allocation: a, Generation: prev.Generation + 1, UID: uid}
-			if !prev.Running() || prev.Size != a.Size {
-				r, _ := reason(a.Job)
-				nd.TraceParent = c.decisionSpan(d.Now, r, prev.Target(), a.Size)
-			}
-			op, err := c.store.PutDesiredOp(nd)
-			add(a.Job, op, err)
-			if err == nil {
-				v.setDesired(nd)
-				r, _ := reason(a.Job)
-				changed[r.Kind]++
-			}
-		}
-		gen := v.desired[a.Job].Generation
-		have := v.assigned[a.Job]
-		for _, n := range a.Nodes {
-			if g, ok := have[n]; ok && g >= 0 && !newUID {
-				continue // placed earlier: its generation says when
-			}
-			op, err := c.store.PutAssignmentRecordOp(n, fleet.Assignment{Job: a.Job, Generation: gen, UID: uid, Creds: c.creds[a.Job]})
-			add(a.Job, op, err)
-			if err == nil {
-				v.assign(a.Job, n, gen)
-			}
-		}
-		for n := range have {
-			if !slices.Contains(a.Nodes, n) {
-				add(a.Job, c.store.DeleteAssignmentOp(n, a.Job), nil)
-				delete(have, n)
-			}
-		}
-	}
-	// The jobs that may have stopped: every job in the view (the first
-	// cycle), else those placed last cycle and not now, and the touched.
-	var stopped, candidates []string
-	if full {
-		for job, prev := range v.desired {
-			if !placedIdx[job] && prev.Running() {
-				stopped = append(stopped, job)
-			}
-		}
-	} else {
-		for ; li < len(last); li++ {
-			left = append(left, last[li].Job)
-		}
-		candidates = left
-		for job := range touched {
-			candidates = append(candidates, job)
-		}
-		slices.Sort(candidates)
-		candidates = slices.Compact(candidates)
-		for _, job := range candidates {
-			if prev := v.desired[job]; !placed(job) && prev.Running() {
-				stopped = append(stopped, job)
-			}
-		}
-	}
-	sort.Strings(stopped)
-	for _, job := range stopped { // preempted, suspended or deleted
-		prev := v.desired[job]
-		// The workers are told "preemption" or "shutdown", with the reason,
-		// rather than "drain": the stop travels in the same record that
-		// takes the nodes away.
-		stop := fleet.Stop{Kind: fleet.StopShutdown, Reason: "the job finished or was deleted"}
-		r, ok := reason(job)
-		if ok {
-			stop.Reason = r.Message
-			if r.Kind == policy.KindPreempted {
-				stop.Kind = fleet.StopPreemption
-			}
-		}
-		nd := fleet.Desired{
-			Allocation: api.Allocation{Job: job, Team: prev.Team, Flavor: prev.Flavor},
-			Generation: prev.Generation + 1, Stop: &stop,
-			UID: prev.UID, // held until the job is forgotten
-		}
-		nd.TraceParent = c.decisionSpan(d.Now, r, prev.Size, 0)
-		op, err := c.store.PutDesiredOp(nd)
-		add(job, op, err)
-		if err == nil {
-			v.setDesired(nd)
-			kind := r.Kind
-			if !ok {
-				kind = "Released"
-			}
-			changed[kind]++
-		}
-	}
-	// Assignments of jobs placed nowhere (stopped, or left by an earlier
-	// coordinator) go.
-	dropAssigned := func(job string) {
-		for n := range v.assigned[job] {
-			add(job, c.store.DeleteAssignmentOp(n, job), nil)
-		}
-		delete(v.assigned, job)
-	}
-	if full {
-		for job := range v.assigned {
-			if !placedIdx[job] {
-				dropAssigned(job)
-			}
-		}
-	} else {
-		for _, job := range candidates {
-			if _, has := v.assigned[job]; has && !placed(job) {
-				dropAssigned(job)
-			}
-		}
-	}
-	for _, job := range d.Released {
-		if _, had := v.statuses[job]; had {
-			add(job, c.store.DeleteStatusOp(job), nil)
-			delete(v.statuses, job)
-		}
-	}
-	now := d.Now
-	var none fleet.Status
-	lastR, k := v.lastReasons, 0
-	for i := range d.Reasons {
-		r := &d.Reasons[i]
-		again = again || r.Kind == policy.KindPreempted
-		if !full {
-			for k < len(lastR) && lastR[k].Job < r.Job {
-				k++
-			}
-			// The status written (or kept) last cycle is stable-equal to
-			// the last decision: the same again needs no write and no
-			// event.
-			if k < len(lastR) && lastR[k].Job == r.Job && stable(&lastR[k], r) && !event(*r, lastR[k], true) && !touched[r.Job] {
-				continue
-			}
-		}
-		prev, had := v.statuses[r.Job]
-		if !had {
-			prev = &none
-		}
-		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) &&
-			(len(prev.For) > 0 || prev.ForTeam != "") && !stable(&prev.Reason, r) {
-			// A follow-up cycle leaves a status that names who took the
-			// job's capacity (shrunk or preempted for whom) as it is while
-			// the job runs or waits unchanged, until a cycle caused by an
-			// input, a wake or the resync, which compares it in full.
-			retry[r.Job] = true
-			continue
-		}
-		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
-			c.waited = append(c.waited, now.Sub(prev.Since))
-		}
-		if !had || !stable(&prev.Reason, r) {
-			s := &fleet.Status{Reason: *r, Time: now, Since: now}
-			if had && prev.Kind == r.Kind && prev.Code == r.Code {
-				s.Since = prev.Since
-			}
-			op, err := c.store.PutStatusOp(*s)
-			add(r.Job, op, err)
-			if err == nil {
-				v.statuses[r.Job] = s
-			}
-		}
-		if event(*r, prev.Reason, had) {
-			key, e := v.events.record(*r, now, c.cfg.EventDedupWindow)
-			op, err := c.store.PutEventAtOp(key, e)
-			add(r.Job, op, err)
-		}
-	}
-	if !reflect.DeepEqual(v.usage, d.Teams) && !(len(v.usage) == 0 && len(d.Teams) == 0 && v.usage != nil) {
-		op, err := c.store.PutUsageOp(d.Teams)
-		add("", op, err)
-		if err == nil {
-			v.usage = slices.Clone(d.Teams)
-			if v.usage == nil {
-				v.usage = []api.TeamUsage{}
-			}
-		}
-	}
-	units = make([][]clientv3.Op, 0, len(order)+1)
-	for _, job := range order {
-		units = append(units, unit[job])
-	}
-	var prune []clientv3.Op
-	for _, key := range v.events.prune(c.cfg.MaxEventsPerJob, c.cfg.MaxEvents) {
-		prune = append(prune, clientv3.OpDelete(key))
-	}
-	for len(prune) > 0 {
-		n := min(len(prune), maxTxnOps)
-		units = append(units, prune[:n])
-		prune = prune[n:]
-	}
-	// The next cycle diffs against this decision. The lists are the
-	// engine's, not copied: nothing changes them after the cycle.
-	v.haveLast = true
-	v.lastAllocs, v.lastReasons = d.Allocations, d.Reasons
-	delete(retry, "")
-	v.touched = retry
-	if c.cfg.JobCredentials {
-		running = make(map[string]bool, len(d.Allocations))
-		for _, a := range d.Allocations {
-			running[a.Job] = true
-		}
-	}
-	return units, changed, running, again
 }
 
 // sameAllocation reports whether two allocations are equal.

@@ -62,13 +62,26 @@ func same(a, b api.Reason) bool {
 		a.ForTeam == b.ForTeam && slices.Equal(a.For, b.For)
 }
 
-// record adds a decision to the history: an update of the job's latest
-// event when it is the same decision again within window (its count and
-// last-seen time), else a new event. It returns the key and value to put.
-func (x *eventIndex) record(r api.Reason, now time.Time, window time.Duration) (string, fleet.Event) {
+// evPut is a planned write of the history: a new event of job, or
+// (update) a new value of its latest event.
+type evPut struct {
+	job    string
+	rec    evRec
+	update bool
+}
+
+// evDel is a planned deletion of one of job's events.
+type evDel struct {
+	job, key string
+}
+
+// plan is the write that adds a decision to the history, without changing
+// x: an update of the job's latest event when it is the same decision
+// again within window (its count and last-seen time), else a new event.
+func (x *eventIndex) plan(r api.Reason, now time.Time, window time.Duration) evPut {
 	evs := x.byJob[r.Job]
 	if n := len(evs); n > 0 {
-		last := &evs[n-1]
+		last := evs[n-1]
 		seen := last.e.LastSeen
 		if seen.IsZero() {
 			seen = last.e.Time
@@ -78,20 +91,37 @@ func (x *eventIndex) record(r api.Reason, now time.Time, window time.Duration) (
 			if first.IsZero() {
 				first = last.e.Time
 			}
-			last.e.Reason = r // the latest explanation
-			last.e.Count = last.e.Times() + 1
-			last.e.FirstSeen, last.e.LastSeen = first, now
-			return last.key, last.e
+			e := last.e
+			e.Reason = r // the latest explanation
+			e.Count = last.e.Times() + 1
+			e.FirstSeen, e.LastSeen = first, now
+			return evPut{job: r.Job, rec: evRec{key: last.key, e: e}, update: true}
 		}
 	}
 	e := fleet.Event{Time: now, Reason: r, Count: 1, FirstSeen: now, LastSeen: now}
-	key := x.keys.Event(now, r.Job)
-	x.byJob[r.Job] = append(evs, evRec{key: key, e: e})
+	return evPut{job: r.Job, rec: evRec{key: x.keys.Event(now, r.Job), e: e}}
+}
+
+// put records a planned write in x.
+func (x *eventIndex) put(p evPut) {
+	evs := x.byJob[p.job]
+	if n := len(evs); p.update && n > 0 && evs[n-1].key == p.rec.key {
+		evs[n-1] = p.rec
+		return
+	}
+	x.byJob[p.job] = append(evs, p.rec)
 	x.total++
 	if x.grown != nil {
-		x.grown[r.Job] = true
+		x.grown[p.job] = true
 	}
-	return key, e
+}
+
+// record adds a decision to the history (plan, then put). It returns the
+// key and value to put.
+func (x *eventIndex) record(r api.Reason, now time.Time, window time.Duration) (string, fleet.Event) {
+	p := x.plan(r, now, window)
+	x.put(p)
+	return p.rec.key, p.rec.e
 }
 
 // drop forgets a job's events and returns their keys.
@@ -122,40 +152,82 @@ func (x *eventIndex) clone() *eventIndex {
 // keys to delete. The total bound is enforced with 10% slack, so that a
 // full history is not pruned one event per cycle.
 func (x *eventIndex) prune(perJob, total int) []string {
-	var del []string
-	check := func(job string, evs []evRec) {
-		if len(evs) <= perJob {
+	del := x.pruneKeys(perJob, total, nil)
+	x.remove(del)
+	keys := make([]string, len(del))
+	for i, d := range del {
+		keys[i] = d.key
+	}
+	return keys
+}
+
+// pruneKeys is what prune would delete once puts are recorded, without
+// changing x.
+func (x *eventIndex) pruneKeys(perJob, total int, puts []evPut) []evDel {
+	added := map[string][]evRec{}
+	n := x.total
+	for _, p := range puts {
+		if !p.update {
+			added[p.job] = append(added[p.job], p.rec)
+			n++
+		}
+	}
+	// evs is a job's history once puts are recorded.
+	evs := func(job string) []evRec {
+		if a := added[job]; len(a) > 0 {
+			return append(slices.Clip(x.byJob[job]), a...)
+		}
+		return x.byJob[job]
+	}
+	var del []evDel
+	cut := map[string]int{} // how many of a job's oldest go
+	check := func(job string) {
+		if _, done := cut[job]; done {
 			return
 		}
-		n := len(evs) - perJob
-		for _, r := range evs[:n] {
-			del = append(del, r.key)
+		h := evs(job)
+		cut[job] = 0
+		if len(h) <= perJob {
+			return
 		}
-		x.byJob[job] = slices.Clone(evs[n:])
-		x.total -= n
+		k := len(h) - perJob
+		for _, r := range h[:k] {
+			del = append(del, evDel{job, r.key})
+		}
+		cut[job] = k
+		n -= k
 	}
 	if x.grown == nil {
-		for job, evs := range x.byJob {
-			check(job, evs)
+		for job := range x.byJob {
+			check(job)
 		}
-		x.grown = map[string]bool{}
 	} else {
 		for job := range x.grown {
-			check(job, x.byJob[job])
+			check(job)
 		}
-		clear(x.grown)
 	}
-	if x.total <= total+total/10 {
+	for job := range added {
+		check(job)
+	}
+	if n <= total+total/10 {
 		return del
 	}
 	type ref struct {
-		key string
+		evDel
 		bad bool
 	}
-	all := make([]ref, 0, x.total)
-	for _, evs := range x.byJob {
-		for _, r := range evs {
-			all = append(all, ref{r.key, r.bad})
+	all := make([]ref, 0, n)
+	collect := func(job string) {
+		for _, r := range evs(job)[cut[job]:] {
+			all = append(all, ref{evDel{job, r.key}, r.bad})
+		}
+	}
+	for job := range x.byJob {
+		collect(job)
+	}
+	for job := range added {
+		if _, ok := x.byJob[job]; !ok {
+			collect(job)
 		}
 	}
 	sort.Slice(all, func(i, j int) bool {
@@ -164,26 +236,45 @@ func (x *eventIndex) prune(perJob, total int) []string {
 		}
 		return all[i].key < all[j].key
 	})
-	gone := map[string]bool{}
 	for _, r := range all[:len(all)-total] {
-		gone[r.key] = true
-		del = append(del, r.key)
+		del = append(del, r.evDel)
 	}
-	for job, evs := range x.byJob {
+	return del
+}
+
+// remove forgets deleted events; every job is then checked against the
+// per-job bound only when it grows again.
+func (x *eventIndex) remove(del []evDel) {
+	if x.grown == nil {
+		x.grown = map[string]bool{}
+	} else {
+		clear(x.grown)
+	}
+	if len(del) == 0 {
+		return
+	}
+	gone := map[string]map[string]bool{}
+	for _, d := range del {
+		if gone[d.job] == nil {
+			gone[d.job] = map[string]bool{}
+		}
+		gone[d.job][d.key] = true
+	}
+	for job, keys := range gone {
+		evs := x.byJob[job]
 		kept := evs[:0:0]
 		for _, r := range evs {
-			if !gone[r.key] {
+			if !keys[r.key] {
 				kept = append(kept, r)
 			}
 		}
+		x.total -= len(evs) - len(kept)
 		if len(kept) == 0 {
 			delete(x.byJob, job)
 		} else {
 			x.byJob[job] = kept
 		}
 	}
-	x.total = total
-	return del
 }
 
 func decodeUsage(b []byte) ([]api.TeamUsage, error) {
