@@ -406,6 +406,7 @@ func (c *closer) view() view {
 		target: c.target, placed: c.placed,
 		lastCall: c.lastCall, ackSince: c.ackSince,
 		minNodes: c.cfg.MinNodes, maxNodes: c.cfg.MaxNodes,
+		sizes: c.cfg.Sizes, step: c.cfg.Step,
 		lastCallTimeout: c.cfg.LastCallTimeout, ackTimeout: c.cfg.AckTimeout,
 	}
 }

@@ -46,6 +46,16 @@ type Config struct {
 	LocalWorldSize int
 	// MinNodes and MaxNodes are torchrun's --nnodes MIN:MAX.
 	MinNodes, MaxNodes int
+	// Sizes, when set, are the only node counts a round may have
+	// (ascending, within MinNodes..MaxNodes; MinNodes and MaxNodes become
+	// its ends), as a job spec's sizes; Step, when above 1, allows
+	// MinNodes, MinNodes+Step, ... up to MaxNodes, as a job spec's step.
+	// The coordinator's engine sizes the job within the same rule, and no
+	// round ever forms outside it: after a lost node the round shrinks to
+	// the largest allowed size the nodes left can fill. Default: every
+	// size in MinNodes..MaxNodes. --rdzv-conf sizes=2:4:8 or step=2.
+	Sizes []int
+	Step  int
 	// LeaseTTL is this node's liveness lease (default 3s). etcd rounds it
 	// up to whole seconds and to its own minimum (2s with default timings).
 	LeaseTTL time.Duration
@@ -125,6 +135,9 @@ func (c *Config) setDefaults() error {
 	if c.MinNodes <= 0 || c.MaxNodes < c.MinNodes {
 		return fmt.Errorf("rendezvous: invalid --nnodes %d:%d (need 1 <= MIN <= MAX)", c.MinNodes, c.MaxNodes)
 	}
+	if err := c.checkSizes(); err != nil {
+		return err
+	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
 	}
@@ -158,6 +171,39 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.Default()
 	}
 	return nil
+}
+
+// checkSizes validates Sizes and Step and narrows MinNodes and MaxNodes
+// to the ends of Sizes.
+func (c *Config) checkSizes() error {
+	switch {
+	case c.Step < 0:
+		return fmt.Errorf("rendezvous: step must be >= 1, got %d", c.Step)
+	case len(c.Sizes) > 0 && c.Step > 1:
+		return errors.New("rendezvous: give sizes or step, not both")
+	case len(c.Sizes) == 0:
+		return nil
+	}
+	for i, z := range c.Sizes {
+		if z < c.MinNodes || z > c.MaxNodes || (i > 0 && z <= c.Sizes[i-1]) {
+			return fmt.Errorf("rendezvous: sizes %v must be ascending node counts within --nnodes %d:%d", c.Sizes, c.MinNodes, c.MaxNodes)
+		}
+	}
+	c.MinNodes, c.MaxNodes = c.Sizes[0], c.Sizes[len(c.Sizes)-1]
+	return nil
+}
+
+// parseSizes reads sizes=2:4:8.
+func parseSizes(v string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(v, ":") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("rendezvous: --rdzv-conf sizes=%s: want node counts separated by ':', e.g. sizes=2:4:8", v)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // checkToken rejects values that cannot live in a key segment or in the
@@ -210,14 +256,15 @@ type ClientOptions = etcdconn.Options
 
 var confKeys = []string{
 	"ack_timeout", "cacert", "cert", "dial_timeout", "join_timeout", "key",
-	"last_call_timeout", "lease_ttl", "password", "password_file", "prefix", "protocol", "timeout", "user",
+	"last_call_timeout", "lease_ttl", "password", "password_file", "prefix", "protocol", "sizes", "step", "timeout", "user",
 }
 
 // ParseConf parses torchrun's --rdzv-conf value ("k=v,k2=v2") into cfg and
 // returns the etcd client options it carries. Durations are seconds (float
 // allowed, e.g. "2.5") or Go durations ("1500ms"). Keys: lease_ttl,
 // last_call_timeout, join_timeout (torch's "timeout" is an alias),
-// ack_timeout, prefix, and for the client cacert, cert, key, user,
+// ack_timeout, prefix, sizes (e.g. 2:4:8) and step (Config.Sizes,
+// Config.Step), and for the client cacert, cert, key, user,
 // password_file (a 0600 file holding the password; password= also works,
 // as torch's does, but shows in /proc/<pid>/cmdline), protocol,
 // dial_timeout. An unknown key is an error naming it and the valid
@@ -246,6 +293,13 @@ func ParseConf(conf string, cfg *Config) (ClientOptions, error) {
 			cfg.AckTimeout, err = parseSeconds(k, v)
 		case "dial_timeout":
 			opts.DialTimeout, err = parseSeconds(k, v)
+		case "sizes":
+			cfg.Sizes, err = parseSizes(v)
+		case "step":
+			cfg.Step, err = strconv.Atoi(v)
+			if err != nil || cfg.Step < 1 {
+				err = fmt.Errorf("rendezvous: --rdzv-conf step=%s: want a node count >= 1", v)
+			}
 		case "prefix":
 			if !strings.HasPrefix(v, "/") {
 				err = fmt.Errorf("rendezvous: --rdzv-conf prefix=%q must start with '/'", v)

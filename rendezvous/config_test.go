@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +141,45 @@ func TestParseConfPasswordFile(t *testing.T) {
 		if _, err := ParseConf(conf, &cfg); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ParseConf(%q) = %v; want error containing %q", conf, err, want)
 		}
+	}
+}
+
+// The job's allowed sizes reach the rendezvous through --rdzv-conf.
+func TestConfSizesAndStep(t *testing.T) {
+	var cfg Config
+	if _, err := ParseConf("sizes=2:4:8", &cfg); err != nil || !slices.Equal(cfg.Sizes, []int{2, 4, 8}) {
+		t.Fatalf("sizes=2:4:8: %v %v", cfg.Sizes, err)
+	}
+	if _, err := ParseConf("step=2", &cfg); err != nil || cfg.Step != 2 {
+		t.Fatalf("step=2: %v %v", cfg.Step, err)
+	}
+	for conf, want := range map[string]string{
+		"sizes=2:x": "want node counts separated by ':'",
+		"sizes=0":   "want node counts",
+		"step=0":    "step=0: want a node count >= 1",
+	} {
+		if _, err := ParseConf(conf, &Config{}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ParseConf(%q) = %v; want error containing %q", conf, err, want)
+		}
+	}
+	base := Config{JobID: "j", NodeID: "n", Addr: "a", LocalWorldSize: 1, MinNodes: 1, MaxNodes: 8}
+	for name, mut := range map[string]func(*Config){
+		"sizes not ascending":   func(c *Config) { c.Sizes = []int{4, 2} },
+		"size above max":        func(c *Config) { c.Sizes = []int{2, 16} },
+		"sizes and step":        func(c *Config) { c.Sizes, c.Step = []int{2, 4}, 2 },
+		"negative step":         func(c *Config) { c.Step = -1 },
+		"size below --nnodes":   func(c *Config) { c.MinNodes = 2; c.Sizes = []int{1, 2} },
+		"repeated size in list": func(c *Config) { c.Sizes = []int{2, 2} },
+	} {
+		c := base
+		mut(&c)
+		if err := c.setDefaults(); err == nil {
+			t.Errorf("%s: accepted %+v", name, c)
+		}
+	}
+	c := base
+	c.Sizes = []int{2, 4}
+	if err := c.setDefaults(); err != nil || c.MinNodes != 2 || c.MaxNodes != 4 {
+		t.Fatalf("sizes {2,4} in 1:8: MinNodes %d MaxNodes %d err %v; want 2:4", c.MinNodes, c.MaxNodes, err)
 	}
 }

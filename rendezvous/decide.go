@@ -45,7 +45,12 @@ type view struct {
 	lastCall time.Time
 	ackSince time.Time
 
-	minNodes, maxNodes          int
+	minNodes, maxNodes int
+	// sizes (ascending) or step (> 1) narrow the sizes a round may have
+	// within [minNodes, maxNodes], as the job spec's sizes and step do for
+	// the coordinator's engine; neither set: every size.
+	sizes                       []int
+	step                        int
 	lastCallTimeout, ackTimeout time.Duration
 }
 
@@ -202,7 +207,7 @@ func decide(v view, now time.Time) action {
 			return propose(NodeLeaving, fmt.Sprintf("node(s) %s of round %d are draining", list(leaving), v.head.Round))
 		case capN < size:
 			return propose(TargetChanged, fmt.Sprintf("target %d: shrinking from %d to %d nodes", v.target, size, capN))
-		case waiting > 0 && size < capN:
+		case waiting > 0 && size < capN && v.fit(avail) > size:
 			headCap := v.maxNodes
 			if v.head.Target > 0 {
 				headCap = v.head.Target
@@ -241,7 +246,9 @@ func (v view) proposal(reason Reason, detail string) action {
 		}
 		return a
 	}
-	size := min(len(cands), v.capacity())
+	// Never a size the job does not allow: after a loss, the largest one
+	// the nodes left can fill (the others wait as spares).
+	size := v.fit(min(len(cands), v.capacity()))
 	a.members = assign(v.round, cands, size, v.placement(size < len(cands)))
 	a.spares = len(cands) - size
 	a.ackAll = reason == MemberLost || reason == MemberFailed
@@ -272,12 +279,31 @@ func (v view) candidates() []*cand {
 }
 
 // capacity is the size a round should have: the target clamped to
-// [MIN, MAX] when set, else MAX.
+// [MIN, MAX] when set, else MAX, down to an allowed size.
 func (v view) capacity() int {
 	if v.target > 0 {
-		return min(max(v.target, v.minNodes), v.maxNodes)
+		return max(v.fit(v.target), v.minNodes)
 	}
-	return v.maxNodes
+	return max(v.fit(v.maxNodes), v.minNodes)
+}
+
+// fit is the largest size a round may have with at most n nodes (0: none,
+// fewer than MinNodes): at most MaxNodes, one of sizes when set, else
+// MinNodes plus a multiple of step.
+func (v view) fit(n int) int {
+	n = min(n, v.maxNodes)
+	if n < v.minNodes {
+		return 0
+	}
+	if len(v.sizes) > 0 {
+		i, _ := slices.BinarySearch(v.sizes, n+1) // the first size above n
+		if i == 0 {
+			return 0
+		}
+		return v.sizes[i-1]
+	}
+	step := max(v.step, 1)
+	return v.minNodes + (n-v.minNodes)/step*step
 }
 
 // headTarget is the target a new round record carries (0: none).

@@ -348,3 +348,65 @@ func TestDecideIsPure(t *testing.T) {
 		t.Fatalf("decide changed the view")
 	}
 }
+
+func sizes(allowed ...int) func(*view) { return func(v *view) { v.sizes = allowed } }
+func step(n int) func(*view)           { return func(v *view) { v.step = n } }
+
+// The job spec's sizes and step bind the rendezvous as they bind the
+// coordinator's engine: an unplanned loss never forms a round of a size the
+// engine would never allow (issue 23).
+func TestDecideAllowedSizes(t *testing.T) {
+	lc := t0.Add(testLastCall)
+	runDecide(t, []decideCase{
+		{"sizes {2,4}: a lost node at 4 forms 2, never 3 (the third waits as a spare)",
+			mkView(2, 4, sizes(2, 4), head(stateClosed, 5, 4, "a", "b", "c", "d"), target(4), joined("a", "b", "c")), t0,
+			outcome{kind: actPropose, reason: MemberLost, round: 6, nodes: []string{"a", "b"}, spares: 1, ackAll: true}},
+		{"sizes {2,4}: a failure at 3 live nodes forms 2",
+			mkView(2, 4, sizes(2, 4), head(stateClosed, 5, 0, "a", "b"), joined("a", "b", "c"), failed("b")), t0,
+			outcome{kind: actPropose, reason: MemberFailed, round: 6, nodes: []string{"a", "b"}, spares: 1, ackAll: true}},
+		{"sizes {2,4}: a node waiting beside a round of 2 does not grow it to 3",
+			mkView(2, 4, sizes(2, 4), head(stateClosed, 6, 0, "a", "b"), joined("a", "b", "c"), lastCallAt(t0)), t0,
+			idle},
+		{"sizes {2,4}: two nodes waiting grow the round to 4 at once",
+			mkView(2, 4, sizes(2, 4), head(stateClosed, 6, 0, "a", "b"), joined("a", "b", "c", "d")), t0,
+			outcome{kind: actPropose, reason: NodeWaiting, round: 7, nodes: []string{"a", "b", "c", "d"}}},
+		{"sizes {2,4}: the first round with 3 nodes after the last call is 2",
+			mkView(2, 4, sizes(2, 4), joined("a", "b", "c"), lastCallAt(lc)), lc,
+			outcome{kind: actPropose, round: 1, nodes: []string{"a", "b"}, spares: 1, lastCall: lc}},
+		{"sizes {2,4}: a lost node at 2 leaves an open round, not 1",
+			mkView(2, 4, sizes(2, 4), head(stateClosed, 5, 0, "a", "b"), joined("a")), t0,
+			outcome{kind: actPropose, reason: MemberLost, round: 6}},
+		{"step 2 from 2 to 6: a lost node at 6 forms 4, never 5",
+			mkView(2, 6, step(2), head(stateClosed, 3, 6, "a", "b", "c", "d", "e", "f"), target(6), joined("a", "b", "c", "d", "e")), t0,
+			outcome{kind: actPropose, reason: MemberLost, round: 4, nodes: []string{"a", "b", "c", "d"}, spares: 1, ackAll: true}},
+		{"step 2 from 1 to 5: a target of 4 between allowed sizes sizes to 3",
+			mkView(1, 5, step(2), head(stateClosed, 3, 1, "a"), target(4), joined("a", "b", "c", "d")), t0,
+			outcome{kind: actPropose, reason: TargetChanged, round: 4, nodes: []string{"a", "b", "c"}, spares: 1}},
+		{"no sizes: a lost node at 4 forms 3 as before",
+			mkView(2, 4, head(stateClosed, 5, 4, "a", "b", "c", "d"), target(4), joined("a", "b", "c")), t0,
+			outcome{kind: actPropose, reason: MemberLost, round: 6, nodes: []string{"a", "b", "c"}, ackAll: true}},
+	})
+}
+
+func TestFit(t *testing.T) {
+	for _, tc := range []struct {
+		rule string
+		v    view
+		n    int
+		want int
+	}{
+		{"below min: none", mkView(2, 4), 1, 0},
+		{"every size by default", mkView(2, 4), 3, 3},
+		{"above max: max", mkView(2, 4), 9, 4},
+		{"sizes: the largest at most n", mkView(2, 8, sizes(2, 4, 8)), 7, 4},
+		{"sizes: exact", mkView(2, 8, sizes(2, 4, 8)), 8, 8},
+		{"step: down to min plus a multiple of step", mkView(2, 9, step(3)), 7, 5},
+		{"step: max not on the grid", mkView(2, 9, step(3)), 9, 8},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			if got := tc.v.fit(tc.n); got != tc.want {
+				t.Errorf("fit(%d) = %d, want %d", tc.n, got, tc.want)
+			}
+		})
+	}
+}
