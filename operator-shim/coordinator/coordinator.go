@@ -341,32 +341,7 @@ func behind(revs []int64) bool {
 func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, leader clientv3.Cmp) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	msgs := make(chan watchMsg)
-	prefixes := c.watched()
-	// revs is the latest revision each watch has reported (events or a
-	// progress notification): it has delivered every change of its
-	// prefix up to there.
-	revs := make([]int64, len(prefixes))
-	for i, p := range prefixes {
-		revs[i] = c.view.rev
-		wch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(c.view.rev+1))
-		go func() {
-			for w := range wch {
-				if c.cfg.watchDelay != nil {
-					time.Sleep(c.cfg.watchDelay(p))
-				}
-				select {
-				case msgs <- watchMsg{resp: w, idx: i}:
-				case <-wctx.Done():
-					return
-				}
-			}
-			select {
-			case msgs <- watchMsg{closed: true, idx: i}:
-			case <-wctx.Done():
-			}
-		}()
-	}
+	msgs, revs := c.startWatches(wctx)
 	apply := func(m watchMsg, dirty, caused *bool) error {
 		if err := c.applyWatch(m, dirty, caused); err != nil {
 			return err
@@ -434,26 +409,10 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 					drained = true
 				}
 			}
-			// A consistent view: every watch caught up to the latest
-			// revision any of them reported (etcd answers a progress
-			// request once its watchers are synced), or CatchUp passed.
-			if behind(revs) {
-				now := time.Now()
-				if catchUpSince.IsZero() {
-					catchUpSince = now
-					pctx, pcancel := context.WithTimeout(wctx, c.cfg.CatchUp)
-					if err := c.cli.RequestProgress(pctx); err != nil {
-						c.log.Debug("cannot ask etcd for the watches' progress", "err", err)
-					}
-					pcancel()
-				}
-				if now.Sub(catchUpSince) < c.cfg.CatchUp {
-					debounce = time.After(time.Millisecond)
-					continue
-				}
-				c.log.Debug("the watches did not catch up in time; deciding on what they delivered", "revisions", revs, "waited", now.Sub(catchUpSince))
+			if !c.caughtUp(wctx, revs, &catchUpSince) {
+				debounce = time.After(time.Millisecond)
+				continue
 			}
-			catchUpSince = time.Time{}
 			debounce = nil
 			dirty = false
 			if wakeT != nil { // the cycle computes the next wake
@@ -475,6 +434,61 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			dirty = again
 		}
 	}
+}
+
+// startWatches watches every prefix the coordinator keeps from the view's
+// revision on. revs is the latest revision each watch has reported
+// (events or a progress notification): it has delivered every change of
+// its prefix up to there.
+func (c *Coordinator) startWatches(wctx context.Context) (msgs chan watchMsg, revs []int64) {
+	msgs = make(chan watchMsg)
+	prefixes := c.watched()
+	revs = make([]int64, len(prefixes))
+	for i, p := range prefixes {
+		revs[i] = c.view.rev
+		wch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(c.view.rev+1))
+		go func() {
+			for w := range wch {
+				if c.cfg.watchDelay != nil {
+					time.Sleep(c.cfg.watchDelay(p))
+				}
+				select {
+				case msgs <- watchMsg{resp: w, idx: i}:
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case msgs <- watchMsg{closed: true, idx: i}:
+			case <-wctx.Done():
+			}
+		}()
+	}
+	return msgs, revs
+}
+
+// caughtUp reports whether the view is consistent: every watch caught up
+// to the latest revision any of them reported (etcd answers a progress
+// request once its watchers are synced, asked when the wait begins at
+// *since), or CatchUp passed since.
+func (c *Coordinator) caughtUp(wctx context.Context, revs []int64, since *time.Time) bool {
+	if behind(revs) {
+		now := time.Now()
+		if since.IsZero() {
+			*since = now
+			pctx, pcancel := context.WithTimeout(wctx, c.cfg.CatchUp)
+			if err := c.cli.RequestProgress(pctx); err != nil {
+				c.log.Debug("cannot ask etcd for the watches' progress", "err", err)
+			}
+			pcancel()
+		}
+		if now.Sub(*since) < c.cfg.CatchUp {
+			return false
+		}
+		c.log.Debug("the watches did not catch up in time; deciding on what they delivered", "revisions", revs, "waited", now.Sub(*since))
+	}
+	*since = time.Time{}
+	return true
 }
 
 var errNotLeader = errors.New("not the leader any more")
