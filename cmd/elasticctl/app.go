@@ -14,6 +14,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -75,18 +76,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 // globalFlags are the flags every command takes (all take a value:
 // interspersed relies on it).
 func globalFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: []string{"ELASTICCTL_CONFIG"}, Usage: "config file with contexts (default $XDG_CONFIG_HOME/elasticctl/config.yaml or ~/.config/elasticctl/config.yaml)"},
 		&cli.StringFlag{Name: "context", EnvVars: []string{"ELASTICCTL_CONTEXT"}, Usage: "context of the config file to use (default: its current-context)"},
-		&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"ELASTICCTL_ETCD_ENDPOINTS"}, Usage: "etcd endpoints, comma-separated (default 127.0.0.1:2379, or the context's)"},
-		&cli.StringFlag{Name: "etcd-prefix", EnvVars: []string{"ELASTICCTL_ETCD_PREFIX"}, Usage: "key prefix of the fleet in etcd (default " + fleet.DefaultPrefix + ", or the context's)"},
-		&cli.StringFlag{Name: "etcd-cacert", EnvVars: []string{"ELASTICCTL_ETCD_CACERT"}, Usage: "PEM file of the CA that signed etcd's certificate (enables TLS)"},
-		&cli.StringFlag{Name: "etcd-cert", EnvVars: []string{"ELASTICCTL_ETCD_CERT"}, Usage: "PEM client certificate for etcd's TLS client authentication (with --etcd-key)"},
-		&cli.StringFlag{Name: "etcd-key", EnvVars: []string{"ELASTICCTL_ETCD_KEY"}, Usage: "PEM private key of --etcd-cert"},
-		&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"ELASTICCTL_ETCD_USER"}, Usage: "etcd user name (etcd authentication)"},
-		&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"ELASTICCTL_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password"},
-	}
+	}, etcdSet.Flags()...)
 }
+
+// etcdSet is how elasticctl takes the --etcd-* flags: its own
+// ELASTICCTL_ETCD_* variables before the HYPERPOD_ETCD_* ones, and a
+// context of the config file (connection) before the defaults.
+var etcdSet = etcdflags.Set{EnvPrefix: "ELASTICCTL_ETCD_", DefaultEndpoints: []string{etcdflags.DefaultEndpoint},
+	Auth: "the --etcd-* flags (or the config context)"}
 
 func newApp(stdout io.Writer) *cli.App {
 	app := &cli.App{

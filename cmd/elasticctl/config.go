@@ -13,7 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 )
 
 // Config is elasticctl's config file (~/.config/elasticctl/config.yaml):
@@ -105,23 +105,11 @@ func loadContext(c *cli.Context) (*ConfigContext, error) {
 	return nil, errors.New(msg)
 }
 
-// expandHome expands a leading "~/".
-func expandHome(p string) string {
-	if rest, ok := strings.CutPrefix(p, "~/"); ok {
-		if home, err := os.UserHomeDir(); err == nil {
-			return filepath.Join(home, rest)
-		}
-	}
-	return p
-}
-
-// passwordEnv holds elasticctl's etcd password when no password file is
-// given (flag or context). There is no password flag: /proc/*/cmdline is
-// world-readable.
-const passwordEnv = "ELASTICCTL_ETCD_PASSWORD"
-
-// connection resolves how to reach etcd: a flag (or its ELASTICCTL_*
-// variable) wins over the context, which wins over the defaults.
+// connection resolves how to reach etcd: a flag (or its ELASTICCTL_ETCD_*
+// or HYPERPOD_ETCD_* variable) wins over the context, which wins over the
+// defaults. There is no password flag (/proc/*/cmdline is
+// world-readable): a password file, else $ELASTICCTL_ETCD_PASSWORD or
+// $HYPERPOD_ETCD_PASSWORD.
 func connection(c *cli.Context) (etcdconn.Options, string, error) {
 	ctx, err := loadContext(c)
 	if err != nil {
@@ -130,28 +118,8 @@ func connection(c *cli.Context) (etcdconn.Options, string, error) {
 	if ctx == nil {
 		ctx = &ConfigContext{}
 	}
-	pick := func(flag, fromCtx, def string) string {
-		if c.IsSet(flag) {
-			return c.String(flag)
-		}
-		if fromCtx != "" {
-			return fromCtx
-		}
-		return def
-	}
-	endpoints := pick("etcd-endpoints", strings.Join(ctx.Endpoints, ","), "127.0.0.1:2379")
-	opts := etcdconn.Options{
-		Endpoints: strings.Split(endpoints, ","),
-		CACert:    expandHome(pick("etcd-cacert", ctx.CACert, "")),
-		Cert:      expandHome(pick("etcd-cert", ctx.Cert, "")),
-		Key:       expandHome(pick("etcd-key", ctx.Key, "")),
-		User:      pick("etcd-user", ctx.User, ""),
-		Flags:     etcdconn.Flags{Endpoints: "--etcd-endpoints", CACert: "--etcd-cacert", Cert: "--etcd-cert", Key: "--etcd-key", Auth: "the --etcd-* flags (or the config context)"},
-	}
-	pw, err := etcdconn.ReadPassword(expandHome(pick("etcd-password-file", ctx.PasswordFile, "")), passwordEnv, "--etcd-password-file")
-	if err != nil {
-		return opts, "", err
-	}
-	opts.Password = pw
-	return opts, pick("etcd-prefix", ctx.Prefix, fleet.DefaultPrefix), nil
+	s := etcdSet
+	s.Fallback = etcdflags.Values{Endpoints: strings.Join(ctx.Endpoints, ","), Prefix: ctx.Prefix, CACert: ctx.CACert, Cert: ctx.Cert,
+		Key: ctx.Key, User: ctx.User, PasswordFile: ctx.PasswordFile}
+	return s.Parse(c)
 }

@@ -20,8 +20,8 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // Exit statuses.
@@ -84,13 +84,6 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 				Usage:        "register the node in etcd and keep its inventory current until SIGTERM",
 				OnUsageError: onUsageError,
 				Flags: append([]cli.Flag{
-					&cli.StringSliceFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Usage: "etcd client URLs, e.g. https://etcd-0:2379,https://etcd-1:2379"},
-					&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix, Usage: "etcd key prefix"},
-					&cli.StringFlag{Name: "etcd-cacert", EnvVars: []string{"HYPERPOD_ETCD_CACERT"}, Usage: "CA bundle that signed etcd's server certificate"},
-					&cli.StringFlag{Name: "etcd-cert", EnvVars: []string{"HYPERPOD_ETCD_CERT"}, Usage: "client certificate for etcd (with --etcd-key)"},
-					&cli.StringFlag{Name: "etcd-key", EnvVars: []string{"HYPERPOD_ETCD_KEY"}, Usage: "client key for etcd (with --etcd-cert)"},
-					&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"HYPERPOD_ETCD_USER"}, Usage: "etcd user (etcd auth on: hyperpod-agent, see docs/security.md)"},
-					&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password (mode 0600); else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
 					&cli.DurationFlag{Name: "etcd-dial-timeout", Value: 5 * time.Second, Usage: "etcd connection timeout"},
 					&cli.BoolFlag{Name: "embedded-etcd", Usage: "start an in-process etcd (local try-outs; ignores --etcd-endpoints)"},
 					&cli.StringFlag{Name: "listen", Value: nodeagent.DefaultListen, Usage: "address of /healthz, /metrics and /inventory (empty: none)"},
@@ -118,7 +111,7 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
-				}, discoveryFlags...),
+				}, append(etcdflags.Set{}.Flags(), discoveryFlags...)...),
 				Action: func(c *cli.Context) error { return runAgent(c, sig) },
 			},
 			{
@@ -213,10 +206,11 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	if refresh < 100*time.Millisecond {
 		return usagef("--refresh-interval %s: must be at least 100ms", refresh)
 	}
-	prefix := c.String("etcd-prefix")
-	if !strings.HasPrefix(prefix, "/") || strings.HasSuffix(prefix, "/") && prefix != "/" {
-		return usagef("--etcd-prefix %q: want an absolute key prefix like /hyperpodrun", prefix)
+	conn, prefix, err := etcdflags.Set{NoEndpoints: c.Bool("embedded-etcd"), RequiredHint: "(or --embedded-etcd for a local try-out)"}.Parse(c)
+	if err != nil {
+		return usageError{err}
 	}
+	conn.DialTimeout = c.Duration("etcd-dial-timeout")
 	if l := c.String("listen"); l != "" {
 		if _, err := net.ResolveTCPAddr("tcp", l); err != nil {
 			return usagef("--listen %s: %v", l, err)
@@ -233,29 +227,7 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	if (c.String("job-etcd-cert") == "") != (c.String("job-etcd-key") == "") {
 		return usagef("--job-etcd-cert and --job-etcd-key go together")
 	}
-	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
-	if err != nil {
-		return usagef("%v", err)
-	}
-	conn := etcdconn.Options{CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key"),
-		User: c.String("etcd-user"), Password: pw, DialTimeout: c.Duration("etcd-dial-timeout")}
-	if conn.Password != "" && conn.User == "" {
-		return usagef("an etcd password was given (--etcd-password-file or $%s) without --etcd-user", etcdconn.PasswordEnv)
-	}
-	if _, err := conn.TLSConfig(); err != nil {
-		return usagef("%v", err)
-	}
-	var endpoints []string
-	for _, e := range c.StringSlice("etcd-endpoints") {
-		for _, p := range strings.Split(e, ",") {
-			if p = strings.TrimSpace(p); p != "" {
-				endpoints = append(endpoints, p)
-			}
-		}
-	}
-	if len(endpoints) == 0 && !c.Bool("embedded-etcd") {
-		return usagef("--etcd-endpoints is required (or --embedded-etcd for a local try-out)")
-	}
+	endpoints := conn.Endpoints
 
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
@@ -305,10 +277,6 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 			return err
 		}
 	} else {
-		conn.Endpoints = endpoints
-		if err := conn.Validate(); err != nil {
-			return usagef("%v", err)
-		}
 		if etcdCli, err = etcdconn.Connect(ctx, conn); err != nil {
 			return err
 		}

@@ -8,8 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"io"
 	"math/big"
 	"net"
@@ -22,6 +20,8 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 )
 
 var (

@@ -7,8 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"io"
 	"log/slog"
 	"net"
@@ -22,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v2"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
@@ -36,14 +36,7 @@ func run(args []string, stderr io.Writer) int {
 	app := &cli.App{
 		Name:  "hyperpod-coordinator",
 		Usage: "quota-aware fair-share admission and elastic sizing",
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Value: "127.0.0.1:2379"},
-			&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix},
-			&cli.StringFlag{Name: "etcd-cacert", Usage: "CA bundle that signed etcd's server certificate"},
-			&cli.StringFlag{Name: "etcd-cert", Usage: "client certificate for etcd (with --etcd-key)"},
-			&cli.StringFlag{Name: "etcd-key", Usage: "client key for etcd (with --etcd-cert)"},
-			&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"HYPERPOD_ETCD_USER"}, Usage: "etcd user (etcd auth on: hyperpod-coordinator, see docs/security.md)"},
-			&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password (mode 0600); else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
+		Flags: append([]cli.Flag{
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
 			&cli.DurationFlag{Name: "resync", Value: 10 * time.Minute, Usage: "run a scheduling cycle at least this often even without a change (a safety net: changes arrive by watch, and the stable period wakes a cycle when due)"},
@@ -58,7 +51,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
 			&cli.StringFlag{Name: "job-uid-range", Value: coordinator.DefaultJobUIDRange, Usage: "FIRST-LAST: give each admitted job a uid of this range that no other live job holds (its desired record's and assignments' uid; the node agent runs the job as it); it comes free when the job is forgotten. Keep it apart from the nodes' own users and other uid ranges; none: no uids (docs/security.md)"},
-		},
+		}, etcdSet.Flags()...),
 		ErrWriter:      stderr,
 		OnUsageError:   func(_ *cli.Context, err error, _ bool) error { return usageError{err} },
 		ExitErrHandler: func(*cli.Context, error) {},
@@ -74,6 +67,9 @@ func run(args []string, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// etcdSet is how the coordinator takes the --etcd-* flags.
+var etcdSet = etcdflags.Set{DefaultEndpoints: []string{etcdflags.DefaultEndpoint}}
 
 func serve(c *cli.Context) error {
 	var level slog.Level
@@ -107,24 +103,18 @@ func serve(c *cli.Context) error {
 	if d := c.Duration("event-dedup-window"); d < time.Second {
 		return usageError{fmt.Errorf("--event-dedup-window %s: must be at least 1s", d)}
 	}
-	endpoints := strings.Split(c.String("etcd-endpoints"), ",")
+	opts, prefix, err := etcdSet.Parse(c)
+	if err != nil {
+		return usageError{err}
+	}
 	if c.Bool("embedded-etcd") {
 		srv, err := etcdembed.Start(ctx, etcdembed.Options{})
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
-		endpoints = srv.Endpoints
-		log.Info("embedded etcd", "endpoints", strings.Join(endpoints, ","))
-	}
-	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
-	if err != nil {
-		return usageError{err}
-	}
-	opts := etcdconn.Options{Endpoints: endpoints, CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"), Key: c.String("etcd-key"),
-		User: c.String("etcd-user"), Password: pw}
-	if err := opts.Validate(); err != nil {
-		return usageError{err}
+		opts.Endpoints = srv.Endpoints
+		log.Info("embedded etcd", "endpoints", strings.Join(opts.Endpoints, ","))
 	}
 	cli, err := etcdconn.Connect(ctx, opts)
 	if err != nil {
@@ -165,8 +155,9 @@ func serve(c *cli.Context) error {
 		return d
 	}
 	co := coordinator.New(cli, coordinator.Config{
-		Prefix: c.String("etcd-prefix"), Identity: c.String("id"), Resync: c.Duration("resync"), Debounce: c.Duration("debounce"), Logger: log,
+		Prefix: prefix, Identity: c.String("id"), Resync: c.Duration("resync"), Debounce: c.Duration("debounce"), Logger: log,
 		JobCredentials: opts.User != "" && c.Bool("job-credentials"),
+		NodeEnrollment: opts.User != "",
 		JobUIDFirst:    uidFirst, JobUIDLast: uidLast,
 		Engine:          policy.Config{MinStablePeriod: c.Duration("min-stable-period")},
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),

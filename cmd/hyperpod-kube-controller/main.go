@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/manifests"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/podsup"
@@ -35,15 +35,11 @@ func main() { os.Exit(run(os.Args, os.Stderr)) }
 
 type usageError struct{ error }
 
-var etcdFlags = []cli.Flag{
-	&cli.StringFlag{Name: "etcd-endpoints", EnvVars: []string{"HYPERPOD_ETCD_ENDPOINTS"}, Value: "127.0.0.1:2379"},
-	&cli.StringFlag{Name: "etcd-prefix", Value: fleet.DefaultPrefix},
-	&cli.StringFlag{Name: "etcd-cacert", Usage: "CA bundle that signed etcd's server certificate"},
-	&cli.StringFlag{Name: "etcd-cert", Usage: "client certificate for etcd (with --etcd-key)"},
-	&cli.StringFlag{Name: "etcd-key", Usage: "client key for etcd (with --etcd-cert)"},
-	&cli.StringFlag{Name: "etcd-user", EnvVars: []string{"HYPERPOD_ETCD_USER"}, Usage: "etcd user (etcd auth on)"},
-	&cli.StringFlag{Name: "etcd-password-file", EnvVars: []string{"HYPERPOD_ETCD_PASSWORD_FILE"}, Usage: "file holding the etcd user's password; else $HYPERPOD_ETCD_PASSWORD. Never on the command line"},
-}
+// etcdSet is how the controller and the pod supervisor take the --etcd-*
+// flags.
+var etcdSet = etcdflags.Set{DefaultEndpoints: []string{etcdflags.DefaultEndpoint}}
+
+var etcdFlags = etcdSet.Flags()
 
 func run(args []string, stderr io.Writer) int {
 	app := &cli.App{
@@ -65,6 +61,7 @@ func run(args []string, stderr io.Writer) int {
 					&cli.BoolFlag{Name: "teams", Value: true, Usage: "apply ElasticTeams to the coordinator's team records"},
 					&cli.DurationFlag{Name: "drain-margin", Value: 30 * time.Second, Usage: "added to a job's graceful timeout before a draining pod is deleted anyway"},
 					&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9402", Usage: "address for /healthz (empty: none)"},
+					&cli.StringFlag{Name: "enroll-agents", Value: manifests.Namespace + "/" + manifests.AgentServiceAccount, Usage: "NAMESPACE/SERVICEACCOUNT of the hyperpod-agent DaemonSet: with etcd auth on, its pods enroll as their own node's etcd user (docs/kubernetes.md); empty: off"},
 				}, etcdFlags...),
 				Action: serve,
 			},
@@ -109,17 +106,14 @@ type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
-func connectEtcd(c *cli.Context) (etcdconn.Options, error) {
-	pw, err := etcdconn.ReadPassword(c.String("etcd-password-file"), etcdconn.PasswordEnv, "--etcd-password-file")
+// connectEtcd reads the --etcd-* flags: how to reach etcd and the key
+// prefix.
+func connectEtcd(c *cli.Context) (etcdconn.Options, string, error) {
+	o, prefix, err := etcdSet.Parse(c)
 	if err != nil {
-		return etcdconn.Options{}, usageError{err}
+		return o, "", usageError{err}
 	}
-	o := etcdconn.Options{Endpoints: strings.Split(c.String("etcd-endpoints"), ","), CACert: c.String("etcd-cacert"), Cert: c.String("etcd-cert"),
-		Key: c.String("etcd-key"), User: c.String("etcd-user"), Password: pw}
-	if err := o.Validate(); err != nil {
-		return o, usageError{err}
-	}
-	return o, nil
+	return o, prefix, nil
 }
 
 func serve(c *cli.Context) error {
@@ -142,7 +136,7 @@ func serve(c *cli.Context) error {
 	if d := c.Duration("drain-margin"); d < time.Second || d > time.Hour {
 		return usageError{fmt.Errorf("--drain-margin %s: must be between 1s and 1h", d)}
 	}
-	opts, err := connectEtcd(c)
+	opts, prefix, err := connectEtcd(c)
 	if err != nil {
 		return err
 	}
@@ -161,8 +155,15 @@ func serve(c *cli.Context) error {
 	if s := c.String("pod-etcd-endpoints"); s != "" {
 		podEps = strings.Split(s, ",")
 	}
-	cfg := kubernetes.Config{Kube: kube, Etcd: cli, Prefix: c.String("etcd-prefix"), PodEndpoints: podEps, CACert: ca, Auth: opts.User != "",
+	cfg := kubernetes.Config{Kube: kube, Etcd: cli, Prefix: prefix, PodEndpoints: podEps, CACert: ca, Auth: opts.User != "",
 		LauncherImage: c.String("launcher-image"), Nodes: c.Bool("nodes"), Teams: c.Bool("teams"), DrainMargin: c.Duration("drain-margin"), Logger: log}
+	if ea := c.String("enroll-agents"); ea != "" && opts.User != "" {
+		ns, sa, ok := strings.Cut(ea, "/")
+		if !ok || ns == "" || sa == "" {
+			return usageError{fmt.Errorf("--enroll-agents %q: want NAMESPACE/SERVICEACCOUNT", ea)}
+		}
+		cfg.Enroll = &kubernetes.EnrollConfig{Namespace: ns, ServiceAccount: sa}
+	}
 	if c.Bool("leader-elect") {
 		id := c.String("id")
 		if id == "" {
@@ -195,7 +196,7 @@ func pod(c *cli.Context) error {
 	if len(argv) == 0 {
 		return usageError{errors.New("pod: give hyperpodrun's command line after --")}
 	}
-	opts, err := connectEtcd(c)
+	opts, prefix, err := connectEtcd(c)
 	if err != nil {
 		return err
 	}
@@ -214,7 +215,7 @@ func pod(c *cli.Context) error {
 		return exitCode(code)
 	}
 	defer cli.Close()
-	code, err := podsup.Run(c.Context, podsup.Config{Etcd: cli, Prefix: c.String("etcd-prefix"), Job: c.String("job"), Node: c.String("node"),
+	code, err := podsup.Run(c.Context, podsup.Config{Etcd: cli, Prefix: prefix, Job: c.String("job"), Node: c.String("node"),
 		Argv: argv, TerminationLog: c.String("termination-log"), Logger: log})
 	if err != nil {
 		return err

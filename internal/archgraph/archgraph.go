@@ -49,7 +49,7 @@ var Layers = []Layer{
 		"internal/etcdtest", "internal/testutil", "internal/testcluster", "internal/ctrdtest", "internal/kubetest",
 	}},
 	{Name: "commands, examples, benchmarks", Prefixes: []string{
-		"cmd/", "examples/", "bench/", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/gen/", "operator-shim/kubernetes/image",
+		"cmd/", "examples/", "bench/", "internal/etcdconn/etcdflags", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/gen/", "operator-shim/kubernetes/image",
 		"internal/archgraph/",
 	}},
 }
