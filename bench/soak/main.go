@@ -49,6 +49,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/fsutil"
 )
 
 const (
@@ -277,6 +278,36 @@ func run(ctx context.Context, cfg config, log *slog.Logger, start time.Time) int
 func (s *soak) since(t time.Time) string { return fmt.Sprintf("%.1fs", t.Sub(s.start).Seconds()) }
 
 func (s *soak) run(ctx context.Context) error {
+	if err := s.prepare(ctx); err != nil {
+		return err
+	}
+	defer func() {
+		if s.etcdCli != nil {
+			s.etcdCli.Close()
+		}
+	}()
+	if err := s.startFleet(ctx); err != nil {
+		return err
+	}
+
+	mctx, stopMonitors := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopMonitors(); wg.Wait() }()
+	for _, m := range []func(context.Context){s.watchProcs, s.watchCheckpoints, s.watchJobs} {
+		wg.Add(1)
+		go func() { defer wg.Done(); m(mctx) }()
+	}
+
+	if err := s.warmUp(ctx); err != nil {
+		return err
+	}
+	return s.faultPhase(ctx)
+}
+
+// prepare checks what the soak needs (the repository, PyTorch, etcd),
+// builds the binaries into the work directory and sets up the process
+// scanner and supervisor.
+func (s *soak) prepare(ctx context.Context) error {
 	cfg := s.cfg
 	repo, err := filepath.Abs(cfg.repo)
 	if err != nil {
@@ -310,7 +341,7 @@ func (s *soak) run(ctx context.Context) error {
 		// The jobs' uids read the script from the 0755 bin directory,
 		// whatever the modes above the repository.
 		dst := filepath.Join(s.bin, "train_elastic.py")
-		if err := copyFile(s.ddpScript, dst, 0o644); err != nil {
+		if err := fsutil.CopyFile(s.ddpScript, dst, 0o644); err != nil {
 			return fmt.Errorf("share the DDP script with the jobs: %w", err)
 		}
 		s.ddpScript = dst
@@ -326,7 +357,12 @@ func (s *soak) run(ctx context.Context) error {
 				ev.job, ev.resumedAfter, ev.committed, ev.lost))
 		}
 	})
+	return nil
+}
 
+// startFleet starts etcd (bootstrapping auth when on), the team, two
+// coordinators and the node agents, and waits for the nodes to register.
+func (s *soak) startFleet(ctx context.Context) error {
 	ports, err := freePorts(2)
 	if err != nil {
 		return err
@@ -360,7 +396,6 @@ func (s *soak) run(ctx context.Context) error {
 	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 2 * time.Second, Logger: nopZap(), Username: user, Password: pw}); err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
-	defer s.etcdCli.Close()
 	if err := s.applyTeam(ctx); err != nil {
 		return err
 	}
@@ -379,15 +414,12 @@ func (s *soak) run(ctx context.Context) error {
 	if err := s.waitNodes(ctx); err != nil {
 		return err
 	}
+	return nil
+}
 
-	mctx, stopMonitors := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { stopMonitors(); wg.Wait() }()
-	for _, m := range []func(context.Context){s.watchProcs, s.watchCheckpoints, s.watchJobs} {
-		wg.Add(1)
-		go func() { defer wg.Done(); m(mctx) }()
-	}
-
+// warmUp submits both jobs and waits until both trained.
+func (s *soak) warmUp(ctx context.Context) error {
+	cfg := s.cfg
 	s.resubmit.Store(true)
 	for _, k := range []string{kindDDP, kindWorker} {
 		if err := s.submit(ctx, k); err != nil {
@@ -406,7 +438,13 @@ func (s *soak) run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("the jobs never trained: %w", err)
 	}
+	return nil
+}
 
+// faultPhase injects the planned faults for the configured duration, then
+// waits for the running jobs to finish.
+func (s *soak) faultPhase(ctx context.Context) error {
+	cfg := s.cfg
 	schedule := plan(cfg.seed, cfg.duration, cfg.gapMin, cfg.gapMax, cfg.etcdDown)
 	s.log.Info("fault phase", "seed", cfg.seed, "faults", len(schedule), "duration", cfg.duration)
 	phaseEnd := time.Now().Add(cfg.duration)
