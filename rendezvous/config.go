@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -191,6 +192,30 @@ func (c *Config) checkSizes() error {
 	}
 	c.MinNodes, c.MaxNodes = c.Sizes[0], c.Sizes[len(c.Sizes)-1]
 	return nil
+}
+
+// SizesConf is the --rdzv-conf entry that carries a job spec's allowed
+// sizes to its rendezvous (Config.Sizes, Config.Step): "sizes=2:4:8" for
+// discrete sizes within the job's bounds, "step=2" for a step above 1,
+// "" when every size within the bounds is allowed.
+func SizesConf(j api.Job) string {
+	lo, hi := j.Bounds()
+	if len(j.Sizes) > 0 {
+		var parts []string
+		for _, z := range j.Sizes {
+			if z >= lo && z <= hi {
+				parts = append(parts, strconv.Itoa(z))
+			}
+		}
+		if len(parts) == 0 {
+			return ""
+		}
+		return "sizes=" + strings.Join(parts, ":")
+	}
+	if j.Step > 1 {
+		return "step=" + strconv.Itoa(j.Step)
+	}
+	return ""
 }
 
 // parseSizes reads sizes=2:4:8.

@@ -1,7 +1,6 @@
 package rendezvous
 
 import (
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 func TestParseConf(t *testing.T) {
@@ -181,5 +183,40 @@ func TestConfSizesAndStep(t *testing.T) {
 	c.Sizes = []int{2, 4}
 	if err := c.setDefaults(); err != nil || c.MinNodes != 2 || c.MaxNodes != 4 {
 		t.Fatalf("sizes {2,4} in 1:8: MinNodes %d MaxNodes %d err %v; want 2:4", c.MinNodes, c.MaxNodes, err)
+	}
+}
+
+// A job spec's sizes and step reach its rendezvous as its engine sees them.
+func TestSizesConfCarriesTheJobSpec(t *testing.T) {
+	for _, tc := range []struct {
+		rule      string
+		job       api.Job
+		conf      string
+		wantSizes []int
+		wantStep  int
+		min, max  int
+	}{
+		{"discrete sizes", api.Job{Sizes: []int{2, 4}}, "sizes=2:4", []int{2, 4}, 0, 2, 4},
+		{"sizes clipped to explicit bounds", api.Job{MinNodes: 2, MaxNodes: 4, Sizes: []int{1, 2, 4, 8}}, "sizes=2:4", []int{2, 4}, 0, 2, 4},
+		{"step", api.Job{MinNodes: 2, MaxNodes: 6, Step: 2}, "step=2", nil, 2, 2, 6},
+		{"every size", api.Job{MinNodes: 1, MaxNodes: 4}, "", nil, 0, 1, 4},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			conf := SizesConf(tc.job)
+			if conf != tc.conf {
+				t.Fatalf("SizesConf = %q, want %q", conf, tc.conf)
+			}
+			lo, hi := tc.job.Bounds()
+			c := Config{JobID: "j", NodeID: "n", Addr: "a", LocalWorldSize: 1, MinNodes: lo, MaxNodes: hi}
+			if _, err := ParseConf(conf, &c); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.setDefaults(); err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.Sizes, tc.wantSizes) || c.Step != tc.wantStep || c.MinNodes != tc.min || c.MaxNodes != tc.max {
+				t.Fatalf("config sizes %v step %d nnodes %d:%d, want %v %d %d:%d", c.Sizes, c.Step, c.MinNodes, c.MaxNodes, tc.wantSizes, tc.wantStep, tc.min, tc.max)
+			}
+		})
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
 
 // Config tunes the runner.
@@ -471,6 +472,10 @@ func Args(spec fleet.JobSpec, endpoints []string, prefix, rdzvConf, logDir strin
 	// the same bounds the coordinator sizes the job within.
 	minN, maxN := spec.Bounds()
 	conf := "prefix=" + prefix
+	// The rendezvous forms rounds only of the sizes the engine allows.
+	if sc := rendezvous.SizesConf(spec.Job); sc != "" {
+		conf += "," + sc
+	}
 	if rdzvConf != "" {
 		conf += "," + rdzvConf
 	}
