@@ -11,9 +11,15 @@ import (
 // build validates and indexes nodes, teams and jobs.
 func (s *sched) build(st State) {
 	s.flavorByNm = map[string]*flavorRT{}
+	order := s.buildNodes(st)
+	s.buildTeams(st, order)
+	s.buildJobs(st, order)
+}
 
-	// Nodes, sorted by name for determinism.
-	order := make([]int, len(st.Nodes))
+// buildNodes indexes the valid nodes, sorted by name for determinism, by
+// flavor and shape. It returns a buffer for the teams' and jobs' order.
+func (s *sched) buildNodes(st State) []int {
+	order := make([]int, len(st.Nodes), max(len(st.Nodes), len(st.Teams), len(st.Jobs)))
 	for i := range order {
 		order[i] = i
 	}
@@ -72,8 +78,12 @@ func (s *sched) build(st State) {
 			s.nodes[i].reindex()
 		}
 	}
+	return order
+}
 
-	// Teams.
+// buildTeams indexes the teams, sorted by name, and their quotas by
+// flavor and cohort.
+func (s *sched) buildTeams(st State, order []int) {
 	order = order[:0]
 	for i := range st.Teams {
 		order = append(order, i)
@@ -136,8 +146,11 @@ func (s *sched) build(st State) {
 	for _, f := range s.flavors {
 		f.slack = max(0, f.capacity-f.nominal)
 	}
+}
 
-	// Jobs.
+// buildJobs indexes the jobs, sorted by name (their rank), and resolves
+// each valid one's team and quota.
+func (s *sched) buildJobs(st State, order []int) {
 	order = order[:0]
 	for i := range st.Jobs {
 		order = append(order, i)

@@ -66,71 +66,77 @@ func (s *sched) carryOver(allocs []Allocation) {
 		return x.rank - y.rank
 	})
 	for _, c := range list {
-		j, a := c.j, c.a
-		j.setCarried()
-		want := len(a.Nodes)
-		if !j.exclusive {
-			want = 1
-		}
-		lost := 0
-		// Names listed twice count once: a map only for long lists.
-		var dup map[string]bool
-		if len(a.Nodes) > 32 {
-			dup = make(map[string]bool, len(a.Nodes))
-		}
-		distinct := 0
-		for k, name := range a.Nodes {
-			if dup != nil {
-				if dup[name] {
-					continue
-				}
-				dup[name] = true
-			} else if slices.Contains(a.Nodes[:k], name) {
+		s.carry(c.j, c.a)
+	}
+}
+
+// carry places j again on the nodes its allocation a names that still fit
+// it (names listed twice count once), clamps it to its spec, and records
+// what it lost: nodes to repair, or a shrink.
+func (s *sched) carry(j *jobRT, a *Allocation) {
+	j.setCarried()
+	want := len(a.Nodes)
+	if !j.exclusive {
+		want = 1
+	}
+	lost := 0
+	// Names listed twice count once: a map only for long lists.
+	var dup map[string]bool
+	if len(a.Nodes) > 32 {
+		dup = make(map[string]bool, len(a.Nodes))
+	}
+	distinct := 0
+	for k, name := range a.Nodes {
+		if dup != nil {
+			if dup[name] {
 				continue
 			}
-			distinct++
-			if j.size >= want {
-				break
-			}
-			n := s.nodeByName[name]
-			ok := n != nil && n.fl == j.fl && n.fitsExtra(j.vcpu, j.mem)
-			if ok && j.exclusive {
-				ok = len(n.jobs) == 0 && n.cap >= j.per
-			} else if ok {
-				ok = !n.exclusive && n.free() >= j.per
-			}
-			if !ok {
-				lost++
-				continue
-			}
-			s.attach(j, n)
-		}
-		if distinct < want {
-			want = distinct
-		}
-		// Clamp to the spec (maxNodes lowered, sizes changed).
-		target := j.floorSize(min(want, j.sp.max))
-		if target == 0 {
-			j.setRequeued(CodeSpecChanged, fmt.Sprintf("spec changed (minNodes %d is above the allocated %d nodes)", j.sp.min, want))
-			s.removeNodes(j, j.size)
+			dup[name] = true
+		} else if slices.Contains(a.Nodes[:k], name) {
 			continue
 		}
-		if target < want && lost == 0 {
-			j.setShrunk(CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max))
+		distinct++
+		if j.size >= want {
+			break
 		}
-		if j.size > target {
-			s.removeNodes(j, j.size-target)
+		n := s.nodeByName[name]
+		ok := n != nil && n.fl == j.fl && n.fitsExtra(j.vcpu, j.mem)
+		if ok && j.exclusive {
+			ok = len(n.jobs) == 0 && n.cap >= j.per
+		} else if ok {
+			ok = !n.exclusive && n.free() >= j.per
 		}
-		switch {
-		case j.size < target:
-			// repair replaces the missing nodes and records the outcome.
-			j.repairNeed = target - j.size
-		case j.size < j.prevSize && j.out.kind == KindRunning:
-			// The allocation named nodes the job no longer holds (lost,
-			// listed twice, or more than a single-node job takes) and none
-			// need replacing.
-			j.setShrunk(CodeNodeLost, "")
+		if !ok {
+			lost++
+			continue
 		}
+		s.attach(j, n)
+	}
+	if distinct < want {
+		want = distinct
+	}
+	// Clamp to the spec (maxNodes lowered, sizes changed).
+	target := j.floorSize(min(want, j.sp.max))
+	if target == 0 {
+		j.setRequeued(CodeSpecChanged, fmt.Sprintf("spec changed (minNodes %d is above the allocated %d nodes)", j.sp.min, want))
+		s.removeNodes(j, j.size)
+		return
+	}
+	if target < want && lost == 0 {
+		j.setShrunk(CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max))
+	}
+	if j.size > target {
+		s.removeNodes(j, j.size-target)
+	}
+	switch {
+	case j.size < target:
+		// repair replaces the missing nodes and records the outcome.
+		j.repairNeed = target - j.size
+	case j.size < j.prevSize && j.out.kind == KindRunning:
+		// The allocation named nodes the job no longer holds (lost,
+		// listed twice, or more than a single-node job takes) and none
+		// need replacing.
+		j.setShrunk(CodeNodeLost, "")
 	}
 }
 

@@ -69,19 +69,7 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 		restore()
 		return nil, true
 	}
-	// A job moves at most once per stable period: one never resized or
-	// moved since admission may move; one resized or moved before only
-	// after the stable period.
-	movable := func(v *jobRT) bool {
-		return !v.exclusive && !v.yielded() && v.size == 1 &&
-			(v.admitted() || v.since.Equal(v.lastResize) || s.stable <= 0 || s.now.Sub(v.lastResize) >= s.stable)
-	}
-	type cand struct {
-		n    *nodeRT
-		cost int
-		take []*jobRT
-	}
-	var cands []cand
+	var cands []defragCand
 	for _, sh := range f.shapes {
 		if sh.cap < j.per {
 			continue
@@ -90,64 +78,8 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 			if !n.usable || n.exclusive || len(n.jobs) == 0 {
 				continue
 			}
-			var take []*jobRT
-			free := n.free()
-			fitsNow := func(free, vfree int, mfree int64) bool {
-				return free >= j.per && (j.vcpu == 0 || n.vcpuCap == 0 || vfree >= j.vcpu) && (j.mem == 0 || n.memCap == 0 || mfree >= j.mem)
-			}
-			okNode := true
-			if j.exclusive {
-				// Every tenant must go, largest first.
-				take = slices.Clone(n.jobs)
-				slices.SortFunc(take, func(a, b *jobRT) int {
-					if a.per != b.per {
-						return b.per - a.per
-					}
-					return strings.Compare(a.name, b.name)
-				})
-				for _, v := range take {
-					okNode = okNode && movable(v)
-				}
-				free = n.cap
-			} else {
-				// The fewest accelerators that close the gap: the smallest
-				// single tenant that does, else smallest first.
-				ts := slices.Clone(n.jobs)
-				slices.SortFunc(ts, func(a, b *jobRT) int {
-					if a.per != b.per {
-						return a.per - b.per
-					}
-					return strings.Compare(a.name, b.name)
-				})
-				vfree, mfree := n.vcpuCap-n.vcpuUsed, n.memCap-n.memUsed
-				for _, v := range ts {
-					if movable(v) && fitsNow(free+v.per, vfree+v.vcpu, mfree+v.mem) {
-						take = []*jobRT{v}
-						free += v.per
-						break
-					}
-				}
-				if take == nil {
-					for _, v := range ts {
-						if fitsNow(free, vfree, mfree) {
-							break
-						}
-						if movable(v) {
-							take = append(take, v)
-							free += v.per
-							vfree += v.vcpu
-							mfree += v.mem
-						}
-					}
-					okNode = fitsNow(free, vfree, mfree)
-				}
-			}
-			cost := 0
-			for _, v := range take {
-				cost += v.per
-			}
-			if okNode && free >= j.per {
-				cands = append(cands, cand{n, cost, take})
+			if c, ok := s.clearFor(j, n); ok {
+				cands = append(cands, c)
 			}
 		}
 	}
@@ -155,13 +87,99 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 		restore()
 		return nil, false
 	}
-	slices.SortStableFunc(cands, func(a, b cand) int { return a.cost - b.cost })
-	var moves []move
-	undo := func(ms []move) {
-		for i := len(ms) - 1; i >= 0; i-- {
-			s.moveJob(ms[i].v, ms[i].to, ms[i].from)
+	slices.SortStableFunc(cands, func(a, b defragCand) int { return a.cost - b.cost })
+	moves, targets := s.moveOff(f, cands, targets, need)
+	restore()
+	if len(targets) < need || !s.canPlace(j, j.sp.min) {
+		s.undoMoves(moves)
+		return nil, false
+	}
+	return moves, true
+}
+
+// defragCand is a node defragmentation may clear for a job: the tenants
+// to move off it (take) and their accelerators (cost).
+type defragCand struct {
+	n    *nodeRT
+	cost int
+	take []*jobRT
+}
+
+// movable reports whether defragmentation may move v. A job moves at most
+// once per stable period: one never resized or moved since admission may
+// move; one resized or moved before only after the stable period.
+func (s *sched) movable(v *jobRT) bool {
+	return !v.exclusive && !v.yielded() && v.size == 1 &&
+		(v.admitted() || v.since.Equal(v.lastResize) || s.stable <= 0 || s.now.Sub(v.lastResize) >= s.stable)
+}
+
+// clearFor picks the tenants of n to move for j to fit there: every one,
+// largest first, for an exclusive j, else the fewest accelerators that
+// close the gap (the smallest single tenant that does, else smallest
+// first). ok is false when moving them would not make room.
+func (s *sched) clearFor(j *jobRT, n *nodeRT) (c defragCand, ok bool) {
+	var take []*jobRT
+	free := n.free()
+	fitsNow := func(free, vfree int, mfree int64) bool {
+		return free >= j.per && (j.vcpu == 0 || n.vcpuCap == 0 || vfree >= j.vcpu) && (j.mem == 0 || n.memCap == 0 || mfree >= j.mem)
+	}
+	okNode := true
+	if j.exclusive {
+		take = slices.Clone(n.jobs)
+		slices.SortFunc(take, func(a, b *jobRT) int {
+			if a.per != b.per {
+				return b.per - a.per
+			}
+			return strings.Compare(a.name, b.name)
+		})
+		for _, v := range take {
+			okNode = okNode && s.movable(v)
+		}
+		free = n.cap
+	} else {
+		ts := slices.Clone(n.jobs)
+		slices.SortFunc(ts, func(a, b *jobRT) int {
+			if a.per != b.per {
+				return a.per - b.per
+			}
+			return strings.Compare(a.name, b.name)
+		})
+		vfree, mfree := n.vcpuCap-n.vcpuUsed, n.memCap-n.memUsed
+		for _, v := range ts {
+			if s.movable(v) && fitsNow(free+v.per, vfree+v.vcpu, mfree+v.mem) {
+				take = []*jobRT{v}
+				free += v.per
+				break
+			}
+		}
+		if take == nil {
+			for _, v := range ts {
+				if fitsNow(free, vfree, mfree) {
+					break
+				}
+				if s.movable(v) {
+					take = append(take, v)
+					free += v.per
+					vfree += v.vcpu
+					mfree += v.mem
+				}
+			}
+			okNode = fitsNow(free, vfree, mfree)
 		}
 	}
+	cost := 0
+	for _, v := range take {
+		cost += v.per
+	}
+	return defragCand{n, cost, take}, okNode && free >= j.per
+}
+
+// moveOff clears candidates, cheapest first, until need nodes are
+// targets (or enough tries failed): each cleared node is kept out of the
+// moves' destinations; a node whose tenants do not all find a place is
+// left as it was.
+func (s *sched) moveOff(f *flavorRT, cands []defragCand, targets []*nodeRT, need int) ([]move, []*nodeRT) {
+	var moves []move
 	tries := 0
 	for _, c := range cands {
 		if len(targets) == need || tries > 4*need+8 {
@@ -182,7 +200,7 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 			mine = append(mine, move{v, c.n, to})
 		}
 		if !ok {
-			undo(mine)
+			s.undoMoves(mine)
 			c.n.usable = true
 			c.n.reindex()
 			continue
@@ -190,10 +208,12 @@ func (s *sched) defrag(j *jobRT) ([]move, bool) {
 		moves = append(moves, mine...)
 		targets = append(targets, c.n)
 	}
-	restore()
-	if len(targets) < need || !s.canPlace(j, j.sp.min) {
-		undo(moves)
-		return nil, false
+	return moves, targets
+}
+
+// undoMoves moves jobs back, the latest first.
+func (s *sched) undoMoves(ms []move) {
+	for i := len(ms) - 1; i >= 0; i-- {
+		s.moveJob(ms[i].v, ms[i].to, ms[i].from)
 	}
-	return moves, true
 }
