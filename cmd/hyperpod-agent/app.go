@@ -7,21 +7,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
-	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 )
 
 // Exit statuses.
@@ -191,100 +185,25 @@ func printDevices(c *cli.Context) error {
 }
 
 func runAgent(c *cli.Context, sig <-chan os.Signal) error {
-	log, err := newLogger(c)
+	f, err := parseRunFlags(c)
 	if err != nil {
 		return err
 	}
-	opts, err := discoveryOptions(c)
-	if err != nil {
-		return err
-	}
-	ttl, refresh := c.Duration("lease-ttl"), c.Duration("refresh-interval")
-	if ttl < time.Second {
-		return usagef("--lease-ttl %s: must be at least 1s", ttl)
-	}
-	if refresh < 100*time.Millisecond {
-		return usagef("--refresh-interval %s: must be at least 100ms", refresh)
-	}
-	conn, prefix, err := etcdflags.Set{NoEndpoints: c.Bool("embedded-etcd"), RequiredHint: "(or --embedded-etcd for a local try-out)"}.Parse(c)
-	if err != nil {
-		return usageError{err}
-	}
-	conn.DialTimeout = c.Duration("etcd-dial-timeout")
-	if l := c.String("listen"); l != "" {
-		if _, err := net.ResolveTCPAddr("tcp", l); err != nil {
-			return usagef("--listen %s: %v", l, err)
-		}
-	}
-	jobUser, err := jobrunner.ParseJobUser(c.String("job-user"))
-	if err != nil {
-		return usagef("%v", err)
-	}
-	uidRange, err := jobrunner.ParseUIDRange(c.String("job-uid-range"))
-	if err != nil {
-		return usagef("%v", err)
-	}
-	if (c.String("job-etcd-cert") == "") != (c.String("job-etcd-key") == "") {
-		return usagef("--job-etcd-cert and --job-etcd-key go together")
-	}
-	endpoints := conn.Endpoints
-
+	log, opts := f.log, f.discovery
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
-	var ctrd *containers.Runtime
-	ctrHyperpodrun := ""
-	if c.Bool("run-jobs") {
-		if ctrd, err = pickRuntime(ctx, c, log); err != nil {
-			return err
-		}
-		if ctrd != nil {
-			defer ctrd.Close()
-			if ctrHyperpodrun, err = staticHyperpodrun(c.String("container-hyperpodrun"), c.String("hyperpodrun")); err != nil {
-				return usagef("%v", err)
-			}
-			if ctrHyperpodrun == "" {
-				log.Warn("no static hyperpodrun to mount into containers: jobs naming run.image need run.command (their image's own hyperpodrun); give --container-hyperpodrun")
-			}
-		}
+	jobs, err := prepareJobs(ctx, c, f)
+	if err != nil {
+		return err
 	}
-	if c.Bool("run-jobs") && ctrd == nil && os.Geteuid() == 0 && !jobUser.Set && !uidRange.Set() && !c.Bool("allow-root-jobs") {
-		return usagef("hyperpod-agent runs as root and would run every job as root: give --job-user <unprivileged user> (e.g. --job-user nobody) or --job-uid-range FIRST-LAST (each job its own uid), or --allow-root-jobs to run them as root on purpose")
+	if jobs.ctrd != nil {
+		defer jobs.ctrd.Close()
 	}
-	runDir := c.String("job-run-dir")
-	if runDir == "" {
-		runDir = jobrunner.DefaultRunDir()
+	etcdCli, endpoints, closeEtcd, err := connectEtcd(ctx, c, f.conn, log)
+	if err != nil {
+		return err
 	}
-	if c.Bool("run-jobs") {
-		// Refused before anything runs: every job's password file and
-		// TMPDIR go below it.
-		d, err := jobrunner.EnsureBaseDir(runDir)
-		if err != nil {
-			return usagef("--job-run-dir: %v", err)
-		}
-		d.Close()
-	}
-
-	var etcdCli *clientv3.Client
-	if c.Bool("embedded-etcd") {
-		srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		log.Info("embedded etcd started", "endpoints", srv.Endpoints)
-		endpoints = srv.Endpoints
-		if etcdCli, err = srv.Client(); err != nil {
-			return err
-		}
-	} else {
-		if etcdCli, err = etcdconn.Connect(ctx, conn); err != nil {
-			return err
-		}
-		if simple, err := etcdconn.SimpleTokens(ctx, etcdCli); err == nil && simple {
-			log.Warn(etcdconn.SimpleTokenWarning)
-		}
-	}
-	defer etcdCli.Close()
+	defer closeEtcd()
 
 	var health *devices.HealthMonitor
 	if !opts.DisableNVML {
@@ -292,23 +211,15 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		defer health.Close()
 		opts.Health = health
 	}
-	nodeName := opts.NodeName
-	if nodeName == "" {
-		h, err := devices.SystemHost{}.HostInfo(ctx)
-		if err != nil || h.Hostname == "" {
-			return usagef("--node-name is required: cannot read the hostname (%v)", err)
-		}
-		nodeName = h.Hostname
-		if err := devices.ValidateNodeName(nodeName); err != nil {
-			return usagef("--node-name is required: hostname: %v", err)
-		}
-		opts.NodeName = nodeName
+	nodeName, err := resolveNodeName(ctx, &opts)
+	if err != nil {
+		return err
 	}
 	cfg := nodeagent.Config{
 		NodeName:        nodeName,
-		Prefix:          prefix,
-		LeaseTTL:        ttl,
-		RefreshInterval: refresh,
+		Prefix:          f.prefix,
+		LeaseTTL:        f.ttl,
+		RefreshInterval: f.refresh,
 		Discover:        nodeagent.DiscoverWith(opts),
 		Listen:          c.String("listen"),
 		Logger:          log,
@@ -317,56 +228,11 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		cfg.HealthEvents = health.Changed()
 	}
 	if c.Bool("run-jobs") {
-		// Jobs get the CA to trust, and a client certificate only if one is
-		// given for them: never the agent's own credentials.
-		var conf []string
-		for _, f := range []struct{ flag, key string }{{"etcd-cacert", "cacert"}, {"job-etcd-cert", "cert"}, {"job-etcd-key", "key"}} {
-			if v := c.String(f.flag); v != "" {
-				conf = append(conf, f.key+"="+v)
-			}
-		}
-		cfg.Workloads = jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
-			RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: runDir, Logger: log,
-			JobUser: jobUser, UIDRange: uidRange, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
-			Containers: ctrd, ContainerHyperpodrun: ctrHyperpodrun,
-			// The agent reads a job's own keys (its restart count, its
-			// rendezvous) as the job: the same TLS as the jobs get, the job's
-			// user and password.
-			DialJob: func(ctx context.Context, user, password string) (*clientv3.Client, error) {
-				o := conn
-				o.Endpoints, o.User, o.Password = endpoints, user, password
-				o.Cert, o.Key = c.String("job-etcd-cert"), c.String("job-etcd-key")
-				return etcdconn.Connect(ctx, o)
-			}})
+		cfg.Workloads = newJobRunner(c, f, jobs, endpoints)
 	}
 	agent, err := nodeagent.New(etcdCli, cfg)
 	if err != nil {
 		return usageError{err}
 	}
-
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx) }()
-	log.Info("hyperpod-agent running", "node", nodeName, "key", agent.Key(), "lease_ttl", ttl)
-	select {
-	case err := <-done:
-		return err
-	case s := <-sig:
-		log.Info("signal received; draining", "signal", s.String())
-		go func() {
-			dctx, dcancel := context.WithTimeout(ctx, drainTimeout)
-			defer dcancel()
-			if err := agent.Drain(dctx); err != nil {
-				log.Error("drain incomplete; the node expires with its lease", "err", err)
-				cancel()
-			}
-		}()
-	}
-	select {
-	case err := <-done:
-		return err
-	case s := <-sig:
-		log.Warn("second signal; stopping without draining", "signal", s.String())
-		cancel()
-		return <-done
-	}
+	return serveUntilSignals(ctx, cancel, agent, sig, log, nodeName, f.ttl)
 }
