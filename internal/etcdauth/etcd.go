@@ -32,6 +32,8 @@ const (
 	AgentUser       = "hyperpod-agent"
 	// KubeControllerUser is hyperpod-kube-controller's user.
 	KubeControllerUser = "hyperpod-kube-controller"
+	// EnrollUser is the agent pods' shared enrollment user (EnrollRole).
+	EnrollUser = EnrollRole
 )
 
 // NewPassword returns a random password (192 bits, URL-safe).
@@ -327,15 +329,8 @@ func Mint(ctx context.Context, cli *clientv3.Client, k fleet.Keys, job string) (
 	if err != nil {
 		return nil, err
 	}
-	err = call(ctx, func(ctx context.Context) error { _, err := cli.UserAdd(ctx, r.Name, pw); return err })
-	if already(err) {
-		err = call(ctx, func(ctx context.Context) error { _, err := cli.UserChangePassword(ctx, r.Name, pw); return err })
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create job %s's etcd user: %w", job, err)
-	}
-	if err := call(ctx, func(ctx context.Context) error { _, err := cli.UserGrantRole(ctx, r.Name, r.Name); return err }); err != nil {
-		return nil, fmt.Errorf("grant job %s its role: %w", job, err)
+	if err := setUser(ctx, cli, r.Name, pw); err != nil {
+		return nil, fmt.Errorf("job %s's etcd user: %w", job, err)
 	}
 	c := &fleet.JobCreds{Job: job, User: r.Name, Password: pw}
 	v, err := json.Marshal(c)

@@ -54,9 +54,14 @@ const (
 	// KubeControllerRole is hyperpod-kube-controller's: the bridge between
 	// ElasticJob resources and the fleet's records.
 	KubeControllerRole = "hyperpod-kube-controller"
-	teamRolePrefix     = "hyperpod-team-"
-	jobRolePrefix      = "hyperpod-job-"
-	nodeRolePrefix     = "hyperpod-node-"
+	// EnrollRole (and user) is the shared, nearly powerless identity of
+	// every agent pod of the Kubernetes DaemonSet before it has its own
+	// node's user: it may ask to enroll (enroll/) and read the sealed
+	// replies (enroll-replies/), nothing else.
+	EnrollRole     = "hyperpod-enroll"
+	teamRolePrefix = "hyperpod-team-"
+	jobRolePrefix  = "hyperpod-job-"
+	nodeRolePrefix = "hyperpod-node-"
 )
 
 // NodeRole is the role (and user) name of one node's agent.
@@ -108,8 +113,8 @@ func merge(ps []Perm) []Perm {
 	return out
 }
 
-// FleetRoles are the roles every fleet has: admin, coordinator, node agent
-// and the Kubernetes controller.
+// FleetRoles are the roles every fleet has: admin, coordinator, node agent,
+// the Kubernetes controller and the agent pods' enrollment.
 func FleetRoles(k fleet.Keys) []Role {
 	return []Role{
 		{
@@ -152,14 +157,28 @@ func FleetRoles(k fleet.Keys) []Role {
 			// It writes alive/ for the Nodes it bridges (alive keys under
 			// its own secret lease, as a node agent does for its node).
 			Name: KubeControllerRole,
-			Doc:  "hyperpod-kube-controller: ElasticJobs to job specs of every team, ElasticTeams to team records, Kubernetes Nodes to node records and their alive keys (under its leases), finish records; reads the rest, credentials and alive keys included, for pods' Secrets",
+			Doc:  "hyperpod-kube-controller: ElasticJobs to job specs of every team, ElasticTeams to team records, Kubernetes Nodes to node records and their alive keys (under its leases), finish records; judges agent pods' enrollment requests and writes the approvals; reads the rest, credentials and alive keys included, for pods' Secrets",
 			Perms: []Perm{
 				{Prefix: k.SpecsPrefix(), Access: ReadWrite},
 				{Prefix: k.TeamsPrefix(), Access: ReadWrite},
 				{Prefix: k.NodesPrefix(), Access: ReadWrite},
 				{Prefix: k.AlivePrefix(), Access: ReadWrite},
 				{Prefix: k.FinishedPrefix(), Access: ReadWrite},
+				{Prefix: k.EnrollPrefix(), Access: ReadWrite},
+				{Prefix: k.EnrollApprovedPrefix(), Access: ReadWrite},
 				{Prefix: k.Root(), Access: Read},
+			},
+		},
+		{
+			// What one Secret shared by every agent pod may hold: a pod
+			// asks for its node's user with its pod-bound ServiceAccount
+			// token, and the reply is sealed to the key it made. It reads
+			// no request (their tokens), no approval, no record.
+			Name: EnrollRole,
+			Doc:  "every hyperpod-agent pod before enrollment (docs/kubernetes.md): writes enrollment requests, reads the sealed replies; nothing else",
+			Perms: []Perm{
+				{Prefix: k.EnrollPrefix(), Access: Write},
+				{Prefix: k.EnrollRepliesPrefix(), Access: Read},
 			},
 		},
 	}

@@ -204,6 +204,29 @@ func (k Keys) ReportOwner(key string) (node, kind, job string, ok bool) {
 	return parts[0], parts[1], parts[2], true
 }
 
+// EnrollPrefix holds the node agents' enrollment requests (Kubernetes):
+// enroll/<node> is a pod's ServiceAccount token and a public key, written
+// by the shared enrollment user, which may write nothing else.
+func (k Keys) EnrollPrefix() string { return k.under("enroll") }
+
+// Enroll is node's enrollment request.
+func (k Keys) Enroll(node string) string { return k.EnrollPrefix() + node }
+
+// EnrollApprovedPrefix holds the enrollments hyperpod-kube-controller
+// approved (the token was a pod of the agent's DaemonSet on that node):
+// only it and the coordinator write there.
+func (k Keys) EnrollApprovedPrefix() string { return k.under("enroll-approved") }
+
+// EnrollApproved is node's approved enrollment.
+func (k Keys) EnrollApproved(node string) string { return k.EnrollApprovedPrefix() + node }
+
+// EnrollRepliesPrefix holds the coordinator's replies: node's etcd
+// password sealed to the request's public key.
+func (k Keys) EnrollRepliesPrefix() string { return k.under("enroll-replies") }
+
+// EnrollReply is node's enrollment reply.
+func (k Keys) EnrollReply(node string) string { return k.EnrollRepliesPrefix() + node }
+
 // CoordinatorPrefix is the prefix of the coordinators' own records (usage,
 // leader election).
 func (k Keys) CoordinatorPrefix() string { return k.under("coordinator") }
@@ -391,5 +414,8 @@ func (k Keys) Documented() []string {
 		k.Usage(),
 		k.EventsPrefix() + "<unix-nanos>-<job>",
 		k.Leader(),
+		k.Enroll("<node>"),
+		k.EnrollApproved("<node>"),
+		k.EnrollReply("<node>"),
 	}
 }

@@ -108,6 +108,11 @@ type Config struct {
 	// live job holds, recorded in its desired record (Desired.UID) and
 	// assignments, and kept until the job is forgotten. 0, 0: none.
 	JobUIDFirst, JobUIDLast uint32
+	// NodeEnrollment answers the agent pods' enrollments that
+	// hyperpod-kube-controller approved (enroll-approved/): it creates or
+	// re-passwords the node's user and seals the password to the pod
+	// (etcdauth.ServeEnrollments). Needs etcd auth on and etcd's root role.
+	NodeEnrollment bool
 }
 
 // CycleStats are one scheduling cycle's figures.
@@ -265,6 +270,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 	}()
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	defer c.serveEnrollments(lctx)()
 	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())
 	backoff := 100 * time.Millisecond
 	for {

@@ -58,6 +58,9 @@ type Config struct {
 	// Nodes bridges Kubernetes Nodes without a hyperpod-agent into the
 	// fleet's inventory; Teams applies ElasticTeams.
 	Nodes, Teams bool
+	// Enroll, when set, judges hyperpod-agent pods' enrollment requests
+	// (Enroller): each agent pod gets its own node's etcd user.
+	Enroll *EnrollConfig
 	// LeaderElection, when set, runs the controller only while it holds
 	// the Lease.
 	LeaderElection *LeaderElection
@@ -248,6 +251,9 @@ func (c *Controller) work(ctx context.Context) error {
 	}
 	if c.cfg.Teams {
 		run(c.bridgeTeams)
+	}
+	if c.cfg.Enroll != nil {
+		run(NewEnroller(c.kube, c.cfg.Etcd, c.cfg.Prefix, *c.cfg.Enroll, c.recorder, c.log).Run)
 	}
 	for range c.cfg.Workers {
 		run(func(ctx context.Context) {

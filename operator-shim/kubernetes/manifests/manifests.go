@@ -33,6 +33,10 @@ const (
 	Controller = "hyperpod-kube-controller"
 	// LeaseName is the coordination.k8s.io Lease of the leader election.
 	LeaseName = Controller
+	// AgentServiceAccount is the hyperpod-agent DaemonSet's
+	// ServiceAccount (examples/kubernetes/daemonset.yaml): its pods, and
+	// only they, enroll as their node's etcd user.
+	AgentServiceAccount = "hyperpod-agent"
 	// Image is the controller's image in the example Deployment; it holds
 	// hyperpod-kube-controller and a static hyperpodrun, which the job pods'
 	// init container copies from it.
@@ -187,6 +191,10 @@ var ClusterRules = []rbacv1.PolicyRule{
 	{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 	// Nodes without a hyperpod-agent become fleet inventory.
 	{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch"}},
+	// Check a hyperpod-agent pod's enrollment token (the pods rule above
+	// reads the pod it is bound to): each agent pod gets its own node's
+	// etcd user (docs/kubernetes.md).
+	{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"tokenreviews"}, Verbs: []string{"create"}},
 }
 
 // ClusterRole holds ClusterRules.
@@ -267,6 +275,7 @@ func Deployment() *appsv1.Deployment {
 							"--id=$(POD_NAME)",
 							"--launcher-image=" + Image,
 							"--listen=$(POD_IP):9402",
+							"--enroll-agents=" + Namespace + "/" + AgentServiceAccount,
 						},
 						Env:   []corev1.EnvVar{fieldEnv("POD_NAME", "metadata.name"), fieldEnv("POD_NAMESPACE", "metadata.namespace"), fieldEnv("POD_IP", "status.podIP")},
 						Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9402}},
