@@ -112,18 +112,57 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 		cfg.DisableGrowth = true
 		cfg.DisableMoves = true
 	}
-	rep := &Report{Mode: string(o.Mode), RestartDelay: o.RestartDelay}
+	sm := &simulation{o: o, rep: &Report{Mode: string(o.Mode), RestartDelay: o.RestartDelay}, nominal: map[[2]string]int{},
+		st: policy.State{Config: cfg, Nodes: fleet, Teams: teams}}
+	if err := sm.setup(trace); err != nil {
+		return nil, err
+	}
+	rep := sm.rep
+	if len(sm.jobs) == 0 {
+		return rep, nil
+	}
+	sm.loop()
+	sm.report()
+	return rep, nil
+}
+
+// simulation is one run's state.
+type simulation struct {
+	o       Options
+	rep     *Report
+	st      policy.State
+	jobs    []*sjob // in submission order
+	byName  map[string]*sjob
+	nominal map[[2]string]int // team and flavor -> nominal quota
+	active  []*sjob           // pending or running
+	next    int               // the next job to arrive
+	t       float64
+	first   float64 // the first submission
+	maxT    float64
+	ws, we  float64 // the measurement window
+	allocs  []policy.Allocation
+	// allocGS and prodGS are the accelerator-seconds allocated and
+	// productive within the window.
+	allocGS, prodGS float64
+	dirty, needTick bool
+	lastCycle       float64
+	engineTime      time.Duration
+}
+
+// setup builds the teams' reports and the jobs, in submission order, and
+// the measurement window.
+func (sm *simulation) setup(trace []TraceJob) error {
+	rep, o, cfg := sm.rep, sm.o, sm.st.Config
 	teamRep := map[string]*TeamReport{}
-	nominal := map[[2]string]int{}
 	onlyFlavor := map[string]string{}
-	for _, t := range teams {
+	for _, t := range sm.st.Teams {
 		if err := t.Validate(); err != nil {
-			return nil, fmt.Errorf("simulate: %v", err)
+			return fmt.Errorf("simulate: %v", err)
 		}
 		tr := &TeamReport{Team: t.Name}
 		for _, q := range t.Quotas {
 			tr.Nominal += q.Nominal
-			nominal[[2]string{t.Name, q.Flavor}] = q.Nominal
+			sm.nominal[[2]string{t.Name, q.Flavor}] = q.Nominal
 		}
 		if len(t.Quotas) == 1 {
 			onlyFlavor[t.Name] = t.Quotas[0].Flavor
@@ -131,37 +170,22 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 		teamRep[t.Name] = tr
 		rep.Teams = append(rep.Teams, tr)
 	}
-	for _, n := range fleet {
+	for _, n := range sm.st.Nodes {
 		rep.Capacity += n.HealthyAccelerators()
 	}
 	if rep.Capacity == 0 {
-		return nil, errors.New("simulate: the fleet has no accelerators")
+		return errors.New("simulate: the fleet has no accelerators")
 	}
-
-	// Jobs in submission order.
 	jobs := make([]*sjob, len(trace))
 	for i := range trace {
 		tj := &trace[i]
 		tr := teamRep[tj.Team]
 		if tr == nil {
-			return nil, fmt.Errorf("simulate: job %q: team %q is not in the teams file", tj.Name, tj.Team)
+			return fmt.Errorf("simulate: job %q: team %q is not in the teams file", tj.Name, tj.Team)
 		}
-		spec := policy.Job{Name: tj.Name, Team: tj.Team, Priority: tj.Priority, Flavor: tj.Flavor,
-			PerNode: policy.Resources{Accelerators: tj.GPUsPerNode}, SubmitTime: at(tj.Submit)}
-		n := tj.StaticNodes()
-		spec.MinNodes, spec.MaxNodes = n, n
-		if tj.Elastic && o.Mode == ModeEngine {
-			spec.Elastic, spec.Step = true, tj.Step
-			spec.MinNodes, spec.MaxNodes = max(1, tj.MinNodes), max(tj.MaxNodes, tj.MinNodes, 1)
-			if tj.MinNodes == 0 {
-				spec.MinNodes = n
-			}
-			if tj.MaxNodes == 0 {
-				spec.MaxNodes = max(n, spec.MinNodes)
-			}
-		}
+		spec := jobSpec(tj, o.Mode)
 		if err := spec.Validate(cfg); err != nil {
-			return nil, fmt.Errorf("simulate: %v", err)
+			return fmt.Errorf("simulate: %v", err)
 		}
 		fl := tj.Flavor
 		if fl == "" {
@@ -171,9 +195,10 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 		tr.Jobs++
 	}
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].tj.Submit < jobs[b].tj.Submit })
+	sm.jobs = jobs
 	rep.Jobs = len(jobs)
 	if len(jobs) == 0 {
-		return rep, nil
+		return nil
 	}
 	first, last := jobs[0].tj.Submit, jobs[len(jobs)-1].tj.Submit
 	ws, we := o.WindowStart, o.WindowEnd
@@ -184,134 +209,184 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 		we = ws + 1
 	}
 	rep.WindowStart, rep.WindowEnd = ws, we
-	maxT := o.MaxTime
-	if maxT <= 0 {
-		maxT = last + 30*86400
+	sm.ws, sm.we, sm.first, sm.t = ws, we, first, first
+	sm.maxT = o.MaxTime
+	if sm.maxT <= 0 {
+		sm.maxT = last + 30*86400
 	}
-
-	byName := make(map[string]*sjob, len(jobs))
+	sm.byName = make(map[string]*sjob, len(jobs))
 	for _, j := range jobs {
-		byName[j.tj.Name] = j
+		sm.byName[j.tj.Name] = j
 	}
-	st := policy.State{Config: cfg, Nodes: fleet, Teams: teams}
-	var active []*sjob // pending or running
-	next := 0
-	t := first
-	var allocs []policy.Allocation
-	var allocGS, prodGS float64
-	overlap := func(a, b float64) float64 { return math.Max(0, math.Min(b, we)-math.Max(a, ws)) }
-	dirty, needTick := true, false
-	lastCycle := math.Inf(-1)
-	var engineTime time.Duration
+	sm.dirty, sm.lastCycle = true, math.Inf(-1)
+	return nil
+}
 
-	for {
-		for next < len(jobs) && jobs[next].tj.Submit <= t {
-			jobs[next].state = stPending
-			active = append(active, jobs[next])
-			next++
-			dirty = true
+// jobSpec is the engine's spec of a trace job: static at its node count,
+// or elastic (engine mode only).
+func jobSpec(tj *TraceJob, mode Mode) policy.Job {
+	spec := policy.Job{Name: tj.Name, Team: tj.Team, Priority: tj.Priority, Flavor: tj.Flavor,
+		PerNode: policy.Resources{Accelerators: tj.GPUsPerNode}, SubmitTime: at(tj.Submit)}
+	n := tj.StaticNodes()
+	spec.MinNodes, spec.MaxNodes = n, n
+	if tj.Elastic && mode == ModeEngine {
+		spec.Elastic, spec.Step = true, tj.Step
+		spec.MinNodes, spec.MaxNodes = max(1, tj.MinNodes), max(tj.MaxNodes, tj.MinNodes, 1)
+		if tj.MinNodes == 0 {
+			spec.MinNodes = n
 		}
-		if dirty || (t-lastCycle >= o.Tick-1e-9 && needTick) {
-			markOwed(active, allocs, byName, nominal, t)
-			st.Now = at(t)
-			st.Jobs = st.Jobs[:0]
-			for _, j := range active {
-				st.Jobs = append(st.Jobs, j.spec)
-			}
-			st.Allocations = allocs
-			start := time.Now()
-			d := policy.Schedule(st)
-			engineTime += time.Since(start)
-			rep.Cycles++
-			if o.OnCycle != nil {
-				o.OnCycle(t, &d)
-			}
-			allocs = d.Allocations
-			changed := apply(d, byName, t, o.RestartDelay, rep)
-			dirty = false
-			lastCycle = t
-			// The engine is a pure function: with no arrival or completion,
-			// a new cycle can only differ when jobs were just requeued (they
-			// wait one cycle) or when an elastic job's stable period ends
-			// while capacity is idle.
-			needTick = changed
-			if !needTick {
-				used := 0
-				for _, a := range allocs {
-					used += a.Size * a.AcceleratorsPerNode
-				}
-				needTick = used < rep.Capacity && growable(active)
-			}
-		}
-		// Next event.
-		tn := math.Inf(1)
-		if next < len(jobs) {
-			tn = jobs[next].tj.Submit
-		}
-		for _, j := range active {
-			if j.state == stRunning && j.gpus > 0 {
-				j.finish = math.Max(t, j.prodFrom) + j.remaining/float64(j.gpus)
-				tn = math.Min(tn, j.finish)
-			}
-		}
-		if needTick {
-			tn = math.Min(tn, lastCycle+o.Tick)
-		}
-		if math.IsInf(tn, 1) || tn > maxT {
-			break
-		}
-		if tn < t {
-			tn = t
-		}
-		// Advance.
-		done := false
-		for _, j := range active {
-			if j.state != stRunning {
-				continue
-			}
-			g := float64(j.gpus)
-			a := overlap(t, tn) * g
-			allocGS += a
-			j.tr.allocGS += a
-			pf := math.Max(t, j.prodFrom)
-			if tn > pf {
-				prodGS += overlap(pf, tn) * g
-				j.remaining -= (tn - pf) * g
-			}
-			if j.remaining <= 1e-6*math.Max(1, g) || j.finish <= tn+1e-9 {
-				j.state = stDone
-				j.tr.Completed++
-				rep.Completed++
-				rep.Makespan = tn - first
-				done = true
-			}
-		}
-		t = tn
-		if done {
-			keep := active[:0]
-			for _, j := range active {
-				if j.state != stDone {
-					keep = append(keep, j)
-				}
-			}
-			for i := len(keep); i < len(active); i++ {
-				active[i] = nil
-			}
-			active = keep
-			k := allocs[:0:0]
-			for _, a := range allocs {
-				if byName[a.Job].state != stDone {
-					k = append(k, a)
-				}
-			}
-			allocs = k
-			dirty = true
+		if tj.MaxNodes == 0 {
+			spec.MaxNodes = max(n, spec.MinNodes)
 		}
 	}
+	return spec
+}
+
+// loop runs the engine at every arrival and completion (and every Tick
+// while it may decide more) and advances virtual time between events.
+func (sm *simulation) loop() {
+	for {
+		for sm.next < len(sm.jobs) && sm.jobs[sm.next].tj.Submit <= sm.t {
+			sm.jobs[sm.next].state = stPending
+			sm.active = append(sm.active, sm.jobs[sm.next])
+			sm.next++
+			sm.dirty = true
+		}
+		if sm.dirty || (sm.t-sm.lastCycle >= sm.o.Tick-1e-9 && sm.needTick) {
+			sm.cycle()
+		}
+		tn, ok := sm.nextEvent()
+		if !ok {
+			return
+		}
+		sm.advance(tn)
+	}
+}
+
+// cycle runs the engine on the active jobs and applies its decision.
+func (sm *simulation) cycle() {
+	st, rep := &sm.st, sm.rep
+	markOwed(sm.active, sm.allocs, sm.byName, sm.nominal, sm.t)
+	st.Now = at(sm.t)
+	st.Jobs = st.Jobs[:0]
+	for _, j := range sm.active {
+		st.Jobs = append(st.Jobs, j.spec)
+	}
+	st.Allocations = sm.allocs
+	start := time.Now()
+	d := policy.Schedule(*st)
+	sm.engineTime += time.Since(start)
+	rep.Cycles++
+	if sm.o.OnCycle != nil {
+		sm.o.OnCycle(sm.t, &d)
+	}
+	sm.allocs = d.Allocations
+	changed := apply(d, sm.byName, sm.t, sm.o.RestartDelay, rep)
+	sm.dirty = false
+	sm.lastCycle = sm.t
+	// The engine is a pure function: with no arrival or completion,
+	// a new cycle can only differ when jobs were just requeued (they
+	// wait one cycle) or when an elastic job's stable period ends
+	// while capacity is idle.
+	sm.needTick = changed
+	if !sm.needTick {
+		used := 0
+		for _, a := range sm.allocs {
+			used += a.Size * a.AcceleratorsPerNode
+		}
+		sm.needTick = used < rep.Capacity && growable(sm.active)
+	}
+}
+
+// nextEvent is the time of the next arrival, completion or tick; ok is
+// false when there is none before MaxTime.
+func (sm *simulation) nextEvent() (tn float64, ok bool) {
+	tn = math.Inf(1)
+	if sm.next < len(sm.jobs) {
+		tn = sm.jobs[sm.next].tj.Submit
+	}
+	for _, j := range sm.active {
+		if j.state == stRunning && j.gpus > 0 {
+			j.finish = math.Max(sm.t, j.prodFrom) + j.remaining/float64(j.gpus)
+			tn = math.Min(tn, j.finish)
+		}
+	}
+	if sm.needTick {
+		tn = math.Min(tn, sm.lastCycle+sm.o.Tick)
+	}
+	if math.IsInf(tn, 1) || tn > sm.maxT {
+		return 0, false
+	}
+	return math.Max(tn, sm.t), true
+}
+
+// overlap is how much of [a, b] lies in the measurement window.
+func (sm *simulation) overlap(a, b float64) float64 {
+	return math.Max(0, math.Min(b, sm.we)-math.Max(a, sm.ws))
+}
+
+// advance runs the running jobs to tn: their work, the accelerator-
+// seconds allocated and productive, the jobs that finished.
+func (sm *simulation) advance(tn float64) {
+	t, rep := sm.t, sm.rep
+	done := false
+	for _, j := range sm.active {
+		if j.state != stRunning {
+			continue
+		}
+		g := float64(j.gpus)
+		a := sm.overlap(t, tn) * g
+		sm.allocGS += a
+		j.tr.allocGS += a
+		pf := math.Max(t, j.prodFrom)
+		if tn > pf {
+			sm.prodGS += sm.overlap(pf, tn) * g
+			j.remaining -= (tn - pf) * g
+		}
+		if j.remaining <= 1e-6*math.Max(1, g) || j.finish <= tn+1e-9 {
+			j.state = stDone
+			j.tr.Completed++
+			rep.Completed++
+			rep.Makespan = tn - sm.first
+			done = true
+		}
+	}
+	sm.t = tn
+	if done {
+		sm.dropDone()
+	}
+}
+
+// dropDone forgets the finished jobs and their allocations.
+func (sm *simulation) dropDone() {
+	keep := sm.active[:0]
+	for _, j := range sm.active {
+		if j.state != stDone {
+			keep = append(keep, j)
+		}
+	}
+	for i := len(keep); i < len(sm.active); i++ {
+		sm.active[i] = nil
+	}
+	sm.active = keep
+	k := sm.allocs[:0:0]
+	for _, a := range sm.allocs {
+		if sm.byName[a.Job].state != stDone {
+			k = append(k, a)
+		}
+	}
+	sm.allocs = k
+	sm.dirty = true
+}
+
+// report fills in the figures: utilisation over the window, each team's
+// share, waits and reclaim latencies.
+func (sm *simulation) report() {
+	rep, ws, we := sm.rep, sm.ws, sm.we
 	window := (we - ws) * float64(rep.Capacity)
-	rep.Allocated = 100 * allocGS / window
-	rep.Utilization = 100 * prodGS / window
-	rep.EngineMillis = float64(engineTime.Microseconds()) / 1000
+	rep.Allocated = 100 * sm.allocGS / window
+	rep.Utilization = 100 * sm.prodGS / window
+	rep.EngineMillis = float64(sm.engineTime.Microseconds()) / 1000
 	var allWaits, allReclaims []float64
 	for _, tr := range rep.Teams {
 		tr.AvgAllocated = tr.allocGS / (we - ws)
@@ -329,9 +404,9 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 	rep.WaitP50, rep.WaitP95 = percentile(allWaits, 50), percentile(allWaits, 95)
 	rep.ReclaimP95, rep.ReclaimMax = percentile(allReclaims, 95), percentile(allReclaims, 100)
 	rep.ReclaimSamples = len(allReclaims)
-	return rep, nil
 }
 
+// at is virtual time sec.
 func at(sec float64) time.Time { return epoch.Add(time.Duration(sec * float64(time.Second))) }
 
 // fifoTeams removes lending, borrowing and preemption.
