@@ -16,11 +16,9 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
-	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
 )
 
 // Reason says why a round ended (and why the next one formed).
@@ -54,9 +52,12 @@ var ErrJobFinished = errors.New("rendezvous: the job has finished: its rendezvou
 
 // JobFinished reports whether the job's rendezvous is closed for good
 // (every member of its last round finished), without joining it: the node
-// agent asks it when a hyperpodrun ends.
+// agent asks it when a hyperpodrun ends. The read is bounded by 5s besides
+// ctx.
 func JobFinished(ctx context.Context, cli *clientv3.Client, prefix, job string) (bool, error) {
 	k := newKeys(fleet.NormalizePrefix(prefix), job)
+	ctx, cancel := context.WithTimeout(ctx, defaultFenceOpTimeout)
+	defer cancel()
 	r, err := cli.Get(ctx, k.Head)
 	if err != nil {
 		return false, fmt.Errorf("rendezvous: read %s: %w", k.Head, err)
@@ -246,166 +247,6 @@ func (n *Node) goTracked(name string, f func()) {
 func (n *Node) broadcastLocked() {
 	close(n.changed)
 	n.changed = make(chan struct{})
-}
-
-// register grants the lease and writes the member and queue keys, once.
-func (n *Node) register(ctx context.Context) error {
-	n.regMu.Lock()
-	defer n.regMu.Unlock()
-	n.mu.Lock()
-	done, closed := n.registered, n.closed
-	n.mu.Unlock()
-	if closed {
-		return n.closedErr()
-	}
-	if done {
-		return nil
-	}
-	// Registration retries transient errors (an overloaded etcd answers
-	// "too many requests" when thousands of nodes join at once; a
-	// restarting etcd answers nothing) for as long as a join may take,
-	// logging while it does: a node fenced by an etcd outage of a minute or
-	// more rejoins when etcd is back. (A wrong endpoint fails at once, at
-	// connect time.)
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.RegisterTimeout)
-	defer cancel()
-	ttlSec := int64((n.cfg.LeaseTTL + time.Second - 1) / time.Second)
-	var (
-		g    *clientv3.LeaseGrantResponse
-		sent time.Time
-	)
-	// One write slot for the whole registration: the queue entry must follow
-	// the member key closely (see election.go).
-	release, err := acquireSlot(ctx, n.cli)
-	if err != nil {
-		return fmt.Errorf("rendezvous: job %q node %q: register: %w", n.cfg.JobID, n.cfg.NodeID, err)
-	}
-	defer release()
-	err = n.retry(ctx, "grant lease", false, func(ctx context.Context) error {
-		sent = time.Now()
-		var err error
-		// A random id etcd never shows to others: a member's keys live
-		// under jobs/, which only the job (and the coordinator and node
-		// agents) may read, and a guessable id would let anyone keep a
-		// dead member alive (package secretlease).
-		g, err = secretlease.Grant(ctx, n.cli, ttlSec)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("rendezvous: job %q node %q: grant a %ds lease at etcd %v: %w", n.cfg.JobID, n.cfg.NodeID, ttlSec, n.cli.Endpoints(), err)
-	}
-	ttl := time.Duration(g.TTL) * time.Second
-	leaseCtx, leaseStop := context.WithCancel(n.ctx)
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		leaseStop()
-		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer rcancel()
-		_, _ = n.cli.Revoke(rctx, g.ID)
-		return n.closedErr()
-	}
-	n.lease, n.ttl, n.leaseCtx, n.leaseStop = g.ID, ttl, leaseCtx, leaseStop
-	if n.cfg.FenceMargin == 0 {
-		n.cfg.FenceMargin = max(ttl/4, 250*time.Millisecond)
-	}
-	if n.cfg.FenceMargin >= ttl {
-		n.cfg.FenceMargin = ttl / 2
-	}
-	n.renewedLocked(sent.Add(ttl))
-	n.mu.Unlock()
-	n.startKeepAlive(g.ID, ttl, sent)
-
-	// A failed registration leaves the node fenced: its lease is revoked.
-	// When the lease was lost first (etcd restarting while the node
-	// registers), the failure says so: the retries gave up because the
-	// lease went, and the caller joins again with a fresh one. Reported as
-	// the retries' last error ("node id already registered": the previous
-	// lease, restored with a fresh TTL by the restarted etcd), it ended
-	// the job.
-	fail := func(err error) error {
-		rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer rcancel()
-		_, _ = n.cli.Revoke(rctx, g.ID)
-		n.mu.Lock()
-		lost := n.lostErr
-		n.fenceLocked(fmt.Errorf("%w: registration failed: %w", ErrLeaseLost, err))
-		n.mu.Unlock()
-		if lost != nil && !errors.Is(err, ErrLeaseLost) {
-			return fmt.Errorf("%w (%w)", lost, err)
-		}
-		return err
-	}
-	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
-	mk := n.k.Member(n.cfg.NodeID)
-	// The member write also reads the round header (the head watcher
-	// starts from it) and the queue write also looks for the predecessor in
-	// the election: one round trip each.
-	var (
-		rev  int64
-		head *mvccpb.KeyValue
-	)
-	// A node id still held by a lease is either a second agent with the same
-	// id or this agent's previous incarnation, fenced but not yet expired on
-	// the server; waiting out one TTL tells them apart.
-	busyUntil := time.Now().Add(ttl + time.Second)
-	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
-		tr, err := n.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
-			Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(g.ID)), clientv3.OpGet(n.k.Head)).
-			Else(clientv3.OpGet(mk), clientv3.OpGet(n.k.Head)).
-			Commit()
-		if err != nil {
-			return err
-		}
-		if hk := tr.Responses[1].GetResponseRange().Kvs; len(hk) > 0 {
-			head = hk[0]
-		}
-		if tr.Succeeded {
-			rev = tr.Header.Revision
-			return nil
-		}
-		// Ours already, when an earlier attempt's answer was lost.
-		if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && clientv3.LeaseID(kvs[0].Lease) == g.ID {
-			rev = kvs[0].CreateRevision
-			return nil
-		}
-		err = fmt.Errorf("node id %q is already registered at %s (two agents with the same node id?)", n.cfg.NodeID, mk)
-		if time.Now().Before(busyUntil) {
-			return fmt.Errorf("%w: %w", errRetry, err)
-		}
-		return err
-	})
-	if err != nil {
-		return fail(fmt.Errorf("rendezvous: job %q node %q: write member key %s: %w", n.cfg.JobID, n.cfg.NodeID, mk, err))
-	}
-	qk := n.k.QueueKey(rev)
-	var pred predResult
-	err = n.retry(ctx, "write queue key", false, func(ctx context.Context) error {
-		from, to, last := n.window(rev-1, firstWindow)
-		tr, err := n.cli.Txn(ctx).Then(
-			clientv3.OpPut(qk, n.cfg.NodeID, clientv3.WithLease(g.ID)),
-			clientv3.OpGet(from, clientv3.WithRange(to), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
-		).Commit()
-		if err != nil {
-			return err
-		}
-		pred = predResult{rev: tr.Header.Revision, done: last}
-		if kvs := tr.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			pred.key, pred.done = string(kvs[0].Key), true
-		}
-		return nil
-	})
-	if err != nil {
-		return fail(fmt.Errorf("rendezvous: job %q node %q: write queue key %s: %w", n.cfg.JobID, n.cfg.NodeID, qk, err))
-	}
-	n.mu.Lock()
-	n.registered, n.memberRev, n.queueKey = true, rev, qk
-	n.mu.Unlock()
-	n.goTracked("head", func() { n.watchHead(leaseCtx, head, rev) })
-	n.goTracked("campaign", func() { n.campaign(leaseCtx, pred) })
-	n.log.Debug("rendezvous: registered", "lease", fmt.Sprintf("%x", int64(g.ID)), "ttl", ttl, "rev", rev)
-	return nil
 }
 
 func (n *Node) closedErr() error {
