@@ -105,7 +105,7 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
-				}, append(etcdflags.Set{}.Flags(), discoveryFlags...)...),
+				}, append(append(etcdflags.Set{}.Flags(), enrollFlags...), discoveryFlags...)...),
 				Action: func(c *cli.Context) error { return runAgent(c, sig) },
 			},
 			{
@@ -215,6 +215,10 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	if etcdCli, err = enrollAsNode(ctx, c, etcdCli, f.conn, f.prefix, nodeName, log); err != nil {
+		return err
+	}
+	defer etcdCli.Close()
 	cfg := nodeagent.Config{
 		NodeName:        nodeName,
 		Prefix:          f.prefix,

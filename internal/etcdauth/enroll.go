@@ -266,6 +266,9 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 // those already there and those to come, until ctx ends: the coordinator
 // runs it while it leads. cli must have etcd's root role.
 func ServeEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger) {
+	if log == nil {
+		log = slog.Default()
+	}
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
 		err := serveEnrollments(ctx, cli, k, log)
