@@ -288,6 +288,17 @@ func checkDaemonSet(t *testing.T, ds *appsv1.DaemonSet, serviceAccounts map[stri
 	if m, ok := mounts["/etc/hyperpod/etcd-tls"]; !ok || volumes[m.Name].Secret == nil || !m.ReadOnly {
 		t.Error("etcd TLS Secret not mounted read-only at /etc/hyperpod/etcd-tls")
 	}
+	// Each pod enrolls as its own node's etcd user with its pod-bound token
+	// (docs/kubernetes.md): the shared Secret is the enrollment user's only.
+	for _, want := range []string{"--etcd-user=hyperpod-enroll", "--etcd-enroll=/var/run/secrets/hyperpodrun/enroll/token"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args lack %q: the agent pods do not enroll as their nodes' own etcd users", want)
+		}
+	}
+	if m, ok := mounts["/var/run/secrets/hyperpodrun/enroll"]; !ok || volumes[m.Name].Projected == nil || len(volumes[m.Name].Projected.Sources) != 1 ||
+		volumes[m.Name].Projected.Sources[0].ServiceAccountToken == nil || volumes[m.Name].Projected.Sources[0].ServiceAccountToken.Audience != "hyperpodrun-enroll" {
+		t.Error("no projected ServiceAccount token of audience hyperpodrun-enroll at /var/run/secrets/hyperpodrun/enroll")
+	}
 
 	ports := map[string]bool{}
 	for _, p := range c.Ports {
