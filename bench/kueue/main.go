@@ -76,9 +76,36 @@ func main() {
 	daemon := flag.Bool("daemon", false, "run the scenario through the coordinator daemon and etcd (real time), not the engine alone")
 	flag.Parse()
 
-	st := policy.State{Config: policy.Config{DisableMoves: !*moves}}
-	for i := 0; i < *nodes; i++ {
-		st.Nodes = append(st.Nodes, policy.Node{Name: fmt.Sprintf("pool-%d", i), Flavor: flavor, Accelerators: *nodeSize})
+	st, wls, totalNominal := scenario(*nodes, *nodeSize, *scale, *moves)
+	if *daemon {
+		if err := runDaemon(st, wls, totalNominal, *moves); err != nil {
+			fail(err)
+		}
+		return
+	}
+	runtime.GC()
+	e := newEngineSim(st, wls)
+	for e.finished < len(wls) {
+		e.step()
+	}
+	wall := time.Since(e.start)
+	e.usedInt += float64(e.used) * (wall - e.lastChange).Seconds()
+	usage := 100 * e.usedInt / wall.Seconds() / float64(totalNominal)
+	fmt.Printf("# Kueue baseline (generator.yaml): %d workloads, 30 queues in 5 cohorts, nominal 20, borrowing limit 100; pool %d x %d units; moves %v\n",
+		len(wls), *nodes, *nodeSize, *moves)
+	fmt.Printf("# wall = first creation to last completion, real time; %d engine cycles, %.1f ms mean, %.1f ms max; %d evictions (preempted or moved, rerun from scratch)\n",
+		e.cycles, float64(e.engineTime.Microseconds())/1000/float64(max(e.cycles, 1)), float64(e.maxCycle.Microseconds())/1000, e.evictions)
+	fmt.Printf("# usage = Kueue's recorder definition: sum over queues of used quota x time / monitoring time (wall), over total nominal quota (600)\n")
+	fmt.Printf("BENCH kueue_baseline_wall %.1f s anchor=351 target=90\n", wall.Seconds())
+	fmt.Printf("BENCH kueue_baseline_usage %.1f %% anchor=58.7 target=85\n", usage)
+}
+
+// scenario is the baseline's pool, its 30 teams and their workloads in
+// creation order.
+func scenario(nodes, nodeSize int, scale float64, moves bool) (policy.State, []*workload, int) {
+	st := policy.State{Config: policy.Config{DisableMoves: !moves}}
+	for i := 0; i < nodes; i++ {
+		st.Nodes = append(st.Nodes, policy.Node{Name: fmt.Sprintf("pool-%d", i), Flavor: flavor, Accelerators: nodeSize})
 	}
 	bl := 100
 	totalNominal := 0
@@ -90,7 +117,7 @@ func main() {
 				Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 20, BorrowingLimit: &bl}}})
 			totalNominal += 20
 			for _, cl := range classes {
-				n := int(float64(cl.count) * *scale)
+				n := int(float64(cl.count) * scale)
 				for k := 0; k < n; k++ {
 					p := cl.priority
 					create := time.Duration(k) * cl.interval
@@ -104,126 +131,134 @@ func main() {
 		}
 	}
 	slices.SortStableFunc(wls, func(a, b *workload) int { return int(a.create - b.create) })
-	byName := make(map[string]*workload, len(wls))
-	for _, w := range wls {
-		byName[w.spec.Name] = w
-	}
+	return st, wls, totalNominal
+}
 
-	if *daemon {
-		if err := runDaemon(st, wls, totalNominal, *moves); err != nil {
-			fail(err)
-		}
-		return
+// engineSim runs the scenario against the engine alone in real time: the
+// engine runs whenever something changed, admitted workloads run for
+// their runtime.
+type engineSim struct {
+	st     policy.State
+	wls    []*workload
+	byName map[string]*workload
+	// start is when the run began; epoch the submit times' origin.
+	start, epoch time.Time
+	next         int
+	active       []*workload
+	allocs       []policy.Allocation
+	used         int
+	usedInt      float64 // unit-seconds
+	lastChange   time.Duration
+	finished     int
+	cycles       int
+	engineTime   time.Duration
+	maxCycle     time.Duration
+	evictions    int
+	dirty        bool
+}
+
+func newEngineSim(st policy.State, wls []*workload) *engineSim {
+	e := &engineSim{st: st, wls: wls, byName: make(map[string]*workload, len(wls))}
+	for _, w := range wls {
+		e.byName[w.spec.Name] = w
 	}
-	runtime.GC()
-	start := time.Now()
-	epoch := start
-	next := 0
-	var active []*workload
-	var allocs []policy.Allocation
-	used := 0
-	var usedInt float64 // unit-seconds
-	lastChange := time.Duration(0)
-	finished := 0
-	cycles := 0
-	var engineTime, maxCycle time.Duration
-	evictions := 0
-	dirty := false
-	for finished < len(wls) {
-		now := time.Since(start)
-		// Usage integral up to now.
-		usedInt += float64(used) * (now - lastChange).Seconds()
-		lastChange = now
-		for next < len(wls) && wls[next].create <= now {
-			w := wls[next]
-			w.spec.SubmitTime = epoch.Add(w.create)
-			active = append(active, w)
-			next++
-			dirty = true
-		}
-		for _, w := range active {
-			if w.running && w.end <= now {
-				w.running, w.done = false, true
-				used -= w.units
-				finished++
-				dirty = true
-			}
-		}
-		if dirty {
-			keep := active[:0]
-			for _, w := range active {
-				if !w.done {
-					keep = append(keep, w)
-				}
-			}
-			active = keep
-			k := allocs[:0:0]
-			for _, a := range allocs {
-				if !byName[a.Job].done {
-					k = append(k, a)
-				}
-			}
-			allocs = k
-			st.Jobs = st.Jobs[:0]
-			for _, w := range active {
-				st.Jobs = append(st.Jobs, w.spec)
-			}
-			st.Allocations = allocs
-			st.Now = epoch.Add(now)
-			t0 := time.Now()
-			d := policy.Schedule(st)
-			el := time.Since(t0)
-			engineTime += el
-			maxCycle = max(maxCycle, el)
-			cycles++
-			allocs = d.Allocations
-			dirty = false
-			now = time.Since(start)
-			for _, r := range d.Reasons {
-				w := byName[r.Job]
-				switch r.Kind {
-				case policy.KindAdmitted:
-					w.running, w.admitted = true, true
-					w.started, w.end = now, now+w.runtime
-					used += w.units
-				case policy.KindPreempted:
-					w.running = false
-					used -= w.units
-					w.evicted++
-					evictions++
-					dirty = true // readmission is decided on the next cycle
-				case policy.KindMoved:
-					w.started, w.end = now, now+w.runtime // restarts from scratch
-					evictions++
-				}
-			}
-			if len(d.Problems) > 0 {
-				fmt.Fprintf(os.Stderr, "problems: %+v\n", d.Problems[0])
-				os.Exit(1)
-			}
-		}
-		// Sleep until the next creation or completion.
-		wake := time.Duration(1<<62 - 1)
-		if next < len(wls) {
-			wake = wls[next].create
-		}
-		for _, w := range active {
-			if w.running && w.end < wake {
-				wake = w.end
-			}
-		}
-		if d := wake - time.Since(start); d > 0 && !dirty {
-			time.Sleep(min(d, 50*time.Millisecond))
+	e.start = time.Now()
+	e.epoch = e.start
+	return e
+}
+
+// step creates and finishes the workloads due, runs the engine when
+// something changed, and sleeps until the next creation or completion.
+func (e *engineSim) step() {
+	now := time.Since(e.start)
+	// Usage integral up to now.
+	e.usedInt += float64(e.used) * (now - e.lastChange).Seconds()
+	e.lastChange = now
+	for e.next < len(e.wls) && e.wls[e.next].create <= now {
+		w := e.wls[e.next]
+		w.spec.SubmitTime = e.epoch.Add(w.create)
+		e.active = append(e.active, w)
+		e.next++
+		e.dirty = true
+	}
+	for _, w := range e.active {
+		if w.running && w.end <= now {
+			w.running, w.done = false, true
+			e.used -= w.units
+			e.finished++
+			e.dirty = true
 		}
 	}
-	wall := time.Since(start)
-	usedInt += float64(used) * (wall - lastChange).Seconds()
-	usage := 100 * usedInt / wall.Seconds() / float64(totalNominal)
-	fmt.Printf("# Kueue baseline (generator.yaml): %d workloads, 30 queues in 5 cohorts, nominal 20, borrowing limit 100; pool %d x %d units; moves %v\n",
-		len(wls), *nodes, *nodeSize, *moves)
-	fmt.Printf("# wall = first creation to last completion, real time; %d engine cycles, %.1f ms mean, %.1f ms max; %d evictions (preempted or moved, rerun from scratch)\n",
-		cycles, float64(engineTime.Microseconds())/1000/float64(max(cycles, 1)), float64(maxCycle.Microseconds())/1000, evictions)
-	fmt.Printf("# usage = Kueue's recorder definition: sum over queues of used quota x time / monitoring time (wall), over total nominal quota (600)\n")
-	fmt.Printf("BENCH kueue_baseline_wall %.1f s anchor=351 target=90\n", wall.Seconds())
-	fmt.Printf("BENCH kueue_baseline_usage %.1f %% anchor=58.7 target=85\n", usage)
+	if e.dirty {
+		e.cycle(now)
+	}
+	// Sleep until the next creation or completion.
+	wake := time.Duration(1<<62 - 1)
+	if e.next < len(e.wls) {
+		wake = e.wls[e.next].create
+	}
+	for _, w := range e.active {
+		if w.running && w.end < wake {
+			wake = w.end
+		}
+	}
+	if d := wake - time.Since(e.start); d > 0 && !e.dirty {
+		time.Sleep(min(d, 50*time.Millisecond))
+	}
+}
+
+// cycle drops the finished workloads and runs the engine, applying its
+// admissions, preemptions and moves.
+func (e *engineSim) cycle(now time.Duration) {
+	keep := e.active[:0]
+	for _, w := range e.active {
+		if !w.done {
+			keep = append(keep, w)
+		}
+	}
+	e.active = keep
+	k := e.allocs[:0:0]
+	for _, a := range e.allocs {
+		if !e.byName[a.Job].done {
+			k = append(k, a)
+		}
+	}
+	e.allocs = k
+	e.st.Jobs = e.st.Jobs[:0]
+	for _, w := range e.active {
+		e.st.Jobs = append(e.st.Jobs, w.spec)
+	}
+	e.st.Allocations = e.allocs
+	e.st.Now = e.epoch.Add(now)
+	t0 := time.Now()
+	d := policy.Schedule(e.st)
+	el := time.Since(t0)
+	e.engineTime += el
+	e.maxCycle = max(e.maxCycle, el)
+	e.cycles++
+	e.allocs = d.Allocations
+	e.dirty = false
+	now = time.Since(e.start)
+	for _, r := range d.Reasons {
+		w := e.byName[r.Job]
+		switch r.Kind {
+		case policy.KindAdmitted:
+			w.running, w.admitted = true, true
+			w.started, w.end = now, now+w.runtime
+			e.used += w.units
+		case policy.KindPreempted:
+			w.running = false
+			e.used -= w.units
+			w.evicted++
+			e.evictions++
+			e.dirty = true // readmission is decided on the next cycle
+		case policy.KindMoved:
+			w.started, w.end = now, now+w.runtime // restarts from scratch
+			e.evictions++
+		}
+	}
+	if len(d.Problems) > 0 {
+		fmt.Fprintf(os.Stderr, "problems: %+v\n", d.Problems[0])
+		os.Exit(1)
+	}
 }
