@@ -3,7 +3,6 @@ package coordinator
 import (
 	"encoding/json"
 	"log/slog"
-	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -133,18 +132,6 @@ func (x *eventIndex) drop(job string) []string {
 	x.total -= len(x.byJob[job])
 	delete(x.byJob, job)
 	return keys
-}
-
-// clone is a copy of x (tests: verifyDiff).
-func (x *eventIndex) clone() *eventIndex {
-	y := &eventIndex{keys: x.keys, byJob: make(map[string][]evRec, len(x.byJob)), total: x.total}
-	for job, evs := range x.byJob {
-		y.byJob[job] = slices.Clone(evs)
-	}
-	if x.grown != nil {
-		y.grown = maps.Clone(x.grown)
-	}
-	return y
 }
 
 // prune bounds the history: at most perJob events of a job and total in
