@@ -194,6 +194,13 @@ func (c *Config) checkSizes() error {
 	return nil
 }
 
+// AllowedSize is the largest node count of at most n that a round of the
+// job may have (Sizes, Step, MinNodes..MaxNodes), or 0 when n is below the
+// smallest.
+func (c Config) AllowedSize(n int) int {
+	return fitSize(n, c.MinNodes, c.MaxNodes, c.Sizes, c.Step)
+}
+
 // SizesConf is the --rdzv-conf entry that carries a job spec's allowed
 // sizes to its rendezvous (Config.Sizes, Config.Step): "sizes=2:4:8" for
 // discrete sizes within the job's bounds, "step=2" for a step above 1,

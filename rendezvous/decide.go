@@ -288,22 +288,26 @@ func (v view) capacity() int {
 }
 
 // fit is the largest size a round may have with at most n nodes (0: none,
-// fewer than MinNodes): at most MaxNodes, one of sizes when set, else
-// MinNodes plus a multiple of step.
-func (v view) fit(n int) int {
-	n = min(n, v.maxNodes)
-	if n < v.minNodes {
+// fewer than MinNodes).
+func (v view) fit(n int) int { return fitSize(n, v.minNodes, v.maxNodes, v.sizes, v.step) }
+
+// fitSize is the largest allowed node count of at most n (0: none): at
+// most maxNodes, one of sizes when set, else minNodes plus a multiple of
+// step.
+func fitSize(n, minNodes, maxNodes int, sizes []int, step int) int {
+	n = min(n, maxNodes)
+	if n < minNodes {
 		return 0
 	}
-	if len(v.sizes) > 0 {
-		i, _ := slices.BinarySearch(v.sizes, n+1) // the first size above n
+	if len(sizes) > 0 {
+		i, _ := slices.BinarySearch(sizes, n+1) // the first size above n
 		if i == 0 {
 			return 0
 		}
-		return v.sizes[i-1]
+		return sizes[i-1]
 	}
-	step := max(v.step, 1)
-	return v.minNodes + (n-v.minNodes)/step*step
+	step = max(step, 1)
+	return minNodes + (n-minNodes)/step*step
 }
 
 // headTarget is the target a new round record carries (0: none).

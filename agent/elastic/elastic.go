@@ -612,23 +612,44 @@ func (e *elastic) stopRecord(ctx context.Context) (fleet.Stop, bool) {
 	return *d.Stop, true
 }
 
-// newWorldSize estimates the world size after a planned change (nodes are
-// assumed to run this node's --nproc-per-node): the target for a resize,
-// one node more for a waiting node, one fewer for a drain.
+// newWorldSize estimates the world size after a planned change whose round
+// is not proposed yet (plannedNodes; nodes are assumed to run this node's
+// --nproc-per-node).
 func (e *elastic) newWorldSize(ctx context.Context, kind control.EventKind, r *rendezvous.Round) int {
-	nodes := r.NumNodes
+	target := 0
+	if kind != control.ScaleUp && kind != control.Drain {
+		target = e.desired(ctx).Target()
+	}
+	return plannedNodes(kind, r.NumNodes, target, e.cfg) * e.o.Spec.NProcPerNode
+}
+
+// plannedNodes estimates the node count after a planned change of kind
+// from a round of nodes, within the sizes the job allows (cfg.Sizes,
+// cfg.Step, MinNodes..MaxNodes) as the rendezvous sizes the next round:
+// the next allowed size up for a waiting node (scale_up), the next one
+// down for a drain, the target (down to an allowed size) for a resize,
+// and the round's own size when a resize has no target.
+func plannedNodes(kind control.EventKind, nodes, target int, cfg rendezvous.Config) int {
+	want := nodes
 	switch kind {
 	case control.ScaleUp:
-		nodes++
+		for n := nodes + 1; n <= cfg.MaxNodes; n++ {
+			if cfg.AllowedSize(n) == n {
+				return n
+			}
+		}
+		want = cfg.MaxNodes
 	case control.Drain:
-		nodes--
+		want = nodes - 1
 	default:
-		if t := e.desired(ctx).Target(); t > 0 {
-			nodes = t
+		if target > 0 {
+			want = target
 		}
 	}
-	nodes = max(e.cfg.MinNodes, min(e.cfg.MaxNodes, nodes))
-	return nodes * e.o.Spec.NProcPerNode
+	if n := cfg.AllowedSize(want); n > 0 {
+		return n
+	}
+	return cfg.MinNodes
 }
 
 // fence stops the workers at once: this agent can no longer prove its

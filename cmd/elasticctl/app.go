@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -294,7 +295,7 @@ func fileFlag() cli.Flag {
 	return &cli.StringFlag{Name: "filename", Aliases: []string{"f"}, Required: true, Usage: "YAML file (- for standard input)"}
 }
 
-type action func(c *cli.Context, st *fleet.Store) error
+type action func(c *cli.Context, st *query.Store) error
 
 // nameArg refuses a job or team name that is not a DNS-1123 label: such a
 // name could escape its key prefix ("../nodes/node3").
@@ -330,7 +331,7 @@ func withStore(check func(c *cli.Context) error, f action) cli.ActionFunc {
 			return err
 		}
 		defer cli.Close()
-		err = f(c, fleet.New(cli, prefix))
+		err = f(c, query.New(fleet.New(cli, prefix)))
 		if fleet.IsPermissionDenied(err) {
 			who := "this client"
 			if opts.User != "" {

@@ -5,8 +5,8 @@ import (
 	"slices"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/urfave/cli/v2"
 )
 
@@ -84,7 +84,7 @@ func checkAddNode(c *cli.Context) error {
 	return nodeArgs(c, c.Args().Slice())
 }
 
-func cmdAddNode(c *cli.Context, st *fleet.Store) error {
+func cmdAddNode(c *cli.Context, st *query.Store) error {
 	res, err := etcdauth.AddNodes(c.Context, st.Cli, st.Keys, c.Args().Slice(), c.String("password-dir"))
 	if err != nil {
 		return fmt.Errorf("auth add-node: %w", err)
@@ -110,7 +110,7 @@ func printUsers(c *cli.Context, res *etcdauth.BootstrapResult) {
 	}
 }
 
-func cmdBootstrap(c *cli.Context, st *fleet.Store) error {
+func cmdBootstrap(c *cli.Context, st *query.Store) error {
 	teams := slices.Clone(c.StringSlice("team"))
 	known, bad, err := st.Teams(c.Context)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -67,7 +68,7 @@ func span(d time.Duration) string {
 	return age(time.Unix(0, 0), time.Unix(0, 0).Add(d))
 }
 
-func cmdDescribe(c *cli.Context, st *fleet.Store) error {
+func cmdDescribe(c *cli.Context, st *query.Store) error {
 	ctx, cancel := ctxOf(c)
 	defer cancel()
 	kind, name := c.Args().Get(0), c.Args().Get(1)
@@ -80,12 +81,12 @@ func cmdDescribe(c *cli.Context, st *fleet.Store) error {
 	return describeNode(ctx, c, st, name)
 }
 
-func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name string) error {
+func describeJobCmd(ctx context.Context, c *cli.Context, st *query.Store, name string) error {
 	if err := api.ValidateName("job", name); err != nil {
 		return err
 	}
 	now := timeNow()
-	d, bad, err := st.JobHistory(ctx, name, func(r fleet.JobRecord) time.Time {
+	d, bad, err := st.JobHistory(ctx, name, func(r query.JobRecord) time.Time {
 		if s := r.Spec.SubmitTime; !s.IsZero() && s.Before(now) {
 			return s.Add(-time.Second) // the history of this job, not of an earlier namesake
 		}
@@ -127,7 +128,7 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *fleet.Store, name s
 // specs (at once; only the specs of the cohort's pending jobs and of the
 // sample are decoded), then the desired records of the sample: the team's
 // 50 most recently admitted running jobs.
-func queuePlace(ctx context.Context, st *fleet.Store, v jobView, warn io.Writer) (*queueInfo, error) {
+func queuePlace(ctx context.Context, st *query.Store, v jobView, warn io.Writer) (*queueInfo, error) {
 	// The teams are read while the statuses and specs are.
 	type teamsRead struct {
 		list []api.Team
@@ -313,7 +314,7 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 	}
 }
 
-func describeTeam(ctx context.Context, c *cli.Context, st *fleet.Store, name string) error {
+func describeTeam(ctx context.Context, c *cli.Context, st *query.Store, name string) error {
 	w := c.App.Writer
 	t, err := st.Team(ctx, name)
 	if errors.Is(err, fleet.ErrNotFound) {
@@ -354,7 +355,7 @@ func describeTeam(ctx context.Context, c *cli.Context, st *fleet.Store, name str
 	return nil
 }
 
-func describeNode(ctx context.Context, c *cli.Context, st *fleet.Store, name string) error {
+func describeNode(ctx context.Context, c *cli.Context, st *query.Store, name string) error {
 	w := c.App.Writer
 	nodes, _, err := st.Nodes(ctx)
 	if err != nil {

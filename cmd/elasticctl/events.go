@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"sigs.k8s.io/yaml"
 
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -41,10 +42,10 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 	return time.Time{}, errors.New("want a duration (30s, 10m, 2h, 1d) or a time (2006-01-02T15:04:05Z)")
 }
 
-func cmdEvents(c *cli.Context, st *fleet.Store) error {
+func cmdEvents(c *cli.Context, st *query.Store) error {
 	job := eventsJob(c)
 	since, _ := parseSince(c.String("since"), timeNow())
-	q := fleet.EventQuery{Job: job, Since: since}
+	q := query.EventQuery{Job: job, Since: since}
 	if c.IsSet("tail") {
 		q.Tail = c.Int("tail")
 	} else if c.Bool("follow") && since.IsZero() {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -30,7 +31,7 @@ import (
 var timeNow = time.Now
 
 // viewOf joins one job's records.
-func viewOf(r fleet.JobRecord) jobView {
+func viewOf(r query.JobRecord) jobView {
 	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished}
 	if r.Desired.Running() {
 		a := r.Desired.Allocation
@@ -42,7 +43,7 @@ func viewOf(r fleet.JobRecord) jobView {
 // loadJobViews reads every job (one revision) and returns it with that
 // revision. listing reads only the fields a table shows (see
 // fleet.Store.JobsListing); JSON and YAML need whole records.
-func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing bool) ([]jobView, int64, error) {
+func loadJobViews(ctx context.Context, st *query.Store, warn io.Writer, listing bool) ([]jobView, int64, error) {
 	read := st.JobsSnapshot
 	if listing {
 		read = st.JobsListing
@@ -58,7 +59,7 @@ func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing 
 	}
 	out := make([]jobView, 0, len(snap.Jobs))
 	for _, j := range snap.Jobs {
-		v := viewOf(fleet.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]})
+		v := viewOf(query.JobRecord{Spec: j, Desired: allocs[j.Name], Status: snap.Statuses[j.Name], Finished: snap.Finished[j.Name]})
 		v.Problems = snap.Problems[j.Name]
 		out = append(out, v)
 	}
@@ -66,7 +67,7 @@ func loadJobViews(ctx context.Context, st *fleet.Store, warn io.Writer, listing 
 }
 
 // loadNamedJobs reads only the named jobs; missing names are returned.
-func loadNamedJobs(ctx context.Context, st *fleet.Store, names []string, warn io.Writer) ([]jobView, []string, int64, error) {
+func loadNamedJobs(ctx context.Context, st *query.Store, names []string, warn io.Writer) ([]jobView, []string, int64, error) {
 	recs, bad, rev, err := st.JobRecords(ctx, names)
 	if err != nil {
 		return nil, nil, 0, err
@@ -293,7 +294,7 @@ func sortRows[T any](c *cli.Context, kind string, rows []T) {
 	slices.SortStableFunc(rows, func(a, b T) int { return f(a, b) })
 }
 
-func cmdGet(c *cli.Context, st *fleet.Store) error {
+func cmdGet(c *cli.Context, st *query.Store) error {
 	kind := resourceKind(c.Args().First())
 	names := c.Args().Slice()[1:]
 	switch kind {
@@ -327,7 +328,7 @@ func jobFilter(c *cli.Context) func(v jobView) bool {
 	}
 }
 
-func getJobs(c *cli.Context, st *fleet.Store, names []string) error {
+func getJobs(c *cli.Context, st *query.Store, names []string) error {
 	ctx, cancel := ctxOf(c)
 	var jobs []jobView
 	var missing []string
@@ -498,7 +499,7 @@ func watchContext(c *cli.Context) (context.Context, context.CancelFunc) {
 
 // watchJobs prints the rows of jobs that change from revision rev on; a
 // deleted job is printed once with state Deleted.
-func watchJobs(c *cli.Context, st *fleet.Store, rev int64, names []string, keep func(jobView) bool, p *jobPrinter) error {
+func watchJobs(c *cli.Context, st *query.Store, rev int64, names []string, keep func(jobView) bool, p *jobPrinter) error {
 	ctx, stop := watchContext(c)
 	defer stop()
 	changes, errc := st.WatchJobs(ctx, rev+1)
@@ -560,7 +561,7 @@ func nodeFilter(c *cli.Context) func(n api.Inventory) bool {
 	}
 }
 
-func getNodes(c *cli.Context, st *fleet.Store, names []string) error {
+func getNodes(c *cli.Context, st *query.Store, names []string) error {
 	ctx, cancel := ctxOf(c)
 	defer cancel()
 	nodes, bad, rev, err := st.NodesAt(ctx)
@@ -699,7 +700,7 @@ type teamRow struct {
 	weight float64
 }
 
-func getTeams(c *cli.Context, st *fleet.Store, names []string) error {
+func getTeams(c *cli.Context, st *query.Store, names []string) error {
 	if err := printTeams(c, st, names, true); err != nil || !c.Bool("watch") {
 		return err
 	}
@@ -728,7 +729,7 @@ func getTeams(c *cli.Context, st *fleet.Store, names []string) error {
 	return nil
 }
 
-func printTeams(c *cli.Context, st *fleet.Store, names []string, header bool) error {
+func printTeams(c *cli.Context, st *query.Store, names []string, header bool) error {
 	ctx, cancel := ctxOf(c)
 	defer cancel()
 	teams, bad, err := st.Teams(ctx)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -77,7 +78,7 @@ func eventLine(e fleet.Event, job string) string {
 	return line
 }
 
-func cmdResize(c *cli.Context, st *fleet.Store) error {
+func cmdResize(c *cli.Context, st *query.Store) error {
 	if c.Args().First() != "job" || c.Args().Get(1) == "" {
 		return usageError{errors.New("usage: elasticctl resize job NAME [--min N] [--max N] [--nodes N]")}
 	}
@@ -134,7 +135,7 @@ func cmdResize(c *cli.Context, st *fleet.Store) error {
 }
 
 func setSuspended(v bool) action {
-	return func(c *cli.Context, st *fleet.Store) error {
+	return func(c *cli.Context, st *query.Store) error {
 		name := c.Args().First()
 		if name == "" {
 			return usageError{errors.New("give the job name")}
@@ -156,7 +157,7 @@ func setSuspended(v bool) action {
 	}
 }
 
-func cmdDelete(c *cli.Context, st *fleet.Store) error {
+func cmdDelete(c *cli.Context, st *query.Store) error {
 	name := c.Args().First()
 	if name == "" {
 		return usageError{errors.New("give the job name")}

@@ -13,13 +13,14 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
 // checkTeams refuses jobs whose team does not exist, naming the file and
 // line of each.
-func checkTeams(ctx context.Context, st *fleet.Store, jobs []loadedJob, warn io.Writer) ([]api.Team, error) {
+func checkTeams(ctx context.Context, st *query.Store, jobs []loadedJob, warn io.Writer) ([]api.Team, error) {
 	teams, bad, err := st.Teams(ctx)
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func capLines(lines []string, n int) []string {
 	return append(lines[:n:n], fmt.Sprintf("... and %d more", len(lines)-n))
 }
 
-func cmdSubmit(c *cli.Context, st *fleet.Store) error {
+func cmdSubmit(c *cli.Context, st *query.Store) error {
 	loaded := fileOf(c).jobs
 	ctx, cancel := ctxOf(c)
 	defer cancel()
@@ -90,7 +91,7 @@ func cmdSubmit(c *cli.Context, st *fleet.Store) error {
 
 // dryRun runs the engine on the fleet as it is, with jobs added, and
 // prints what it decides for them and for the jobs they would displace.
-func dryRun(ctx context.Context, c *cli.Context, st *fleet.Store, teams []api.Team, jobs []fleet.JobSpec, now time.Time) error {
+func dryRun(ctx context.Context, c *cli.Context, st *query.Store, teams []api.Team, jobs []fleet.JobSpec, now time.Time) error {
 	state := policy.State{Now: now, Teams: teams}
 	invs, bad, err := st.Nodes(ctx)
 	if err != nil {
@@ -181,7 +182,7 @@ func quoteNames(names []string) []string {
 	return out
 }
 
-func cmdApply(c *cli.Context, st *fleet.Store) error {
+func cmdApply(c *cli.Context, st *query.Store) error {
 	pf := fileOf(c)
 	if pf.teams != nil {
 		teams := pf.teams
