@@ -304,17 +304,23 @@ func ReadPassword(file, env, flag string) (string, error) {
 // with an etcd restart, and etcd's Go client then retries its watches with
 // the dead token (etcd-io/etcd#11954): a fleet with auth on needs etcd
 // started with --auth-token jwt,... (docs/security.md). False without a
-// user. It costs one authentication.
+// user. It costs one authentication, bounded by authCheckTimeout: an etcd
+// that went away after the connection does not hang a daemon's start.
 func SimpleTokens(ctx context.Context, cli *clientv3.Client) (bool, error) {
 	if cli.Username == "" {
 		return false, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, authCheckTimeout)
+	defer cancel()
 	resp, err := cli.Authenticate(ctx, cli.Username, cli.Password)
 	if err != nil {
 		return false, fmt.Errorf("authenticate as %q: %w", cli.Username, err)
 	}
 	return !strings.HasPrefix(resp.Token, "eyJ"), nil
 }
+
+// authCheckTimeout bounds SimpleTokens' authentication.
+var authCheckTimeout = DefaultDialTimeout
 
 // SimpleTokenWarning is what the daemons log when SimpleTokens is true.
 const SimpleTokenWarning = "etcd hands out simple auth tokens, which die with an etcd restart and leave etcd's Go client retrying its watches; start etcd with --auth-token jwt,pub-key=...,priv-key=...,sign-method=RS256 (docs/security.md)"
