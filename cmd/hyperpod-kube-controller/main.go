@@ -39,8 +39,6 @@ type usageError struct{ error }
 // flags.
 var etcdSet = etcdflags.Set{DefaultEndpoints: []string{etcdflags.DefaultEndpoint}}
 
-var etcdFlags = etcdSet.Flags()
-
 func run(args []string, stderr io.Writer) int {
 	app := &cli.App{
 		Name:  "hyperpod-kube-controller",
@@ -62,7 +60,7 @@ func run(args []string, stderr io.Writer) int {
 					&cli.DurationFlag{Name: "drain-margin", Value: 30 * time.Second, Usage: "added to a job's graceful timeout before a draining pod is deleted anyway"},
 					&cli.StringFlag{Name: "listen", Value: "127.0.0.1:9402", Usage: "address for /healthz (empty: none)"},
 					&cli.StringFlag{Name: "enroll-agents", Value: manifests.Namespace + "/" + manifests.AgentServiceAccount, Usage: "NAMESPACE/SERVICEACCOUNT of the hyperpod-agent DaemonSet: with etcd auth on, its pods enroll as their own node's etcd user (docs/kubernetes.md); empty: off"},
-				}, etcdFlags...),
+				}, etcdSet.Flags()...),
 				Action: serve,
 			},
 			{
@@ -73,7 +71,7 @@ func run(args []string, stderr io.Writer) int {
 					&cli.StringFlag{Name: "job", Required: true},
 					&cli.StringFlag{Name: "node", Required: true},
 					&cli.StringFlag{Name: "termination-log", Value: "/dev/termination-log"},
-				}, etcdFlags...),
+				}, etcdSet.Flags()...),
 				Action: pod,
 			},
 			{
