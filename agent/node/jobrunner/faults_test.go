@@ -39,7 +39,7 @@ func hyperpodrun(t *testing.T) string {
 		}
 		os.Chmod(dir, 0o755) // the job user of TestJobRunsAsItsUser runs it
 		builtHPR = filepath.Join(dir, "hyperpodrun")
-		if out, err := exec.Command("go", "build", "-o", builtHPR, "../../cmd/hyperpodrun").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-o", builtHPR, "../../../cmd/hyperpodrun").CombinedOutput(); err != nil {
 			buildErr = err
 			builtHPR = string(out)
 		}

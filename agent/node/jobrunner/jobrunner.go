@@ -530,21 +530,44 @@ func credsConf(conf string, creds *fleet.JobCreds, dir string, id Identity) (str
 // hyperpodrun exits, every process of the run is killed and both are
 // removed before the exit is judged (exited).
 func (r *Runner) start(ctx context.Context, job string) error {
+	l, err := r.prepare(ctx, job)
+	if err != nil || l == nil {
+		return err
+	}
+	if l.spec.Run.Image != "" {
+		return r.startContainer(ctx, l.spec, l.env, l.creds, l.id)
+	}
+	return r.startProcess(job, l)
+}
+
+// launch is what a run of a job starts with.
+type launch struct {
+	spec  *fleet.JobSpec
+	id    Identity // who it runs as
+	env   []string // its spec's environment and the torchrun contract
+	creds *fleet.JobCreds
+}
+
+// prepare reads what a run of job needs: its spec, who it runs as (with
+// its uid claimed), its environment and its etcd credentials. It returns
+// nil and no error when there is nothing to start: the job has finished,
+// or its environment was refused and the job marked failed.
+func (r *Runner) prepare(ctx context.Context, job string) (*launch, error) {
 	rctx, cancel := context.WithTimeout(ctx, etcdTimeout)
 	defer cancel()
 	fin, problem, err := r.st.FinishOf(rctx, job)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if problem != nil {
 		r.log.Warn("ignoring malformed finish record", "err", problem)
 	}
 	if fin != nil {
-		return nil // finished: the coordinator releases it
+		return nil, nil // finished: the coordinator releases it
 	}
 	spec, err := r.st.Job(rctx, job)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Who the job runs as: its own uid (--job-uid-range), --job-user, or
 	// (a container) its image's user; a host process may not run as
@@ -556,14 +579,14 @@ func (r *Runner) start(ctx context.Context, job string) error {
 			r.problem(job, why)
 			r.noteProblem(job, false)
 		}
-		return errors.New(why)
+		return nil, errors.New(why)
 	}
 	if id.Set && r.cfg.UIDRange.Set() {
 		if err := r.claimUID(job, id.UID); err != nil {
 			msg := fmt.Sprintf("cannot run the job as uid %d on this host: %v", id.UID, err)
 			r.problem(job, msg)
 			r.noteProblem(job, false)
-			return errors.New(msg)
+			return nil, errors.New(msg)
 		}
 	}
 	// The job's environment: its spec and the torchrun contract, nothing
@@ -573,20 +596,24 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	if err != nil {
 		r.log.Warn("job refused", "job", job, "err", err)
 		if ferr := r.st.MarkFinished(rctx, job, fleet.Finish{Outcome: fleet.Failed, Node: r.node.Name, Message: err.Error(), Time: time.Now().UTC()}); ferr != nil {
-			return fmt.Errorf("%w (and recording it: %v)", err, ferr)
+			return nil, fmt.Errorf("%w (and recording it: %v)", err, ferr)
 		}
-		return nil
+		return nil, nil
 	}
 	// The job's own etcd user (etcd auth on: the coordinator minted it);
 	// never the agent's.
 	creds, err := r.st.NodeCreds(rctx, r.node.Name, job)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.rememberCreds(job, creds)
-	if spec.Run.Image != "" {
-		return r.startContainer(ctx, spec, baseEnv, creds, id)
-	}
+	return &launch{spec: spec, id: id, env: baseEnv, creds: creds}, nil
+}
+
+// startProcess starts job's hyperpodrun as a host process, unless it runs
+// already.
+func (r *Runner) startProcess(job string, l *launch) error {
+	spec, id := l.spec, l.id
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, running := r.jobs[job]; running {
@@ -596,6 +623,7 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	// symlink followed): its log directory on this node and the run's.
 	logDir := ""
 	if r.cfg.LogDir != "" {
+		var err error
 		if logDir, err = JobLogDir(r.cfg.LogDir, r.node.Name, job, id); err != nil {
 			return fmt.Errorf("the job's log directory: %w", err)
 		}
@@ -606,34 +634,13 @@ func (r *Runner) start(ctx context.Context, job string) error {
 	}
 	r.seq++
 	b := r.box.open(fmt.Sprintf("%d.%s.%s", r.seq, r.node.Name, job))
-	rdzvConf, err := credsConf(r.cfg.RdzvConf, creds, tmp, id)
+	rdzvConf, err := credsConf(r.cfg.RdzvConf, l.creds, tmp, id)
 	if err != nil {
 		b.abandon()
 		os.RemoveAll(tmp)
 		return err
 	}
-	args := Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), rdzvConf, logDir)
-	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
-	// The job's own TMPDIR, if it sets one, wins (and is not removed).
-	cmd.Env = append(baseEnv, "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+b.marker)
-	if spec.Run.Python != "" {
-		cmd.Env = append(cmd.Env, "PYTHON_EXEC="+spec.Run.Python)
-	}
-	for _, k := range []string{"TMPDIR"} {
-		if v, ok := spec.Run.Env[k]; ok {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-	}
-	// A job with a uid of its own has no home but its run's directory.
-	if _, own := spec.Run.Env["HOME"]; id.Set && id.Home == "" && !own {
-		cmd.Env = append(cmd.Env, "HOME="+tmp)
-	}
-	cmd.Dir = spec.Run.WorkDir
-	// Its own session: the fallback finds the run's processes by it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-	if id.Set {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
-	}
+	cmd := r.hyperpodrunCmd(l, Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), rdzvConf, logDir), tmp, b.marker)
 	b.apply(cmd.SysProcAttr)
 	// A pipe of our own, not an io.Writer: Wait then returns when
 	// hyperpodrun exits even while a descendant still holds the pipe.
@@ -668,6 +675,44 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		kill:   func() { syscall.Kill(-pid, syscall.SIGKILL) }}
 	r.jobs[job] = p
 	r.started(job, p)
+	r.watchRun(job, p, pr, tmp)
+	return nil
+}
+
+// hyperpodrunCmd is the command of a run of l's job: hyperpodrun with args,
+// its environment (TMPDIR tmp, the containment marker), its working
+// directory, its own session and who it runs as.
+func (r *Runner) hyperpodrunCmd(l *launch, args []string, tmp, marker string) *exec.Cmd {
+	spec, id := l.spec, l.id
+	cmd := exec.Command(r.cfg.Hyperpodrun, args...)
+	// The job's own TMPDIR, if it sets one, wins (and is not removed).
+	cmd.Env = append(l.env, "HYPERPODRUN_NODE_ID="+r.node.Name, "TMPDIR="+tmp, MarkerEnv+"="+marker)
+	if spec.Run.Python != "" {
+		cmd.Env = append(cmd.Env, "PYTHON_EXEC="+spec.Run.Python)
+	}
+	for _, k := range []string{"TMPDIR"} {
+		if v, ok := spec.Run.Env[k]; ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	// A job with a uid of its own has no home but its run's directory.
+	if _, own := spec.Run.Env["HOME"]; id.Set && id.Home == "" && !own {
+		cmd.Env = append(cmd.Env, "HOME="+tmp)
+	}
+	cmd.Dir = spec.Run.WorkDir
+	// Its own session: the fallback finds the run's processes by it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if id.Set {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
+	}
+	return cmd
+}
+
+// watchRun copies the run's output (pr) to the agent's, prefixed, and
+// when hyperpodrun exits kills what is left of the run, removes its
+// TMPDIR and judges the exit.
+func (r *Runner) watchRun(job string, p *proc, pr *os.File, tmp string) {
+	cmd, b := p.cmd, p.box
 	prefix := r.node.Name + "/" + job + " "
 	output := make(chan struct{})
 	var lastLine string // the run's last line of output (a crash's reason)
@@ -707,7 +752,6 @@ func (r *Runner) start(ctx context.Context, job string) error {
 		draining := r.release(job, p, err != nil)
 		r.exited(job, err, draining, ran, p.maxRestarts)
 	}()
-	return nil
 }
 
 // runError is a run's failure with its last line of output.

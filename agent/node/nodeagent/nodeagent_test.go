@@ -57,7 +57,7 @@ func startEtcd(t *testing.T) *clientv3.Client {
 }
 
 func fixture(node string) (sysfs, dev string) {
-	base := filepath.Join("..", "..", "devices", "testdata", "neuron", node)
+	base := filepath.Join("..", "..", "..", "devices", "testdata", "neuron", node)
 	return filepath.Join(base, "sys", "devices", "virtual", "neuron_device"), filepath.Join(base, "dev")
 }
 
@@ -423,7 +423,7 @@ func TestAgentNeuronHealthChange(t *testing.T) {
 	cli := startEtcd(t)
 	w := watchNodes(t, cli)
 	root := t.TempDir()
-	src := filepath.Join("..", "..", "devices", "testdata", "neuron", "trn1")
+	src := filepath.Join("..", "..", "..", "devices", "testdata", "neuron", "trn1")
 	if err := os.CopyFS(root, os.DirFS(src)); err != nil {
 		t.Fatal(err)
 	}
