@@ -76,25 +76,32 @@ func (b *Barrier) PruneOlder(ctx context.Context) error {
 	return nil
 }
 
+// Arrived counts the members that have arrived, at the revision read.
+func (b *Barrier) Arrived(ctx context.Context) (n int, rev int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	resp, err := b.cli.Get(ctx, b.keys.ReadyRound(b.job, b.round), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, 0, fmt.Errorf("round %d barrier: %w", b.round, err)
+	}
+	return int(resp.Count), resp.Header.Revision, nil
+}
+
 // Wait returns once every member of the round has arrived, or ctx's error.
 // Only the initial read is bounded by the request timeout: the wait itself
 // lasts as long as ctx (the caller cancels it when the round is
 // superseded).
 func (b *Barrier) Wait(ctx context.Context) error {
-	dir := b.keys.ReadyRound(b.job, b.round)
-	rctx, rcancel := context.WithTimeout(ctx, b.timeout)
-	resp, err := b.cli.Get(rctx, dir, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	rcancel()
+	ready, rev, err := b.Arrived(ctx)
 	if err != nil {
-		return fmt.Errorf("round %d barrier: %w", b.round, err)
+		return err
 	}
-	ready := int(resp.Count)
 	if ready >= b.size {
 		return nil
 	}
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	wch := b.cli.Watch(wctx, dir, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1), clientv3.WithFilterDelete())
+	wch := b.cli.Watch(wctx, b.keys.ReadyRound(b.job, b.round), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
 	for ready < b.size {
 		w, ok := <-wch
 		if err := ctx.Err(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"log/slog"
 	"os"
 	"runtime"
@@ -15,12 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // One embedded etcd serves the whole package; every test uses its own job
@@ -341,11 +342,5 @@ type syncBuffer = syncbuf.Buffer
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, d, what, testutil.True(cond))
 }

@@ -3,13 +3,14 @@ package elastic_test
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // debianEtcd is a real etcd server process (Debian's etcd-server) that a
@@ -26,12 +27,7 @@ type debianEtcd struct {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return testutil.FreePort(t)
 }
 
 func startDebianEtcd(t *testing.T) *debianEtcd {

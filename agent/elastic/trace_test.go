@@ -60,7 +60,7 @@ func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 	job := "traced-" + strings.ToLower(launcher.SignalName(elasticSig))
 	_, file, _, _ := runtime.Caller(0)
-	pyPath := filepath.Join(filepath.Dir(file), "..", "checkpoint", "python")
+	pyPath := filepath.Join(filepath.Dir(file), "..", "..", "checkpoint", "python")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, cli := etcdtest.Start(t)
