@@ -239,6 +239,12 @@ func (v *view) putNode(kv *mvccpb.KeyValue) bool {
 		v.log.Warn("ignoring malformed node inventory; keeping its last good value", "err", err)
 		return false
 	}
+	if inv.Node != node {
+		// A node's etcd role writes its own key only: the key, not the
+		// record, says which node speaks.
+		v.log.Warn("ignoring a node inventory that names another node than its key", "key", fleet.ClipKey(kv.Key), "names", inv.Node)
+		return false
+	}
 	old, had := v.nodes[inv.Node]
 	alive := v.alive[inv.Node]
 	v.nodes[inv.Node] = *inv
