@@ -48,20 +48,14 @@ func TestJudgeEnrollment(t *testing.T) {
 			if kn == "" {
 				kn = "node-a"
 			}
-			for _, f := range []func(){func() {
-				if tc.req != nil {
-					tc.req(&rq)
-				}
-			}, func() {
-				if tc.rev != nil {
-					tc.rev(&rv)
-				}
-			}, func() {
-				if tc.pod != nil {
-					tc.pod(&pd)
-				}
-			}} {
-				f()
+			if tc.req != nil {
+				tc.req(&rq)
+			}
+			if tc.rev != nil {
+				tc.rev(&rv)
+			}
+			if tc.pod != nil {
+				tc.pod(&pd)
 			}
 			node, reason := judgeEnrollment(kn, rq, rv, pd, cfg)
 			if node != tc.want {
