@@ -15,6 +15,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -36,17 +37,13 @@ func setup(t *testing.T) (*clientv3.Client, context.Context) {
 
 func waitTarget(t *testing.T, ctx context.Context, cli *clientv3.Client, job, want string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testutil.Eventually(t, 15*time.Second, "the target of "+job+" to become "+want, func() (bool, string) {
 		d, err := fleet.New(cli, "").Desired(ctx, job)
-		if err == nil && strconv.Itoa(d.Target()) == want {
-			return
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("target of %s never became %s", job, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strconv.Itoa(d.Target()) == want, "target " + strconv.Itoa(d.Target())
+	})
 }
 
 func TestWritesAllocationTargetPlacementAndFailsOver(t *testing.T) {

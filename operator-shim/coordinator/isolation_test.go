@@ -16,6 +16,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -110,17 +111,7 @@ func startAuthFleet(t *testing.T, eps []string, cfg Config) *authFleet {
 // eventually polls cond every 20ms until it holds or within passes.
 func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, got := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v (last: %s)", what, within, got)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, within, what, cond)
 }
 
 func placedOn(t *testing.T, f *authFleet, job string) *fleet.Desired {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -110,12 +111,5 @@ func mapsEqual(a, b map[string]int64) bool {
 // it took.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testutil.Eventually(t, within, what, testutil.True(cond))
 }
