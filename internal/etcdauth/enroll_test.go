@@ -47,7 +47,10 @@ func TestEnrollmentGivesTheApprovedKeyItsNodeUserOnly(t *testing.T) {
 			sctx, stop := context.WithCancel(ctx)
 			var wg sync.WaitGroup
 			wg.Add(1)
-			go func() { defer wg.Done(); ServeEnrollments(sctx, root, k, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+			go func() {
+				defer wg.Done()
+				ServeEnrollments(sctx, root, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			}()
 			defer func() { stop(); wg.Wait() }()
 
 			type result struct {
