@@ -46,7 +46,7 @@ var Layers = []Layer{
 		"agent", "agent/", "operator-shim", "operator-shim/coordinator", "operator-shim/kubernetes",
 	}},
 	{Name: "test support", Prefixes: []string{
-		"internal/etcdtest", "internal/testutil", "internal/testcluster", "internal/ctrdtest", "internal/kubetest",
+		"internal/etcdtest", "internal/etcdtest/authfleet", "internal/testutil", "internal/testcluster", "internal/ctrdtest", "internal/kubetest",
 	}},
 	{Name: "commands, examples, benchmarks", Prefixes: []string{
 		"cmd/", "examples/", "bench/", "internal/etcdconn/etcdflags", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/gen/", "operator-shim/kubernetes/image",

@@ -3,7 +3,6 @@ package etcdtest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -27,24 +27,14 @@ func DebianEtcd() (path string, ok bool) {
 	return path, err == nil
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // StartBinary runs the etcd binary bin on free loopback ports with its data
 // in a temp dir, waits until it answers, and returns its client URL. The
 // process is stopped when the test ends.
 func StartBinary(t testing.TB, bin string) string {
 	t.Helper()
 	dir := t.TempDir()
-	client := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	client := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
+	peer := fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))
 	cmd := exec.Command(bin,
 		"--name", "etcdtest", "--data-dir", filepath.Join(dir, "data"),
 		"--listen-client-urls", client, "--advertise-client-urls", client,

@@ -6,20 +6,17 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest/authfleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -35,37 +32,8 @@ import (
 func TestAThirdPartysKeepalivesDoNotKeepAKilledNodesCapacity(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var endpoint string
-	if bin, ok := etcdtest.DebianEtcd(); ok {
-		endpoint = etcdtest.StartBinary(t, bin)
-	} else {
-		t.Log("Debian's etcd is not installed: the embedded etcd stands in")
-		srv, cli := etcdtest.Start(t)
-		_ = cli
-		endpoint = srv.Endpoints[0]
-	}
-	boot, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer boot.Close()
-	k := fleet.NewKeys("")
-	dir := filepath.Join(t.TempDir(), "pw")
-	if _, err := etcdauth.BootstrapFleet(ctx, boot, k, etcdauth.Parties{Teams: []string{"a"}, Nodes: []string{"node-a", "node-b"}}, dir); err != nil {
-		t.Fatal(err)
-	}
-	as := func(user string) *clientv3.Client {
-		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: []string{endpoint}, User: user, Password: pw})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	af := authfleet.Start(t, etcdauth.Parties{Teams: []string{"a"}, Nodes: []string{"node-a", "node-b"}})
+	k, as := af.Keys, af.As
 	root, team := as(etcdauth.RootUser), as(etcdauth.TeamRole("a"))
 	if err := fleet.New(root, "").PutTeam(ctx, policy.Team{Name: "a", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 32}}}); err != nil {
 		t.Fatal(err)

@@ -10,13 +10,10 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest/authfleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -31,35 +28,8 @@ import (
 func TestRunnerReadsAJobsKeysAsTheJob(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var endpoint string
-	if bin, ok := etcdtest.DebianEtcd(); ok {
-		endpoint = etcdtest.StartBinary(t, bin)
-	} else {
-		srv, _ := etcdtest.Start(t)
-		endpoint = srv.Endpoints[0]
-	}
-	boot, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer boot.Close()
-	k := fleet.NewKeys("")
-	pwDir := filepath.Join(t.TempDir(), "pw")
-	if _, err := etcdauth.BootstrapFleet(ctx, boot, k, etcdauth.Parties{Teams: []string{"t"}, Nodes: []string{"node-a"}}, pwDir); err != nil {
-		t.Fatal(err)
-	}
-	as := func(user string) *clientv3.Client {
-		pw, err := etcdconn.ReadPassword(filepath.Join(pwDir, user+".password"), "", "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: []string{endpoint}, User: user, Password: pw})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	af := authfleet.Start(t, etcdauth.Parties{Teams: []string{"t"}, Nodes: []string{"node-a"}})
+	k, as, endpoint := af.Keys, af.As, af.Endpoint
 	root := as(etcdauth.RootUser)
 	rst := fleet.New(root, "")
 	const maxRestarts = 5
