@@ -356,7 +356,10 @@ type Task struct {
 	// LogPath is the host file of its output.
 	LogPath string
 	// RunDir is the run's host directory.
-	RunDir    string
+	RunDir string
+	// UID is the user its processes run as (its OCI spec's), known for
+	// an adopted container: a job's own uid is claimed again from it.
+	UID       uint32
 	container containerd.Container
 	task      containerd.Task // nil: no task (it was never started or is gone)
 	exit      <-chan containerd.ExitStatus
@@ -615,6 +618,11 @@ func (rt *Runtime) Adopt(ctx context.Context, node string) ([]*Task, error) {
 		}
 		gen, _ := strconv.ParseInt(labels[LabelGeneration], 10, 64)
 		t := &Task{rt: rt, ID: c.ID(), Job: labels[LabelJob], Node: node, Generation: gen, LogPath: labels[LabelLog], RunDir: labels[LabelRunDir], container: c}
+		if sp, err := c.Spec(ctx); err != nil {
+			rt.log.Warn("cannot read an adopted container's spec: its user is unknown", "container", c.ID(), "err", err)
+		} else if sp.Process != nil {
+			t.UID = sp.Process.User.UID
+		}
 		task, err := c.Task(ctx, nil)
 		switch {
 		case errdefs.IsNotFound(err):

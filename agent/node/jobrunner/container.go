@@ -347,15 +347,25 @@ func (r *Runner) adoptContainers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	stop := func(task *containers.Task) {
+		task.Kill()
+		task.Wait(actx)
+		task.Remove(actx)
+	}
 	for _, task := range tasks {
+		if err := r.reclaimUID(task); err != nil {
+			// Two jobs never share a uid on a host: the job starts again
+			// once its uid is its own.
+			r.log.Error("stopping an adopted container: it runs as a uid another job holds on this host", "job", task.Job, "container", task.ID, "uid", task.UID, "err", err)
+			stop(task)
+			continue
+		}
 		r.mu.Lock()
 		_, dup := r.jobs[task.Job]
 		if dup || task.Job == "" {
 			r.mu.Unlock()
 			r.log.Warn("stopping a second container of a job on this node", "job", task.Job, "container", task.ID)
-			task.Kill()
-			task.Wait(actx)
-			task.Remove(actx)
+			stop(task)
 			continue
 		}
 		p := &proc{done: make(chan struct{}), started: time.Now(), grace: 30 * time.Second, starting: true}
@@ -372,6 +382,22 @@ func (r *Runner) adoptContainers(ctx context.Context) error {
 		}()
 	}
 	r.adopted = true
+	return nil
+}
+
+// reclaimUID claims again, for an adopted container's job, the uid of its
+// own it runs as, so that the claim is kept while the job is on this node
+// and released (with its log directory taken back) when it leaves: no
+// other job may be given that uid here meanwhile, across agent restarts.
+// An error means another job holds the uid.
+func (r *Runner) reclaimUID(task *containers.Task) error {
+	if task.Job == "" || !r.cfg.UIDRange.Contains(task.UID) {
+		return nil // the image's user or --job-user: not a uid of the job's own
+	}
+	if err := r.claimUID(task.Job, task.UID); err != nil {
+		return err
+	}
+	r.log.Info("adopted container's uid claimed again", "job", task.Job, "uid", task.UID)
 	return nil
 }
 

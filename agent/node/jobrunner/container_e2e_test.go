@@ -3,6 +3,7 @@ package jobrunner
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -24,6 +25,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -48,7 +50,7 @@ func staticBinariesTB(t testing.TB) (hyperpodrun, worker string) {
 		if staticErr != nil {
 			return
 		}
-		for name, pkg := range map[string]string{"hyperpodrun": "../../cmd/hyperpodrun", "worker": "../../examples/worker"} {
+		for name, pkg := range map[string]string{"hyperpodrun": "../../../cmd/hyperpodrun", "worker": "../../../examples/worker"} {
 			cmd := exec.Command("go", "build", "-tags", "osusergo,netgo",
 				"-ldflags", `-linkmode external -extldflags "-static"`, "-o", filepath.Join(staticDir, name), pkg)
 			cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
@@ -92,11 +94,17 @@ type containerFleet struct {
 	jobUser     JobUser
 	allowRoot   bool
 	noFile      uint64
+	// uidRange is the agents' --job-uid-range (default none); with
+	// keepRunDirs a node's --run-dir outlives its agent's restarts, as a
+	// real node's does (default: a fresh one per agent start).
+	uidRange    UIDRange
+	keepRunDirs bool
+	runDirs     map[string]string
 }
 
 const e2eFlavor = "fake-gpu"
 
-func newContainerFleet(t *testing.T) *containerFleet {
+func newContainerFleet(t *testing.T, coordOpts ...func(*coordinator.Config)) *containerFleet {
 	t.Helper()
 	ctrd := ctrdtest.StartContainerd(t)
 	reg := ctrdtest.StartRegistry(t)
@@ -115,7 +123,7 @@ func newContainerFleet(t *testing.T) *containerFleet {
 	srv, cli := etcdtest.Start(t)
 	f := &containerFleet{t: t, ctx: ctx, ctrd: ctrd, reg: reg, image: image, cli: cli, eps: srv.Endpoints, st: fleet.New(cli, ""),
 		hpr: hpr, devDir: t.TempDir(), out: &syncBuf{}, logs: &syncBuf{}, logDir: t.TempDir(),
-		agents: map[string]context.CancelFunc{}, done: map[string]chan struct{}{},
+		agents: map[string]context.CancelFunc{}, done: map[string]chan struct{}{}, runDirs: map[string]string{},
 		allowMounts: []string{os.TempDir()}, allowRoot: true}
 	// Two fake GPUs per node: character devices with /dev/null's numbers
 	// (no CDI spec: the device nodes themselves go into the container).
@@ -127,7 +135,11 @@ func newContainerFleet(t *testing.T) *containerFleet {
 	if err := f.st.PutTeam(ctx, policy.Team{Name: "t", Weight: 1, Quotas: []policy.FlavorQuota{{Flavor: e2eFlavor, Nominal: 8}}}); err != nil {
 		t.Fatal(err)
 	}
-	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 200 * time.Millisecond})
+	ccfg := coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 200 * time.Millisecond}
+	for _, o := range coordOpts {
+		o(&ccfg)
+	}
+	coord := coordinator.New(cli, ccfg)
 	cctx, stop := context.WithCancel(context.Background())
 	cdone := make(chan struct{})
 	go func() { coord.Run(cctx); close(cdone) }()
@@ -160,13 +172,20 @@ func (f *containerFleet) startAgent(name string) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	tmp, err := os.MkdirTemp("", "hpa")
-	if err != nil {
-		f.t.Fatal(err)
+	tmp, keep := f.runDirs[name], f.keepRunDirs
+	if tmp == "" {
+		var err error
+		if tmp, err = os.MkdirTemp("", "hpa"); err != nil {
+			f.t.Fatal(err)
+		}
+		if keep {
+			f.runDirs[name] = tmp
+			f.t.Cleanup(func() { os.RemoveAll(tmp) })
+		}
 	}
 	r := New(Config{Endpoints: f.eps, Output: f.out, Logger: log, TempDir: tmp, LogDir: f.logDir, RdzvConf: "lease_ttl=3",
 		Containers: rt, ContainerHyperpodrun: f.hpr, BackoffBase: 200 * time.Millisecond, DrainMargin: time.Second,
-		JobUser: f.jobUser, AllowRootJobs: f.allowRoot})
+		JobUser: f.jobUser, AllowRootJobs: f.allowRoot, UIDRange: f.uidRange})
 	devDir := f.devDir
 	agent, err := nodeagent.New(f.cli, nodeagent.Config{NodeName: name, LeaseTTL: 10 * time.Second, Workloads: r, Logger: log,
 		Discover: func(context.Context) (*devices.Inventory, error) {
@@ -185,7 +204,9 @@ func (f *containerFleet) startAgent(name string) {
 	go func() {
 		agent.Run(ctx)
 		rt.Close()
-		os.RemoveAll(tmp)
+		if !keep {
+			os.RemoveAll(tmp)
+		}
 		close(done)
 	}()
 	f.mu.Lock()
@@ -455,7 +476,7 @@ func TestPyTorchDDPTrainsInAContainer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	scripts, err := filepath.Abs("../../examples/pytorch")
+	scripts, err := filepath.Abs("../../../examples/pytorch")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -701,5 +722,53 @@ func TestConfineRefusesARootImageWithoutAJobIdentity(t *testing.T) {
 	}
 	if strings.Contains(f.logs.String(), "started job in a container") || len(f.containers()) != 0 {
 		t.Errorf("the root image ran:\n%s", f.logs.String())
+	}
+}
+
+// Issue 22: an agent that restarts adopts its job's container and claims
+// the job's uid again (<run-dir>/uids/<uid>), so the uid stays the job's
+// on the node across the restart: when the job leaves the node, the claim
+// is released and the job's log directory taken back (root's, 0700), so a
+// job given that uid later can neither read it nor be refused the uid.
+func TestAdoptedContainerClaimsItsJobsUIDAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("containerd, registry, coordinator and an agent")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run containerd and jobs as their own uids")
+	}
+	const first, last = 61000, 61009
+	f := newContainerFleet(t, func(c *coordinator.Config) { c.JobUIDFirst, c.JobUIDLast = first, last })
+	f.uidRange, f.allowRoot, f.keepRunDirs = UIDRange{First: first, Last: last}, false, true
+	f.startAgent("node-1")
+	f.submit("owner", 1, 1, fleet.RunSpec{Image: f.image, Script: "/bin/worker", NoPython: true, GracefulTimeoutSeconds: 5,
+		Args: []string{"--steps", "100000", "--step-time", "50ms"}})
+	f.waitFor("training", 90*time.Second, func() bool { s, _ := f.steps(); return len(s) >= 3 })
+	d, err := f.st.Desired(f.ctx, "owner")
+	if err != nil || d == nil || d.UID < first || d.UID > last {
+		t.Fatalf("desired record %+v (%v): want a uid in %d-%d", d, err, first, last)
+	}
+	claim := filepath.Join(f.runDirs["node-1"], "uids", strconv.FormatUint(uint64(d.UID), 10))
+	if b, err := os.ReadFile(claim); err != nil || string(b) != "owner\nnode-1\n" {
+		t.Fatalf("claim of uid %d: %q (%v), want owner's by node-1", d.UID, b, err)
+	}
+
+	f.stopAgent("node-1")
+	f.startAgent("node-1")
+	f.waitFor("the restarted agent adopting the container", 30*time.Second, func() bool {
+		return strings.Contains(f.logs.String(), "adopted the job's running container")
+	})
+	if _, err := f.st.UpdateJob(f.ctx, "owner", func(j *fleet.JobSpec) error { j.Suspended = true; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.waitFor("the job's container gone", 60*time.Second, func() bool { return len(f.containers()) == 0 })
+	testutil.Eventually(t, 30*time.Second, "the job's uid claim released once it left the node", func() (bool, string) {
+		b, err := os.ReadFile(claim)
+		return errors.Is(err, os.ErrNotExist), fmt.Sprintf("%q %v", b, err)
+	})
+	dir := filepath.Join(f.logDir, "node-1", "owner")
+	var st syscall.Stat_t
+	if err := syscall.Lstat(dir, &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o700 {
+		t.Errorf("the job's log directory %s after it left: uid %d mode %o (%v), want root's 0700 (taken back from uid %d)", dir, st.Uid, st.Mode&0o777, err, d.UID)
 	}
 }
