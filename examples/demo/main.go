@@ -26,9 +26,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -40,12 +38,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
-	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/fsutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -163,311 +158,6 @@ func (p *progress) at(job string) (world, steps int) {
 		steps = s[len(s)-1]
 	}
 	return p.world[job], steps
-}
-
-func scenario(o options) (*result, error) {
-	hpr, workerBin, python := &o.hyperpodrun, &o.worker, &o.python
-	for _, b := range []*string{hpr, workerBin} {
-		abs, err := filepath.Abs(*b)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := os.Stat(abs); err != nil {
-			return nil, fmt.Errorf("%s not found: run 'make build' first (make demo does)", *b)
-		}
-		*b = abs
-	}
-	tl := &timeline{out: o.out, start: time.Now()}
-	// The demo promises to finish in under two minutes (about 25 s here);
-	// past that it stops with an error rather than run on.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	id := identities(o.isolation, o.auth, os.Geteuid())
-	tl.say("%s", id.jobsLine)
-	tl.say("%s", id.agentsLine)
-
-	work, err := os.MkdirTemp("", "hyperpodrun-demo-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(work)
-	// Jobs running as their own uids traverse the work directory (to their
-	// run directories, what they read and their checkpoints) but cannot
-	// list it; the etcd data and the passwords below stay 0700.
-	if err := os.Chmod(work, 0o711); err != nil {
-		return nil, fmt.Errorf("work directory: %w", err)
-	}
-	ckptDir := filepath.Join(work, "ckpt")
-	if err := makeStickyDir(ckptDir); err != nil {
-		return nil, fmt.Errorf("checkpoint directory: %w", err)
-	}
-	repo, _ := os.Getwd()
-	script := filepath.Join(repo, "examples", "pytorch", "train_elastic.py")
-	if id.perJobUIDs {
-		// What the jobs read, reachable by any uid: a 0755 copy.
-		shared, err := shareReadOnly(filepath.Join(work, "shared"), *hpr, *workerBin, script)
-		if err != nil {
-			return nil, err
-		}
-		*hpr, *workerBin, script = shared[0], shared[1], shared[2]
-	}
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{Dir: filepath.Join(work, "etcd")})
-	if err != nil {
-		return nil, err
-	}
-	defer srv.Close()
-	cli, err := srv.Client()
-	if err != nil {
-		return nil, err
-	}
-	defer cli.Close()
-	st := fleet.New(cli, "")
-	tl.say("embedded etcd at %s", srv.Endpoints[0])
-
-	// Training: PyTorch DDP when installed, else the bundled worker.
-	py := *python
-	if py == "" {
-		py = os.Getenv("PYTHON_EXEC")
-	}
-	if py == "" {
-		py = "/usr/bin/python3"
-	}
-	// Each job creates its own checkpoint directory under the sticky one.
-	sweepRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "100000", "--step-time", "100ms", "--ckpt-dir", filepath.Join(ckptDir, "sweep")}, GracefulTimeoutSeconds: 20}
-	prodRun := fleet.RunSpec{Script: *workerBin, NoPython: true, Args: []string{"--steps", "60", "--step-time", "100ms", "--ckpt-dir", filepath.Join(ckptDir, "prod")}, GracefulTimeoutSeconds: 20}
-	if exec.Command(py, "-c", "import torch.distributed").Run() == nil {
-		sweepRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "100000", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(ckptDir, "sweep")}, GracefulTimeoutSeconds: 20}
-		prodRun = fleet.RunSpec{Script: script, Python: py, Args: []string{"--steps", "60", "--step-time", "0.1", "--ckpt-every", "20", "--ckpt-dir", filepath.Join(ckptDir, "prod")}, GracefulTimeoutSeconds: 20}
-		tl.say("workers: real PyTorch DDP (gloo on CPU) via %s", py)
-	} else {
-		tl.say("PyTorch is not installed for %s: 'apt-get install python3-torch' on Debian for real DDP; using the bundled worker", py)
-	}
-
-	// Two teams with 16 GPUs (2 nodes) of nominal quota each.
-	for _, t := range []policy.Team{
-		{Name: "research", Weight: 1, Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}},
-		{Name: "prod", Weight: 1, Preemption: policy.PreemptLowerPriority, Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}},
-	} {
-		if err := st.PutTeam(ctx, t); err != nil {
-			return nil, err
-		}
-	}
-	tl.say("teams: research and prod, 16 x %s of nominal quota each (fleet: %d nodes x %d GPUs)", flavor, nodes, gpusPerNode)
-
-	// With auth on, every party below connects as its own etcd user.
-	nodeNames := make([]string, nodes)
-	agentClis := make([]*clientv3.Client, nodes)
-	for i := range nodeNames {
-		nodeNames[i] = fmt.Sprintf("node-%d", i)
-		agentClis[i] = cli
-	}
-	coordCli, teamStore := cli, map[string]*fleet.Store{"research": st, "prod": st}
-	if o.auth {
-		pwDir := filepath.Join(work, "passwords")
-		parties := etcdauth.Parties{Teams: []string{"research", "prod"}}
-		if id.nodeUsers {
-			parties.Nodes = nodeNames
-		}
-		if _, err := etcdauth.BootstrapFleet(ctx, cli, st.Keys, parties, pwDir); err != nil {
-			return nil, err
-		}
-		as := func(user string) (*clientv3.Client, error) {
-			pw, err := etcdconn.ReadPassword(filepath.Join(pwDir, user+".password"), "", "demo")
-			if err != nil {
-				return nil, err
-			}
-			return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: user, Password: pw})
-		}
-		var clis []*clientv3.Client
-		defer func() {
-			for _, c := range clis {
-				c.Close()
-			}
-		}()
-		users := []struct {
-			user string
-			cli  **clientv3.Client
-		}{{etcdauth.CoordinatorUser, &coordCli}}
-		for i := range agentClis {
-			user := etcdauth.AgentUser
-			if id.nodeUsers {
-				user = etcdauth.NodeRole(nodeNames[i])
-			}
-			users = append(users, struct {
-				user string
-				cli  **clientv3.Client
-			}{user, &agentClis[i]})
-		}
-		for _, u := range users {
-			c, err := as(u.user)
-			if err != nil {
-				return nil, err
-			}
-			clis = append(clis, c)
-			*u.cli = c
-		}
-		for team := range teamStore {
-			c, err := as(etcdauth.TeamRole(team))
-			if err != nil {
-				return nil, err
-			}
-			clis = append(clis, c)
-			teamStore[team] = fleet.New(c, "")
-		}
-		// The demo itself watches as an admin.
-		admin, err := as(etcdauth.AdminUser)
-		if err != nil {
-			return nil, err
-		}
-		clis = append(clis, admin)
-		cli, st = admin, fleet.New(admin, "")
-		tl.say("etcd auth on: the coordinator, the agents and each team connect as their own users; each job gets its own (docs/security.md)")
-	}
-	res := &result{uids: map[string]uint32{}, procs: map[string]int{}}
-	if o.auth && id.nodeUsers {
-		// What a node's agent may not do: speak for another node.
-		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := agentClis[0].Put(wctx, st.Keys.Node("node-9"), `{"node":"node-9"}`)
-		wcancel()
-		tl.say("node-0's agent (etcd user %s) tries to register a node-9: %v", etcdauth.NodeRole("node-0"), err)
-		res.nodeRefused = err
-	}
-
-	prog := &progress{tl: tl, sizes: map[string][]int{}, world: map[string]int{}, steps: map[string][]int{}, last: map[string]string{}}
-	var wg sync.WaitGroup
-	actx, stopAgents := context.WithCancel(ctx)
-	defer stopAgents()
-	var agents []*nodeagent.Agent
-	for i, name := range nodeNames {
-		rc := jobrunner.Config{Hyperpodrun: *hpr, Endpoints: srv.Endpoints, LogDir: filepath.Join(work, "logs"),
-			TempDir: filepath.Join(work, "run"), RdzvConf: "last_call_timeout=1", Output: prog, Logger: quiet}
-		if id.perJobUIDs {
-			// hyperpod-agent --job-uid-range: each job as the uid the
-			// coordinator gave it.
-			rc.UIDRange = id.agentRange
-		} else {
-			// The jobs run as the user who runs the demo, root included
-			// (hyperpod-agent --allow-root-jobs).
-			rc.AllowRootJobs = true
-		}
-		runner := jobrunner.New(rc)
-		a, err := nodeagent.New(agentClis[i], nodeagent.Config{NodeName: name, Discover: fixture(name), Workloads: runner, Logger: quiet, LeaseTTL: 5 * time.Second})
-		if err != nil {
-			return nil, err
-		}
-		agents = append(agents, a)
-		wg.Add(1)
-		go func() { defer wg.Done(); a.Run(actx) }()
-	}
-	// The jobs are submitted once every node is in etcd: an agent logs in
-	// as its own user and registers under two leases, which takes a moment,
-	// and a job submitted before would be admitted on the nodes there are.
-	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-	err = waitUntil(rctx, func() bool { inv, _, err := st.Nodes(rctx); return err == nil && len(inv) == nodes })
-	rcancel()
-	if err != nil {
-		return nil, fmt.Errorf("the %d node agents did not register within 30s: %w", nodes, err)
-	}
-	tl.say("4 node agents registered their fixture inventories (8 x H100 each)")
-
-	// Coordinator: the demo's stable period is short so it fits in a minute.
-	util := &utilization{total: nodes * gpusPerNode}
-	co := coordinator.New(coordCli, coordinator.Config{Resync: 500 * time.Millisecond, Logger: quiet, JobCredentials: o.auth,
-		JobUIDFirst: id.coordFirst, JobUIDLast: id.coordLast,
-		Engine:     policy.Config{MinStablePeriod: 5 * time.Second},
-		OnDecision: func(d policy.Decision) { util.record(d) }})
-	wg.Add(1)
-	go func() { defer wg.Done(); co.Run(actx) }()
-	go followEvents(actx, cli, st, tl)
-
-	submit := func(j fleet.JobSpec) error {
-		j.SubmitTime = time.Now().UTC()
-		return teamStore[j.Team].SubmitJob(ctx, j)
-	}
-	low, high := "low", "high"
-	tl.say("submit: research-sweep (team research, priority low, elastic 1..4 nodes x 8 GPUs)")
-	if err := submit(fleet.JobSpec{Job: policy.Job{Name: "sweep", Team: "research", PriorityClass: low, Flavor: flavor,
-		PerNode: policy.Resources{Accelerators: gpusPerNode}, MinNodes: 1, MaxNodes: 4, Elastic: true}, Run: sweepRun}); err != nil {
-		return nil, err
-	}
-	if err := waitUntil(ctx, func() bool { w, s := prog.at("sweep"); return w == 4 && s >= 30 }); err != nil {
-		return nil, fmt.Errorf("sweep never trained at 4 nodes: %w", err)
-	}
-	tl.say("submit: prod (team prod, priority high, 2 nodes x 8 GPUs, 60 steps)")
-	if err := submit(fleet.JobSpec{Job: policy.Job{Name: "prod", Team: "prod", PriorityClass: high, Flavor: flavor,
-		PerNode: policy.Resources{Accelerators: gpusPerNode}, MinNodes: 2, MaxNodes: 2}, Run: prodRun}); err != nil {
-		return nil, err
-	}
-	if err := waitUntil(ctx, func() bool { w, _ := prog.at("prod"); return w == 2 }); err != nil {
-		return nil, fmt.Errorf("prod never trained: %w", err)
-	}
-	// Who the two jobs run as, from their desired records and /proc.
-	byUID := procsByUID()
-	for _, job := range []string{"sweep", "prod"} {
-		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
-		d, err := st.Desired(rctx, job)
-		rcancel()
-		if err != nil {
-			return nil, fmt.Errorf("read %s's desired record: %w", job, err)
-		}
-		if d != nil && d.UID != 0 {
-			res.uids[job] = d.UID
-			res.procs[job] = byUID[d.UID]
-		}
-	}
-	if id.perJobUIDs {
-		tl.say("identities: sweep runs as uid %d (%d processes), prod as uid %d (%d processes): each job its own uid, neither can read, write or signal the other's",
-			res.uids["sweep"], res.procs["sweep"], res.uids["prod"], res.procs["prod"])
-	}
-	if err := waitUntil(ctx, func() bool { f, _, _ := st.Finished(ctx); _, ok := f["prod"]; return ok }); err != nil {
-		return nil, fmt.Errorf("prod never finished: %w", err)
-	}
-	res.prodFinished = true
-	if o.auth {
-		// What a team may not do: resize another team's job.
-		_, err := teamStore["prod"].UpdateJob(ctx, "sweep", func(j *fleet.JobSpec) error { j.MaxNodes = 1; return nil })
-		tl.say("team prod tries to shrink research's sweep to 1 node: %v", err)
-		res.refused = append(res.refused, err)
-	}
-	tl.say("prod finished: its nodes are idle again")
-	if err := waitUntil(ctx, func() bool { w, _ := prog.at("sweep"); return w == 4 }); err != nil {
-		return nil, fmt.Errorf("sweep never grew back: %w", err)
-	}
-	_, s0 := prog.at("sweep")
-	waitUntil(ctx, func() bool { _, s := prog.at("sweep"); return s >= s0+20 })
-	res.history, _, _ = st.Events(ctx, "sweep")
-	teamStore["research"].DeleteJob(ctx, "sweep")
-	for _, a := range agents {
-		dctx, dcancel := context.WithTimeout(ctx, 30*time.Second)
-		a.Drain(dctx)
-		dcancel()
-	}
-	stopAgents()
-	wg.Wait()
-
-	prog.mu.Lock()
-	steps := append([]int(nil), prog.steps["sweep"]...)
-	res.sizes = append([]int(nil), prog.sizes["sweep"]...)
-	prog.mu.Unlock()
-	res.lost, res.repeated = checkSteps(steps)
-	res.steps = len(steps)
-	res.utilization = util.percent()
-	w := o.out
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "== why the elastic job changed size (elasticctl describe job sweep)")
-	for _, e := range res.history {
-		line := fmt.Sprintf("%s %d -> %d nodes: %s", e.Kind, e.FromSize, e.ToSize, e.Message)
-		if len(e.For) > 0 {
-			line += fmt.Sprintf(" [for %s of team %s]", strings.Join(e.For, ","), e.ForTeam)
-		}
-		fmt.Fprintf(w, "  %s  %s\n", e.Time.Format("15:04:05"), line)
-	}
-	fmt.Fprintln(w, "== summary")
-	fmt.Fprintf(w, "research-sweep trained at world sizes %v: %d optimizer steps, %d lost, %d repeated (planned changes checkpoint through the sync signal)\n", res.sizes, res.steps, res.lost, res.repeated)
-	fmt.Fprintf(w, "fleet GPU allocation while jobs ran: %.1f%% of %d GPUs (allocated GPU-seconds / capacity)\n", res.utilization, nodes*gpusPerNode)
-	fmt.Fprintf(w, "demo took %.1fs\n", time.Since(tl.start).Seconds())
-	return res, nil
 }
 
 // checkSteps counts steps missing from, and repeated in, a 1..N sequence.
@@ -653,33 +343,12 @@ func shareReadOnly(dir string, files ...string) ([]string, error) {
 			mode = 0o755
 		}
 		dst := filepath.Join(dir, filepath.Base(f))
-		if err := copyFile(f, dst, mode); err != nil {
+		if err := fsutil.CopyFile(f, dst, mode); err != nil {
 			return nil, fmt.Errorf("share %s with the jobs: %w", f, err)
 		}
 		out[i] = dst
 	}
 	return out, nil
-}
-
-func copyFile(src, dst string, mode os.FileMode) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	if err := out.Chmod(mode); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // procsByUID counts the live processes of each real uid (/proc/<pid>/status).
