@@ -55,6 +55,9 @@ test-short:
 bench: build
 	@$(GO) run ./bench/launch -hyperpodrun $(BIN)/hyperpodrun
 	@$(GO) run ./bench/ctl -elasticctl $(BIN)/elasticctl
+	@# elasticctl's listing decoders (package jsonscan) against encoding/json
+	@# on 10,000 jobs' records, taken in turn.
+	@$(GO) test -run '^$$' -bench BenchmarkListingDecoders -benchtime=1x ./cmd/elasticctl/internal/query | grep -E '^BENCH'
 	@# The containerd runtime (issue 12): start-to-first-step against the
 	@# process runtime, and a 200 MB pull (skips where containerd cannot run).
 	@$(GO) test -run '^$$' -bench BenchmarkContainerRuntime -benchtime=1x ./agent/node/jobrunner | grep -E '^BENCH|SKIP|skip' || true

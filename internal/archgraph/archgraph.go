@@ -31,7 +31,7 @@ type Layer struct {
 // Layers, lowest first.
 var Layers = []Layer{
 	{Name: "foundations: types, devices, processes, wire protocols, etcd plumbing", Prefixes: []string{
-		"api", "devices", "devices/local", "launcher", "c10dstore", "internal/etcdconn", "internal/etcdraw", "internal/jsonscan",
+		"api", "devices", "devices/local", "launcher", "c10dstore", "internal/etcdconn", "internal/jsonscan",
 		"internal/syncbuf", "internal/telemetry", "internal/ociimage", "internal/etcdembed", "internal/secretlease",
 		"internal/tcpproxy", "internal/fsutil", "checkpoint/control", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
 	}},

@@ -267,7 +267,7 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 
 // eventKeys lists the keys (without values) of the events in [start, end).
 func (s *Store) eventKeys(ctx context.Context, start, end string) ([]*mvccpb.KeyValue, int64, error) {
-	kvs, rev, err := s.rangeRaw(ctx, start, end, 0, true)
+	kvs, rev, err := s.rangeAt(ctx, start, end, 0, true)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list events: %w", err)
 	}

@@ -4,10 +4,9 @@ import (
 	"context"
 	"path"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdraw"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/jsonscan"
 )
@@ -160,11 +159,19 @@ func leanFinish(v []byte) (*fleet.Finish, error) {
 	return &f, err
 }
 
-// rangeRaw is Get for the large reads of elasticctl (every job's records,
-// every event key), decoded without copying by package etcdraw. The call
-// goes through the client's connection, so its interceptors
-// (authentication token, retries) and call options apply.
-func (s *Store) rangeRaw(ctx context.Context, key, end string, rev int64, keysOnly bool) ([]*mvccpb.KeyValue, int64, error) {
-	req := &pb.RangeRequest{Key: []byte(key), RangeEnd: []byte(end), Revision: rev, KeysOnly: keysOnly}
-	return etcdraw.Range(ctx, s.Cli.ActiveConnection(), req)
+// rangeAt reads the keys in [key, end) at revision rev (0: the newest),
+// without values when keysOnly, and returns them with the revision read.
+// It is clientv3's Get: a decoder of etcd's wire format written for
+// elasticctl (package etcdraw, since dropped) decoded a 10,000-job
+// response 1.4-2x faster and made no measurable difference to 'get jobs'.
+func (s *Store) rangeAt(ctx context.Context, key, end string, rev int64, keysOnly bool) ([]*mvccpb.KeyValue, int64, error) {
+	opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithRev(rev)}
+	if keysOnly {
+		opts = append(opts, clientv3.WithKeysOnly())
+	}
+	r, err := s.Cli.Get(ctx, key, opts...)
+	if err != nil {
+		return nil, 0, err
+	}
+	return r.Kvs, r.Header.Revision, nil
 }

@@ -172,7 +172,7 @@ func (s *Store) prefixesAt(ctx context.Context, use func(i int, kvs []*mvccpb.Ke
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				kvs, r, err := s.rangeRaw(ctx, prefixes[i], clientv3.GetPrefixRangeEnd(prefixes[i]), at, false)
+				kvs, r, err := s.rangeAt(ctx, prefixes[i], clientv3.GetPrefixRangeEnd(prefixes[i]), at, false)
 				if err != nil {
 					errs[i] = err
 					return
@@ -333,7 +333,7 @@ func (s *Store) decodeRecord(resps []*pb.ResponseOp) (rec JobRecord, ok bool, ba
 }
 
 // specKeysOf is specKeys for a few names of many jobs: the keys-only
-// listing is decoded by rangeRaw, and only the keys of the named jobs are
+// listing is read once, and only the keys of the named jobs are
 // looked at.
 func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]string, int64, error) {
 	want := make(map[string]bool, len(names))
@@ -341,7 +341,7 @@ func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]stri
 		want[n] = true
 	}
 	p := s.Keys.SpecsPrefix()
-	all, rev, err := s.rangeRaw(ctx, p, clientv3.GetPrefixRangeEnd(p), 0, true)
+	all, rev, err := s.rangeAt(ctx, p, clientv3.GetPrefixRangeEnd(p), 0, true)
 	if err != nil {
 		return nil, 0, fmt.Errorf("list %s: %w", p, err)
 	}
