@@ -50,7 +50,10 @@ type SpecKey struct {
 	Team, Job string
 }
 
-// ParseSpecKey splits a job spec's key into its team and job.
+// ParseSpecKey splits a job spec's key into its team and job, both
+// DNS-1123 labels. The engine's input reads specs with SpecOwner instead,
+// which takes any job segment: a spec whose name is no label is read so
+// that the engine can report it invalid.
 func (k Keys) ParseSpecKey(key string) (SpecKey, bool) {
 	s, ok := segments(key, k.SpecsPrefix(), 2)
 	if !ok || !validLabel(s[0]) || !validLabel(s[1]) {
