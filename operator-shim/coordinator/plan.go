@@ -389,6 +389,7 @@ func (pl *planner) status(job string) (*fleet.Status, bool) {
 func (pl *planner) statusesAndEvents() {
 	d, c, p := pl.d, pl.c, pl.p
 	now := d.Now
+	var none fleet.Status
 	lastR, k := pl.v.lastReasons, 0
 	for i := range d.Reasons {
 		r := &d.Reasons[i]
@@ -406,7 +407,7 @@ func (pl *planner) statusesAndEvents() {
 		}
 		prev, had := pl.status(r.Job)
 		if !had {
-			prev = &fleet.Status{}
+			prev = &none
 		}
 		if c.followUp && had && (r.Kind == policy.KindRunning || r.Kind == policy.KindPending) &&
 			(len(prev.For) > 0 || prev.ForTeam != "") && !stable(&prev.Reason, r) {
