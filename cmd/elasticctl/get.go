@@ -32,7 +32,7 @@ var timeNow = time.Now
 
 // viewOf joins one job's records.
 func viewOf(r query.JobRecord) jobView {
-	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished}
+	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished, Problems: r.Problems}
 	if r.Desired.Running() {
 		a := r.Desired.Allocation
 		v.Allocation = &a

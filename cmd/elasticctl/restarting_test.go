@@ -9,6 +9,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -68,5 +69,49 @@ func TestCrashLoopingJobShowsRestarting(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(out) {
 			t.Errorf("describe job looping does not match %s:\n%s", re, out)
 		}
+	}
+}
+
+// A crash-looping job shows Restarting in every listing, not only the
+// whole table: named (get jobs NAME) and in the watch, which prints the row
+// again when a node's problem record appears.
+func TestNamedAndWatchedJobsShowRestarting(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := strings.Join(srv.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "looping", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var w syncBuffer
+	done := watchCtl(wctx, ep, &w, "get", "jobs", "-w", "looping")
+	testutil.Eventually(t, 15*time.Second, "the watch to print the job", func() (bool, string) {
+		return strings.Contains(w.String(), "Submitted"), w.String()
+	})
+
+	op, err := st.PutProblemOp(fleet.Problem{Job: "looping", Node: "node-a", Restarts: 3, LastError: "exited with status 1",
+		Message: "restarting on node node-a: hyperpodrun failed 3 time(s) in a row (maxRestarts 5); last: exited with status 1", Time: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Txn(ctx).Then(op).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(`(?m)^looping\s+t\s+\d+\s+Restarting\s+0\s+1:1\s+Restarts:3\s`)
+	testutil.Eventually(t, 15*time.Second, "the watch to print looping Restarting", func() (bool, string) {
+		return row.MatchString(w.String()), w.String()
+	})
+	if out := mustCtl(t, ep, "get", "jobs", "looping"); !row.MatchString(out) {
+		t.Errorf("get jobs looping does not show it Restarting:\n%s", out)
+	}
+	stop()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not stop")
 	}
 }

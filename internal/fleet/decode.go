@@ -8,11 +8,14 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/api"
 )
 
-// JobOfKey names the job a spec, desired, status or finish record key
-// belongs to ("" for any other key).
+// JobOfKey names the job a spec, desired, status, finish or problem
+// record key belongs to ("" for any other key).
 func (k Keys) JobOfKey(key string) string {
 	if _, job, ok := k.SpecOwner(key); ok {
 		return job
+	}
+	if p, ok := k.ParseProblemKey(key); ok {
+		return p.Job
 	}
 	for _, p := range []string{k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix()} {
 		if name, ok := strings.CutPrefix(key, p); ok && !strings.Contains(name, "/") {

@@ -3,7 +3,6 @@ package query
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -168,8 +167,6 @@ func (s *Store) readAll(ctx context.Context, ops []clientv3.Op) ([]*pb.ResponseO
 // JobDetail is what describing one job reads of etcd.
 type JobDetail struct {
 	JobRecord
-	// Problems are the nodes' problem records of the job (as Problems).
-	Problems []fleet.Problem
 	// History is the decision events about the job (as QueryEvents with
 	// Job), oldest first.
 	History []fleet.Event
@@ -213,7 +210,7 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 	evKeys := s.eventKeysOf(keys, name, "")
 	read := func(opts ...clientv3.OpOption) ([]*pb.ResponseOp, error) {
 		opts = append(opts, clientv3.WithRev(rev))
-		ops := append(s.recordOps(name, specKey, opts...), clientv3.OpGet(s.Keys.Problems(name), append(opts, clientv3.WithPrefix())...))
+		ops := s.recordOps(name, specKey, opts...)
 		for _, k := range evKeys {
 			ops = append(ops, clientv3.OpGet(k, opts...))
 		}
@@ -229,19 +226,11 @@ func (s *Store) JobHistory(ctx context.Context, name string, since func(JobRecor
 	if err != nil {
 		return nil, nil, fmt.Errorf("read job %s: %w", name, err)
 	}
-	rec, ok, bad := s.decodeRecord(resps[:4])
+	rec, ok, bad := s.decodeRecord(resps[:5])
 	if !ok {
 		return nil, bad, nil
 	}
 	d := &JobDetail{JobRecord: rec}
-	for _, kv := range resps[4].GetResponseRange().Kvs {
-		var p fleet.Problem
-		if err := json.Unmarshal(kv.Value, &p); err != nil {
-			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", fleet.ClipKey(kv.Key), err))
-			continue
-		}
-		d.Problems = append(d.Problems, p)
-	}
 	from := ""
 	if t := since(rec); !t.IsZero() {
 		from = s.Keys.Event(t, "")

@@ -52,6 +52,9 @@ type JobRecord struct {
 	Desired  *fleet.Desired
 	Status   *fleet.Status
 	Finished *fleet.Finish
+	// Problems are the nodes' problem records of the job (a node that
+	// cannot start it, or whose hyperpodrun keeps failing: Restarting).
+	Problems []fleet.Problem
 }
 
 // Snapshot is every job's records read at one etcd revision: watching from
@@ -236,10 +239,10 @@ func decodeParallel[T any](kvs []*mvccpb.KeyValue, dec decoder[T]) ([]*T, []erro
 	return out, bad
 }
 
-// JobRecords reads the records of the named jobs only (four keys each, in
-// transactions of at most MaxTxnOps reads), at one revision per batch. A
-// job without a spec is absent from the map. Malformed records are
-// returned as problems.
+// JobRecords reads the records of the named jobs only (four keys and the
+// problem records each, in transactions of at most MaxTxnOps reads), at one
+// revision per batch. A job without a spec is absent from the map.
+// Malformed records are returned as problems.
 func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobRecord, []error, int64, error) {
 	out := make(map[string]JobRecord, len(names))
 	var bad []error
@@ -253,7 +256,7 @@ func (s *Store) JobRecords(ctx context.Context, names []string) (map[string]JobR
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	const per = 4
+	const per = 5
 	for len(names) > 0 {
 		n := min(len(names), fleet.MaxTxnOps/per)
 		batch := names[:n]
@@ -285,7 +288,8 @@ func (s *Store) recordOps(name, specKey string, opts ...clientv3.OpOption) []cli
 		specKey = s.Keys.Spec("-", name) // no spec: read nothing
 	}
 	return []clientv3.Op{clientv3.OpGet(specKey, opts...), clientv3.OpGet(s.Keys.Desired(name), opts...),
-		clientv3.OpGet(s.Keys.Status(name), opts...), clientv3.OpGet(s.Keys.Finish(name), opts...)}
+		clientv3.OpGet(s.Keys.Status(name), opts...), clientv3.OpGet(s.Keys.Finish(name), opts...),
+		clientv3.OpGet(s.Keys.Problems(name), append(opts[:len(opts):len(opts)], clientv3.WithPrefix())...)}
 }
 
 // decodeRecord decodes the answers to recordOps; ok is false when the job
@@ -329,6 +333,14 @@ func (s *Store) decodeRecord(resps []*pb.ResponseOp) (rec JobRecord, ok bool, ba
 			rec.Finished = &f
 		}
 	}
+	for _, kv := range resps[4].GetResponseRange().Kvs {
+		var p fleet.Problem
+		if err := json.Unmarshal(kv.Value, &p); err != nil {
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", fleet.ClipKey(kv.Key), err))
+			continue
+		}
+		rec.Problems = append(rec.Problems, p)
+	}
 	return rec, true, bad
 }
 
@@ -362,11 +374,12 @@ func (s *Store) specKeysOf(ctx context.Context, names []string) (map[string]stri
 }
 
 // WatchJobs reports, from revision rev on, the names of the jobs whose
-// spec, desired record, status or finish record changed, one batch per
-// etcd revision (names sorted, without repeats). The channel closes when
-// ctx ends or a watch fails (the error is then sent on errc first).
+// spec, desired record, status, finish record or problem records changed,
+// one batch per etcd revision (names sorted, without repeats). The channel
+// closes when ctx ends or a watch fails (the error is then sent on errc
+// first).
 func (s *Store) WatchJobs(ctx context.Context, rev int64) (<-chan []string, <-chan error) {
-	return s.watchNames(ctx, rev, s.Keys.JobOfKey, s.Keys.SpecsPrefix(), s.Keys.DesiredPrefix(), s.Keys.StatusPrefix(), s.Keys.FinishedPrefix())
+	return s.watchNames(ctx, rev, s.Keys.JobOfKey, s.Keys.SpecsPrefix(), s.Keys.DesiredPrefix(), s.Keys.StatusPrefix(), s.Keys.FinishedPrefix(), s.Keys.ProblemsPrefix())
 }
 
 // WatchNodes reports, from revision rev on, the names of the nodes whose
