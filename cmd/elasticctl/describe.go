@@ -229,6 +229,13 @@ func queuePlace(ctx context.Context, st *query.Store, v jobView, warn io.Writer)
 			q.CohortPosition, q.TeamPosition = q.CohortPending, q.TeamPending
 		}
 	}
+	estimateWait(q, team.Name, runningNames, specsOf, desired)
+	return q, nil
+}
+
+// estimateWait sets q's estimated wait: the median time from submission to
+// admission of the sampled running jobs (runningNames) of team.
+func estimateWait(q *queueInfo, team string, runningNames []string, specsOf map[string]*fleet.JobSpec, desired map[string]*fleet.Desired) {
 	var waits []time.Duration
 	for _, n := range runningNames {
 		sp, d := specsOf[n], desired[n]
@@ -240,15 +247,14 @@ func queuePlace(ctx context.Context, st *query.Store, v jobView, warn io.Writer)
 		}
 	}
 	if len(waits) == 0 {
-		q.EstimateSource = fmt.Sprintf("no estimate: no job of team %s is running to learn from", team.Name)
-		return q, nil
+		q.EstimateSource = fmt.Sprintf("no estimate: no job of team %s is running to learn from", team)
+		return
 	}
 	slices.Sort(waits)
 	med := waits[len(waits)/2]
 	q.EstimatedWait = span(med)
 	q.EstimateSource = fmt.Sprintf("an estimate, not a promise: the median time from submission to admission of the %d most recently admitted jobs of team %s that are running now",
-		len(waits), team.Name)
-	return q, nil
+		len(waits), team)
 }
 
 func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo) {

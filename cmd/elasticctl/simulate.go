@@ -70,99 +70,105 @@ func simulateCommand() *cli.Command {
 				&cli.Float64Flag{Name: "elastic", Value: 0.5, Usage: "fraction of whole-node jobs that are elastic"},
 				&cli.StringFlag{Name: "format", Value: "jsonl", Usage: "jsonl or csv"},
 			},
-			Action: func(c *cli.Context) error {
-				var loads []sim.TeamLoad
-				for _, n := range strings.Split(c.String("teams"), ",") {
-					if n = strings.TrimSpace(n); n != "" {
-						loads = append(loads, sim.TeamLoad{Name: n, Share: 1})
-					}
-				}
-				if c.Int("jobs") < 1 || c.Int("capacity") < 1 || c.Float64("load") <= 0 {
-					return usageError{errors.New("generate: --jobs, --capacity and --load must be positive")}
-				}
-				jobs := sim.Generate(sim.GenOptions{Seed: c.Uint64("seed"), Jobs: c.Int("jobs"), Teams: loads,
-					Capacity: c.Int("capacity"), Load: c.Float64("load"), ElasticFraction: c.Float64("elastic")})
-				switch c.String("format") {
-				case "jsonl":
-					return sim.WriteJSONL(c.App.Writer, jobs)
-				case "csv":
-					return sim.WriteCSV(c.App.Writer, jobs)
-				}
-				return usageError{fmt.Errorf("--format %q: choose jsonl or csv", c.String("format"))}
-			},
+			Action: simulateGenerate,
 		}},
-		Action: func(c *cli.Context) error {
-			if c.String("trace") == "" || c.String("teams") == "" {
-				return usageError{errors.New("simulate needs --trace FILE and --teams FILE ('elasticctl simulate generate > trace.jsonl' makes a trace)")}
-			}
-			modes := []string{c.String("mode")}
-			if c.IsSet("compare") {
-				modes = nil
-				for _, m := range strings.Split(c.String("compare"), ",") {
-					if m = strings.TrimSpace(m); m != "" && !slices.Contains(modes, m) {
-						modes = append(modes, m)
-					}
-				}
-			}
-			for _, m := range modes {
-				if m != "engine" && m != "fifo" {
-					return usage(c, "policy %q: choose engine or fifo", m)
-				}
-			}
-			o := c.String("output")
-			if o != "table" && o != "json" && o != "yaml" {
-				return usage(c, "-o %q: choose table, json or yaml", o)
-			}
-			trace, err := sim.LoadTrace(c.String("trace"))
-			if err != nil {
-				return err
-			}
-			tf, err := sim.LoadTeams(c.String("teams"))
-			if err != nil {
-				return err
-			}
-			var reps []*sim.Report
-			for _, m := range modes {
-				opts := sim.Options{Mode: sim.Mode(m), Teams: tf.Teams, RestartDelay: c.Float64("restart-delay")}
-				if len(tf.Fleet) > 0 {
-					opts.Fleet = sim.BuildFleet(tf.Fleet)
-				}
-				if tf.Config != nil {
-					opts.Config = *tf.Config
-				}
-				rep, err := sim.RunSeries(trace, opts)
-				if err != nil {
-					return err
-				}
-				reps = append(reps, rep)
-			}
-			if path := c.String("report"); path != "" {
-				var b strings.Builder
-				if err := sim.WriteHTML(&b, fmt.Sprintf("Simulation of %s (%d jobs)", filepath.Base(c.String("trace")), len(trace)), reps); err != nil {
-					return err
-				}
-				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-					return fmt.Errorf("write the report: %w", err)
-				}
-			}
-			var v any = reps[0]
-			if len(reps) > 1 {
-				v = reps
-			}
-			switch o {
-			case "json":
-				return writeJSON(c.App.Writer, v)
-			case "yaml":
-				return writeYAML(c.App.Writer, v)
-			}
-			if len(reps) > 1 {
-				return compareTable(c, reps)
-			}
-			if reps[0].Series != nil {
-				reps[0].Series = nil
-			}
-			_, err = fmt.Fprint(c.App.Writer, reps[0].Table())
-			return err
-		},
+		Action: simulateRun,
 	}
+}
+
+// simulateGenerate writes a synthetic trace (simulate generate).
+func simulateGenerate(c *cli.Context) error {
+	var loads []sim.TeamLoad
+	for _, n := range strings.Split(c.String("teams"), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			loads = append(loads, sim.TeamLoad{Name: n, Share: 1})
+		}
+	}
+	if c.Int("jobs") < 1 || c.Int("capacity") < 1 || c.Float64("load") <= 0 {
+		return usageError{errors.New("generate: --jobs, --capacity and --load must be positive")}
+	}
+	jobs := sim.Generate(sim.GenOptions{Seed: c.Uint64("seed"), Jobs: c.Int("jobs"), Teams: loads,
+		Capacity: c.Int("capacity"), Load: c.Float64("load"), ElasticFraction: c.Float64("elastic")})
+	switch c.String("format") {
+	case "jsonl":
+		return sim.WriteJSONL(c.App.Writer, jobs)
+	case "csv":
+		return sim.WriteCSV(c.App.Writer, jobs)
+	}
+	return usageError{fmt.Errorf("--format %q: choose jsonl or csv", c.String("format"))}
+}
+
+// simulateRun runs the policies over a trace and reports (simulate).
+func simulateRun(c *cli.Context) error {
+	if c.String("trace") == "" || c.String("teams") == "" {
+		return usageError{errors.New("simulate needs --trace FILE and --teams FILE ('elasticctl simulate generate > trace.jsonl' makes a trace)")}
+	}
+	modes := []string{c.String("mode")}
+	if c.IsSet("compare") {
+		modes = nil
+		for _, m := range strings.Split(c.String("compare"), ",") {
+			if m = strings.TrimSpace(m); m != "" && !slices.Contains(modes, m) {
+				modes = append(modes, m)
+			}
+		}
+	}
+	for _, m := range modes {
+		if m != "engine" && m != "fifo" {
+			return usage(c, "policy %q: choose engine or fifo", m)
+		}
+	}
+	o := c.String("output")
+	if o != "table" && o != "json" && o != "yaml" {
+		return usage(c, "-o %q: choose table, json or yaml", o)
+	}
+	trace, err := sim.LoadTrace(c.String("trace"))
+	if err != nil {
+		return err
+	}
+	tf, err := sim.LoadTeams(c.String("teams"))
+	if err != nil {
+		return err
+	}
+	var reps []*sim.Report
+	for _, m := range modes {
+		opts := sim.Options{Mode: sim.Mode(m), Teams: tf.Teams, RestartDelay: c.Float64("restart-delay")}
+		if len(tf.Fleet) > 0 {
+			opts.Fleet = sim.BuildFleet(tf.Fleet)
+		}
+		if tf.Config != nil {
+			opts.Config = *tf.Config
+		}
+		rep, err := sim.RunSeries(trace, opts)
+		if err != nil {
+			return err
+		}
+		reps = append(reps, rep)
+	}
+	if path := c.String("report"); path != "" {
+		var b strings.Builder
+		if err := sim.WriteHTML(&b, fmt.Sprintf("Simulation of %s (%d jobs)", filepath.Base(c.String("trace")), len(trace)), reps); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("write the report: %w", err)
+		}
+	}
+	var v any = reps[0]
+	if len(reps) > 1 {
+		v = reps
+	}
+	switch o {
+	case "json":
+		return writeJSON(c.App.Writer, v)
+	case "yaml":
+		return writeYAML(c.App.Writer, v)
+	}
+	if len(reps) > 1 {
+		return compareTable(c, reps)
+	}
+	if reps[0].Series != nil {
+		reps[0].Series = nil
+	}
+	_, err = fmt.Fprint(c.App.Writer, reps[0].Table())
+	return err
 }
