@@ -228,13 +228,7 @@ func (f *containerFleet) stopAgent(name string) {
 
 func (f *containerFleet) waitFor(what string, timeout time.Duration, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(f.t, timeout, what, testutil.True(cond))
 }
 
 // containers lists the fleet's containers (every node's).

@@ -3,6 +3,7 @@ package jobrunner
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -19,6 +20,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -112,16 +114,16 @@ func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent strin
 	return f
 }
 
-// waitFor polls cond until it holds, failing the test after 45 s.
+// waitFor polls cond until it holds, failing the test after 45 s with the
+// output and the runner's log.
 func (f *fixture) waitFor(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(45 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out waiting for %s\noutput:\n%s\nrunner log:\n%s", what, f.out.String(), f.logs.String())
+	testutil.Eventually(f.t, 45*time.Second, what, func() (bool, string) {
+		if cond() {
+			return true, ""
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("\noutput:\n%s\nrunner log:\n%s", f.out.String(), f.logs.String())
+	})
 }
 
 // runs counts the worker's starts (lines of $OUT/runs).
