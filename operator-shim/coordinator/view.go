@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -29,10 +28,10 @@ type view struct {
 	rev  int64 // the revision the view was loaded at
 
 	// Inputs.
-	nodes    map[string]devices.Inventory // by node
-	teams    map[string]api.Team          // by team
-	specs    map[string]specRec           // by spec key
-	finished map[string]finishRec         // by job
+	nodes    map[string]api.Inventory // by node
+	teams    map[string]api.Team      // by team
+	specs    map[string]specRec       // by spec key
+	finished map[string]finishRec     // by job
 
 	// alive are the nodes whose alive key exists; nodeLease is each node
 	// record's lease; dead are the nodes whose record declares an alive
@@ -120,7 +119,7 @@ func newView(keys fleet.Keys, log *slog.Logger) *view {
 // their last good value where etcd still holds one.
 func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.CoordinatorSnapshot, now time.Time) {
 	v.rev = snap.Rev
-	v.nodes = map[string]devices.Inventory{}
+	v.nodes = map[string]api.Inventory{}
 	v.alive, v.nodeLease, v.dead = map[string]bool{}, map[string]int64{}, map[string]int64{}
 	v.teams = map[string]api.Team{}
 	v.specs = map[string]specRec{}
@@ -234,7 +233,7 @@ func (v *view) putNode(kv *mvccpb.KeyValue) bool {
 		v.log.Warn("ignoring a node inventory written without its agent's lease", "key", fleet.ClipKey(kv.Key))
 		return v.delNode(node)
 	}
-	inv, err := devices.ParseInventory(string(kv.Key), kv.Value)
+	inv, err := api.ParseInventory(string(kv.Key), kv.Value)
 	if err != nil {
 		v.log.Warn("ignoring malformed node inventory; keeping its last good value", "err", err)
 		return false
@@ -295,8 +294,8 @@ func (v *view) checkDead(node string) {
 // id), so a record that declares an alive key counts only while that key,
 // under a lease only its agent knows, exists. A record without the
 // declaration (older agents, hand-written records) counts on its lease.
-func nodeCounts(inv devices.Inventory, alive bool) bool {
-	if inv.Liveness == devices.LivenessAliveKey {
+func nodeCounts(inv api.Inventory, alive bool) bool {
+	if inv.Liveness == api.LivenessAliveKey {
 		return alive
 	}
 	return true
