@@ -598,8 +598,8 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	pin := PlanInput{Desired: desired, Pods: in.Pods, Finished: in.Finish != nil, Deleting: deleting || invalid != nil && spec == nil,
 		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now, Busy: busy}
 	if maxR := want.Run.MaxRestarts; invalid == nil {
-		if n, _, err := c.store.Restarts(ctx, job); err == nil && n > int64(maxR) {
-			pin.RestartsSpent = true
+		if n, _, err := c.store.Restarts(ctx, job); err == nil {
+			pin.RestartsSpent, in.Restarts = n > int64(maxR), n
 		}
 	}
 	after := wait

@@ -32,7 +32,9 @@ type StatusInput struct {
 	Finish *fleet.Finish
 	// Pods are the job's pods.
 	Pods []PodView
-	Now  time.Time
+	// Restarts is the job's global restart count.
+	Restarts int64
+	Now      time.Time
 }
 
 // ComputeStatus is an ElasticJob's status: the phase, the coordinator's
@@ -57,6 +59,9 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 			s.CurrentReplicas++
 		}
 	}
+	s.Selector = JobLabel + "=" + ej.Name
+	s.ReplicaStatuses = countReplicas(in.Pods)
+	s.Restarts = int32(min(in.Restarts, 1<<31-1))
 	if d := in.Decision; d != nil {
 		s.Decision, s.Reason, s.Message = string(d.Kind), string(d.Code), d.Message
 		if d.Kind == api.KindShrunk || d.Kind == api.KindPreempted {
@@ -82,8 +87,10 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 		s.Phase = v1alpha1.PhaseSuspended
 	case in.Decision != nil && in.Decision.Kind == api.KindInvalid:
 		s.Phase = v1alpha1.PhaseInvalid
-	case in.Desired.Running():
+	case in.Desired.Running() && s.CurrentReplicas > 0:
 		s.Phase = v1alpha1.PhaseRunning
+	case in.Desired.Running():
+		s.Phase = v1alpha1.PhaseStarting // admitted; no pod runs yet
 	default:
 		s.Phase = v1alpha1.PhasePending
 		if in.Decision == nil {
@@ -95,5 +102,19 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 		t := metav1.NewTime(in.Now.Truncate(time.Second))
 		s.LastTransitionTime = &t
 	}
+	s.StartTime, s.CompletionTime = prev.StartTime, prev.CompletionTime
+	if s.StartTime == nil && s.CurrentReplicas > 0 {
+		t := metav1.NewTime(in.Now.Truncate(time.Second))
+		s.StartTime = &t
+	}
+	if s.CompletionTime == nil && in.Finish != nil {
+		at := in.Finish.Time
+		if at.IsZero() {
+			at = in.Now
+		}
+		t := metav1.NewTime(at.Truncate(time.Second))
+		s.CompletionTime = &t
+	}
+	s.Conditions = Conditions(ej, prev.Conditions, s, in)
 	return s
 }

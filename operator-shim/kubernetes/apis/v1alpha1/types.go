@@ -13,6 +13,7 @@ import (
 // +genclient
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.elasticPolicy.maxReplicas,statuspath=.status.currentReplicas,selectorpath=.status.selector
 // +kubebuilder:resource:path=elasticjobs,singular=elasticjob,scope=Namespaced,shortName=ej,categories=hyperpodrun
 // +kubebuilder:printcolumn:name="Team",type=string,JSONPath=`.spec.team`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
@@ -124,7 +125,8 @@ type ElasticPolicy struct {
 // ElasticJob phases.
 const (
 	PhasePending   = "Pending"   // waiting for capacity (see reason)
-	PhaseRunning   = "Running"   // holds nodes
+	PhaseStarting  = "Starting"  // admitted: holds nodes, no pod runs yet
+	PhaseRunning   = "Running"   // holds nodes and its pods run
 	PhaseSuspended = "Suspended" // spec.suspend
 	PhaseSucceeded = "Succeeded" // hyperpodrun exited 0 on a node that was not drained
 	PhaseFailed    = "Failed"    // the job's restart budget is spent
@@ -133,7 +135,8 @@ const (
 
 // ElasticJobStatus is what the coordinator decided and what runs.
 type ElasticJobStatus struct {
-	// Phase is Pending, Running, Suspended, Succeeded, Failed or Invalid.
+	// Phase is Pending, Starting, Running, Suspended, Succeeded, Failed or
+	// Invalid.
 	Phase string `json:"phase,omitempty"`
 	// DesiredReplicas is the size the coordinator allocated.
 	// +optional
@@ -162,7 +165,57 @@ type ElasticJobStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// LastTransitionTime is when the phase last changed.
 	LastTransitionTime *metav1.Time `json:"lastTransitionTime,omitempty"`
+	// Selector is the label selector of the job's pods, for the scale
+	// subresource (kubectl scale, a HorizontalPodAutoscaler).
+	Selector string `json:"selector,omitempty"`
+	// Conditions are the job's conditions in the Kubernetes style (types
+	// Admitted, Running, Resizing, Suspended, Succeeded, Failed), for
+	// kubectl wait --for=condition=Running.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// ReplicaStatuses counts the job's pods by state.
+	// +optional
+	ReplicaStatuses ReplicaStatuses `json:"replicaStatuses"`
+	// Restarts is the job's restart count (failures survived, global, as
+	// hyperpodrun counts them against spec.maxRestarts).
+	// +optional
+	Restarts int32 `json:"restarts"`
+	// StartTime is when the job's first pod started running.
+	StartTime *metav1.Time `json:"startTime,omitempty"`
+	// CompletionTime is when the job succeeded or failed.
+	CompletionTime *metav1.Time `json:"completionTime,omitempty"`
 }
+
+// ReplicaStatuses counts an ElasticJob's pods by state.
+type ReplicaStatuses struct {
+	// Active pods have not ended (starting, running or draining).
+	// +optional
+	Active int32 `json:"active"`
+	// Succeeded pods ended with exit 0 (drained, or the job's success).
+	// +optional
+	Succeeded int32 `json:"succeeded"`
+	// Failed pods ended with a failure; the newest are kept for their logs.
+	// +optional
+	Failed int32 `json:"failed"`
+}
+
+// ElasticJob condition types.
+const (
+	// ConditionAdmitted: the coordinator allocated nodes to the job.
+	ConditionAdmitted = "Admitted"
+	// ConditionRunning: the job's pods run on its allocated nodes.
+	ConditionRunning = "Running"
+	// ConditionResizing: the allocation changed and the pods follow.
+	ConditionResizing = "Resizing"
+	// ConditionSuspended: spec.suspend holds the job without nodes.
+	ConditionSuspended = "Suspended"
+	// ConditionSucceeded: the workers succeeded.
+	ConditionSucceeded = "Succeeded"
+	// ConditionFailed: the job failed, or its spec cannot run.
+	ConditionFailed = "Failed"
+)
 
 // ElasticJobList is a list of ElasticJobs.
 //
