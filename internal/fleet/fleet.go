@@ -214,7 +214,7 @@ type Stop struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// Stop kinds (they match checkpoint.EventKind values).
+// Stop kinds (they match control.EventKind values).
 const (
 	StopPreemption = "preemption"
 	StopShutdown   = "shutdown"
