@@ -482,6 +482,9 @@ func (c *Controller) reconcile(ctx context.Context, job string) (after time.Dura
 	for _, o := range idx {
 		objs = append(objs, o.(*v1alpha1.ElasticJob).DeepCopy())
 	}
+	if done, err := c.refuseBadName(ctx, job, objs); done || err != nil {
+		return 0, err
+	}
 	spec, err := c.store.Job(ctx, job)
 	if errors.Is(err, fleet.ErrNotFound) {
 		spec, err = nil, nil
@@ -494,6 +497,9 @@ func (c *Controller) reconcile(ctx context.Context, job string) (after time.Dura
 		why := fmt.Errorf("job name %q is taken by ElasticJob %s: job names are unique across namespaces and teams; rename this one", job, ownerName(owner))
 		if foreign {
 			why = fmt.Errorf("job name %q is taken by a job of team %q submitted with elasticctl: job names are unique across namespaces and teams; rename this one", job, spec.Team)
+		}
+		if ej.Status.Reason != CodeNameTaken {
+			c.recorder.Event(ej, corev1.EventTypeWarning, CodeNameTaken, why.Error())
 		}
 		if err := c.writeStatus(ctx, ej, StatusInput{Invalid: why, InvalidCode: CodeNameTaken}, nil); err != nil {
 			return 0, err
@@ -862,6 +868,7 @@ func (c *Controller) writeStatus(ctx context.Context, ej *v1alpha1.ElasticJob, i
 	}
 	if s.Phase != ej.Status.Phase {
 		c.log.Info("job phase", "job", ej.Namespace+"/"+ej.Name, "from", ej.Status.Phase, "to", s.Phase, "reason", s.Reason)
+		c.phaseEvent(ej, s)
 	}
 	ej.Status = s
 	if _, err := c.crd.ElasticJobs(ej.Namespace).UpdateStatus(ctx, ej, metav1.UpdateOptions{}); err != nil {

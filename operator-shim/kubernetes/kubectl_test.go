@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	kube "github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
 )
 
@@ -61,4 +65,33 @@ func TestKubectlWaitAndScale(t *testing.T) {
 	if err == nil || !strings.Contains(out, "maxReplicas") {
 		t.Errorf("kubectl scale --replicas=0: %v\n%s", err, out)
 	}
+}
+
+// Names that cannot become a job name in the fleet are refused at
+// admission, with the rule's message; every status the controller sets
+// comes with an Event (NameTaken, Starting, Running).
+func TestNamesAtAdmissionAndStatusEvents(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	for _, name := range []string{"my.job.v2", "a" + strings.Repeat("b", 67) + "c"} {
+		_, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob(name, "research", "", 1, 1), metav1.CreateOptions{})
+		if err == nil || !strings.Contains(err.Error(), "metadata.name must be a DNS-1123 label") || !strings.Contains(err.Error(), "job's name in the fleet") {
+			t.Errorf("create %q: %v", name, err)
+		}
+	}
+	if err := e.st.SubmitJob(e.ctx, fleet.JobSpec{Job: api.Job{Name: "taken", Team: "prod", PerNode: api.Resources{Accelerators: 8}, SubmitTime: time.Now()},
+		Run: fleet.RunSpec{Script: "x.py"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"taken", "good"} {
+		if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob(name, "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 30*time.Second, "a NameTaken Warning Event on taken", func() (bool, string) {
+		return slices.Contains(eventReasons(t, e.cs, "taken"), kube.CodeNameTaken), eventsText(t, e.cs, "taken")
+	})
+	waitFor(t, time.Minute, "Starting and Running Events on good", func() (bool, string) {
+		r := eventReasons(t, e.cs, "good")
+		return slices.Contains(r, v1alpha1.PhaseStarting) && slices.Contains(r, v1alpha1.PhaseRunning), eventsText(t, e.cs, "good")
+	})
 }

@@ -12,6 +12,7 @@ import (
 //
 // +genclient
 // +kubebuilder:object:root=true
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63 && self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",message="metadata.name must be a DNS-1123 label (at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit): it is the job's name in the fleet and its rendezvous id"
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.elasticPolicy.maxReplicas,statuspath=.status.currentReplicas,selectorpath=.status.selector
 // +kubebuilder:resource:path=elasticjobs,singular=elasticjob,scope=Namespaced,shortName=ej,categories=hyperpodrun
