@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -72,7 +72,7 @@ type enrollPod struct {
 func judgeEnrollment(keyNode string, req etcdauth.EnrollRequest, rev enrollReview, pod enrollPod, cfg EnrollConfig) (node, reason string) {
 	wantUser := "system:serviceaccount:" + cfg.Namespace + ":" + cfg.ServiceAccount
 	switch {
-	case devices.ValidateNodeName(keyNode) != nil:
+	case api.ValidateNodeName(keyNode) != nil:
 		return "", "bad-request: the key names no valid node"
 	case req.Node != keyNode:
 		return "", fmt.Sprintf("bad-request: the request at %s names node %q", keyNode, fleet.ClipKey(req.Node))
@@ -262,7 +262,7 @@ func (e *Enroller) pod(ctx context.Context, rev enrollReview) enrollPod {
 }
 
 func (e *Enroller) event(node, typ, reason, msg string) {
-	if e.recorder == nil || devices.ValidateNodeName(node) != nil {
+	if e.recorder == nil || api.ValidateNodeName(node) != nil {
 		return
 	}
 	e.recorder.Event(&corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node}, typ, reason, msg)

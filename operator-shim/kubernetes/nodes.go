@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
 )
@@ -31,19 +31,19 @@ const (
 // "ml." prefix is dropped first), as the node agent would name them from
 // the devices: GPU model and memory, or the Neuron device's name.
 var instanceFlavors = map[string]string{
-	"p5.48xlarge":      devices.GPUFlavor("NVIDIA H100 80GB HBM3", 0),
-	"p5.4xlarge":       devices.GPUFlavor("NVIDIA H100 80GB HBM3", 0),
-	"p5e.48xlarge":     devices.GPUFlavor("NVIDIA H200", 141<<30),
-	"p5en.48xlarge":    devices.GPUFlavor("NVIDIA H200", 141<<30),
-	"p4d.24xlarge":     devices.GPUFlavor("NVIDIA A100-SXM4-40GB", 0),
-	"p4de.24xlarge":    devices.GPUFlavor("NVIDIA A100-SXM4-80GB", 0),
-	"p6-b200.48xlarge": devices.GPUFlavor("NVIDIA B200", 180<<30),
-	"g5.48xlarge":      devices.GPUFlavor("NVIDIA A10G", 24<<30),
-	"g6e.48xlarge":     devices.GPUFlavor("NVIDIA L40S", 48<<30),
-	"trn1.32xlarge":    devices.NeuronFlavor("Trainium"),
-	"trn1n.32xlarge":   devices.NeuronFlavor("Trainium"),
-	"trn2.48xlarge":    devices.NeuronFlavor("Trainium2"),
-	"inf2.48xlarge":    devices.NeuronFlavor("Inferentia2"),
+	"p5.48xlarge":      api.GPUFlavor("NVIDIA H100 80GB HBM3", 0),
+	"p5.4xlarge":       api.GPUFlavor("NVIDIA H100 80GB HBM3", 0),
+	"p5e.48xlarge":     api.GPUFlavor("NVIDIA H200", 141<<30),
+	"p5en.48xlarge":    api.GPUFlavor("NVIDIA H200", 141<<30),
+	"p4d.24xlarge":     api.GPUFlavor("NVIDIA A100-SXM4-40GB", 0),
+	"p4de.24xlarge":    api.GPUFlavor("NVIDIA A100-SXM4-80GB", 0),
+	"p6-b200.48xlarge": api.GPUFlavor("NVIDIA B200", 180<<30),
+	"g5.48xlarge":      api.GPUFlavor("NVIDIA A10G", 24<<30),
+	"g6e.48xlarge":     api.GPUFlavor("NVIDIA L40S", 48<<30),
+	"trn1.32xlarge":    api.NeuronFlavor("Trainium"),
+	"trn1n.32xlarge":   api.NeuronFlavor("Trainium"),
+	"trn2.48xlarge":    api.NeuronFlavor("Trainium2"),
+	"inf2.48xlarge":    api.NeuronFlavor("Inferentia2"),
 }
 
 // FlavorOfNode is a Kubernetes node's flavor: its hyperpodrun.io/flavor
@@ -55,7 +55,7 @@ func FlavorOfNode(n *corev1.Node, accelerators int, kind corev1.ResourceName) st
 		return f
 	}
 	if accelerators == 0 {
-		return devices.FlavorCPU
+		return api.FlavorCPU
 	}
 	it := strings.TrimPrefix(n.Labels[InstanceTypeLabel], "ml.")
 	if f, ok := instanceFlavors[it]; ok {
@@ -71,9 +71,9 @@ func FlavorOfNode(n *corev1.Node, accelerators int, kind corev1.ResourceName) st
 // allocatable accelerators (the first of AcceleratorResources it has), cpu
 // and memory, its flavor (FlavorOfNode), and draining when it is cordoned
 // or not Ready.
-func InventoryFromNode(n *corev1.Node) (devices.Inventory, error) {
-	inv := devices.Inventory{Node: n.Name, Hostname: n.Name, State: devices.StateReady}
-	if err := devices.ValidateNodeName(n.Name); err != nil {
+func InventoryFromNode(n *corev1.Node) (api.Inventory, error) {
+	inv := api.Inventory{Node: n.Name, Hostname: n.Name, State: api.StateReady}
+	if err := api.ValidateNodeName(n.Name); err != nil {
 		return inv, err
 	}
 	count, kind := 0, corev1.ResourceName("")
@@ -86,9 +86,9 @@ func InventoryFromNode(n *corev1.Node) (devices.Inventory, error) {
 	inv.Flavor = FlavorOfNode(n, count, kind)
 	inv.Flavors = []string{inv.Flavor}
 	for i := range count {
-		a := devices.Accelerator{Kind: devices.KindNVIDIA, Index: i, Name: string(kind), Flavor: inv.Flavor, Minor: -1, Healthy: true}
+		a := api.Accelerator{Kind: api.KindNVIDIA, Index: i, Name: string(kind), Flavor: inv.Flavor, Minor: -1, Healthy: true}
 		if kind != AcceleratorResources[0] {
-			a.Kind = devices.KindNeuron
+			a.Kind = api.KindNeuron
 		}
 		inv.Accelerators = append(inv.Accelerators, a)
 	}
@@ -100,11 +100,11 @@ func InventoryFromNode(n *corev1.Node) (devices.Inventory, error) {
 	}
 	inv.Reasons = []string{bridgedReason(n.Name)}
 	if n.Spec.Unschedulable {
-		inv.State = devices.StateDraining
+		inv.State = api.StateDraining
 		inv.Reasons = append(inv.Reasons, "cordoned")
 	}
 	if !nodeReady(n) {
-		inv.State = devices.StateDraining
+		inv.State = api.StateDraining
 		inv.Reasons = append(inv.Reasons, "not Ready")
 	}
 	return inv, inv.Validate()
@@ -121,7 +121,7 @@ func bridgedReason(node string) string {
 // controller's or a previous one's) rather than by a node agent. Only the
 // record's own writer decides what it says; one that pretends to be
 // bridged only lets the controller replace it with its Kubernetes Node.
-func bridgedRecord(inv devices.Inventory) bool {
+func bridgedRecord(inv api.Inventory) bool {
 	return len(inv.Reasons) > 0 && inv.Reasons[0] == bridgedReason(inv.Node)
 }
 
@@ -154,7 +154,7 @@ type bridgeSession struct {
 
 // bridgeNodes keeps an inventory for every Kubernetes Node whose
 // inventory no hyperpod-agent writes. Like a node agent's, each record
-// declares an alive key (devices.LivenessAliveKey), and alive/<node> is
+// declares an alive key (api.LivenessAliveKey), and alive/<node> is
 // written beside it under a second lease whose id is secret: anyone may
 // keep the record's lease alive, since its id comes back with every read,
 // but once the controller is gone its alive keys expire within bridgeTTL
@@ -315,7 +315,7 @@ type nodeRecord struct {
 	exists   bool  // nodes/<node> exists
 	lease    int64 // its lease
 	bridged  bool  // written by a node bridge (bridgedRecord)
-	declares bool  // it declares the alive key (devices.LivenessAliveKey)
+	declares bool  // it declares the alive key (api.LivenessAliveKey)
 	alive    bool  // alive/<node> exists
 }
 
@@ -352,7 +352,7 @@ func mayBridge(cur nodeRecord, ours int64) (bool, string) {
 // putNode writes inv and its alive key under bs's leases, in one
 // transaction, when mayBridge allows it over what is there (and nothing
 // changed since it looked); ok says it wrote.
-func (c *Controller) putNode(ctx context.Context, inv devices.Inventory, bs *bridgeSession) (bool, error) {
+func (c *Controller) putNode(ctx context.Context, inv api.Inventory, bs *bridgeSession) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	key, aliveKey := c.store.Keys.Node(inv.Node), c.store.Keys.Alive(inv.Node)
@@ -364,9 +364,9 @@ func (c *Controller) putNode(ctx context.Context, inv devices.Inventory, bs *bri
 	var recRev, aliveRev int64
 	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		cur.exists, cur.lease, recRev = true, kvs[0].Lease, kvs[0].ModRevision
-		var old devices.Inventory
+		var old api.Inventory
 		if json.Unmarshal(kvs[0].Value, &old) == nil {
-			cur.bridged, cur.declares = bridgedRecord(old), old.Liveness == devices.LivenessAliveKey
+			cur.bridged, cur.declares = bridgedRecord(old), old.Liveness == api.LivenessAliveKey
 		}
 	}
 	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
@@ -383,7 +383,7 @@ func (c *Controller) putNode(ctx context.Context, inv devices.Inventory, bs *bri
 		var ops []clientv3.Op
 		inv.Liveness = ""
 		if !bs.aliveDenied {
-			inv.Liveness = devices.LivenessAliveKey
+			inv.Liveness = api.LivenessAliveKey
 			ops = append(ops, clientv3.OpPut(aliveKey, inv.Node, clientv3.WithLease(bs.alive)))
 		}
 		op, err := c.store.PutNodeOp(inv, clientv3.WithLease(bs.record))
