@@ -1,7 +1,8 @@
 // Package api holds the types the coordinator, the node agents, elasticctl
-// and the policy engine exchange: nodes as the engine sees them, teams and
-// their quotas, job specs, allocations, the reasons for decisions and team
-// usage, with their validation. It has no dependencies of ours, so every
+// and the policy engine exchange: node inventories (the record a node agent
+// writes, and the flavor names of its accelerators), nodes as the engine
+// sees them, teams and their quotas, job specs, allocations, the reasons for
+// decisions and team usage, with their validation. It has no dependencies of ours, so every
 // part can import it without pulling in the engine (operator-shim/policy)
 // or the etcd layout (internal/fleet).
 package api
