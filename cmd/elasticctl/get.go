@@ -42,7 +42,7 @@ func viewOf(r query.JobRecord) jobView {
 
 // loadJobViews reads every job (one revision) and returns it with that
 // revision. listing reads only the fields a table shows (see
-// fleet.Store.JobsListing); JSON and YAML need whole records.
+// query.Store.JobsListing); JSON and YAML need whole records.
 func loadJobViews(ctx context.Context, st *query.Store, warn io.Writer, listing bool) ([]jobView, int64, error) {
 	read := st.JobsSnapshot
 	if listing {
