@@ -44,8 +44,9 @@ const DefaultEndpoint = "127.0.0.1:2379"
 // Set says how one command declares and reads the flags. The zero value
 // is a daemon's: HYPERPOD_ETCD_* only, endpoints required.
 type Set struct {
-	// EnvPrefix, when set, is read before EnvPrefix, e.g. "ELASTICCTL_ETCD_"
-	// (elasticctl's own variables, kept for its users).
+	// EnvPrefix, when set, begins variables read before the
+	// HYPERPOD_ETCD_* ones, e.g. "ELASTICCTL_ETCD_" (elasticctl's own,
+	// kept for its users).
 	EnvPrefix string
 	// DefaultEndpoints are used when no endpoint is given; none makes
 	// --etcd-endpoints required.
@@ -69,6 +70,7 @@ type Values struct {
 	Endpoints, Prefix, CACert, Cert, Key, User, PasswordFile string
 }
 
+// env names the variables of the flag with suffix, first read first.
 func (s Set) env(suffix string) []string {
 	if s.EnvPrefix != "" && s.EnvPrefix != EnvPrefix {
 		return []string{s.EnvPrefix + suffix, EnvPrefix + suffix}
