@@ -85,6 +85,8 @@ func Conditions(ej *v1alpha1.ElasticJob, prev []metav1.Condition, s v1alpha1.Ela
 	switch {
 	case s.Phase == v1alpha1.PhaseRunning:
 		set(v1alpha1.ConditionRunning, true, ReasonPodsRunning, fmt.Sprintf("%d of %d pod(s) run on the allocated nodes", s.CurrentReplicas, s.DesiredReplicas))
+	case admitted && s.Reason == ReasonPodCreateFailed:
+		set(v1alpha1.ConditionRunning, false, ReasonPodCreateFailed, s.Message)
 	case admitted:
 		set(v1alpha1.ConditionRunning, false, ReasonNoPodRunning, fmt.Sprintf("admitted on %d node(s); no pod runs yet", s.DesiredReplicas))
 	default:

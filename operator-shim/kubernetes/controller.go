@@ -100,6 +100,7 @@ type Controller struct {
 	drainSince  map[types.UID]time.Time
 	deletedByUs map[types.UID]bool
 	reported    map[types.UID]bool // deletions by others, reported
+	kept        map[types.UID]bool // failed pods kept for their logs
 	backoff     map[string]backoff // job NUL node -> failures there
 	secrets     map[string]string  // job -> hash of the Secret written
 	leading     bool
@@ -136,7 +137,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, err
 	}
 	return &Controller{cfg: cfg, log: cfg.Logger, store: fleet.New(cfg.Etcd, cfg.Prefix), kube: kube, crd: crd,
-		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, reported: map[types.UID]bool{}, backoff: map[string]backoff{}, secrets: map[string]string{}}, nil
+		drainSince: map[types.UID]time.Time{}, deletedByUs: map[types.UID]bool{}, reported: map[types.UID]bool{}, kept: map[types.UID]bool{}, backoff: map[string]backoff{}, secrets: map[string]string{}}, nil
 }
 
 // Leading reports whether this controller is working (holds the Lease, or
@@ -331,6 +332,7 @@ func (c *Controller) podDeleted(o any) {
 	delete(c.deletedByUs, p.UID)
 	delete(c.drainSince, p.UID)
 	delete(c.reported, p.UID)
+	delete(c.kept, p.UID)
 	c.mu.Unlock()
 	c.queue.Add(p.Labels[JobLabel])
 	c.enqueueAll()
@@ -596,7 +598,9 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	}
 	c.mu.Lock()
 	for _, p := range pods {
-		in.Pods = append(in.Pods, ViewOf(p, trainerName(p), c.drainSince[p.UID]))
+		v := ViewOf(p, trainerName(p), c.drainSince[p.UID])
+		v.Kept = c.kept[p.UID]
+		in.Pods = append(in.Pods, v)
 	}
 	c.mu.Unlock()
 	grace := time.Duration(want.Run.GracefulTimeoutSeconds*float64(time.Second)) + c.cfg.DrainMargin
@@ -609,12 +613,22 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 		}
 	}
 	after := wait
+	var podErr error
 	for _, a := range Plan(pin) {
 		if err := c.act(ctx, ej, want, desired, pods, a); err != nil {
-			return 0, err
+			if a.Kind != CreatePod || ctx.Err() != nil {
+				return 0, err
+			}
+			// Refused by the API server: the status says why at once;
+			// the job is retried.
+			in.PodError, podErr = errors.Unwrap(err), err
+			continue
 		}
 		if a.Kind == StartDrain {
 			after = grace
+		}
+		if a.Kind == KeepPod && (after == 0 || after > time.Second) {
+			after = time.Second // its replacement, after the backoff
 		}
 	}
 	for _, v := range in.Pods {
@@ -631,7 +645,7 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 		}
 		return max(after, time.Second), nil
 	}
-	return after, c.writeStatus(ctx, ej, in, nil)
+	return after, errors.Join(c.writeStatus(ctx, ej, in, nil), podErr)
 }
 
 func hasFinalizer(ej *v1alpha1.ElasticJob) bool {
@@ -677,63 +691,6 @@ func sameSpec(a, b fleet.JobSpec) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb) // as stored: an empty list is no list
-}
-
-// busyNodes are the nodes where no pod of job may start now: a pod of
-// another job there has not ended yet (it may be draining; a pod pinned
-// there now would find the node's accelerators taken and the kubelet would
-// refuse it), or the job's last pod there failed and its backoff runs.
-// wait is when the earliest backoff ends (0: none).
-func (c *Controller) busyNodes(job string, now time.Time) (busy map[string]string, wait time.Duration) {
-	busy = map[string]string{}
-	c.mu.Lock()
-	for k, b := range c.backoff {
-		j, node, _ := strings.Cut(k, "\x00")
-		if j != job || !now.Before(b.notBefore) {
-			continue
-		}
-		busy[node] = "backoff"
-		if d := b.notBefore.Sub(now); wait == 0 || d < wait {
-			wait = d
-		}
-	}
-	c.mu.Unlock()
-	if c.pods == nil {
-		return busy, wait
-	}
-	for _, o := range c.pods.GetStore().List() {
-		p := o.(*corev1.Pod)
-		if p.Labels[JobLabel] == job || p.Spec.NodeName == "" {
-			continue
-		}
-		if !ViewOf(p, trainerName(p), time.Time{}).Ended() {
-			busy[p.Spec.NodeName] = p.Namespace + "/" + p.Name
-		}
-	}
-	return busy, wait
-}
-
-// backoff delays the next pod of a job on a node after failures there: 1s
-// doubling to 30s, as the node agent restarts a failed hyperpodrun
-// (a pod that ran a minute starts it over).
-type backoff struct {
-	failures  int
-	notBefore time.Time
-}
-
-// failed notes a failed pod of job on node that had run for ran.
-func (c *Controller) failed(job, node string, ran time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	k := job + "\x00" + node
-	b := c.backoff[k]
-	if ran >= time.Minute {
-		b.failures = 0
-	}
-	d := time.Second << min(b.failures, 5)
-	b.failures++
-	b.notBefore = c.cfg.Now().Add(min(d, 30*time.Second))
-	c.backoff[k] = b
 }
 
 // ensureSecret writes the job's Secret (etcd credentials, CA) when it is
@@ -826,6 +783,15 @@ func (c *Controller) act(ctx context.Context, ej *v1alpha1.ElasticJob, spec flee
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("delete pod %s: %w", pod.Name, err)
 		}
+		c.recorder.Event(ej, typ, a.Reason, a.Why)
+	case KeepPod:
+		if pod == nil {
+			return nil
+		}
+		c.failed(ej.Name, a.Node, c.cfg.Now().Sub(pod.CreationTimestamp.Time))
+		c.mu.Lock()
+		c.kept[pod.UID] = true
+		c.mu.Unlock()
 		c.recorder.Event(ej, typ, a.Reason, a.Why)
 	case StartDrain:
 		if pod == nil {

@@ -4,9 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -94,4 +96,74 @@ func TestNamesAtAdmissionAndStatusEvents(t *testing.T) {
 		r := eventReasons(t, e.cs, "good")
 		return slices.Contains(r, v1alpha1.PhaseStarting) && slices.Contains(r, v1alpha1.PhaseRunning), eventsText(t, e.cs, "good")
 	})
+}
+
+// When the API server refuses the job's pods (here: the namespace has no
+// "default" ServiceAccount), the status says so and a Warning Event comes
+// within seconds of the coordinator's admission.
+func TestPodCreationFailureIsReportedAtOnce(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	if err := e.cs.CoreV1().ServiceAccounts("ml").Delete(e.ctx, "default", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("nosa", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "nosa admitted", func() (bool, string) {
+		d, err := e.st.Desired(e.ctx, "nosa")
+		return err == nil && d.Running(), fmt.Sprintf("%+v %v", d, err)
+	})
+	admitted := time.Now()
+	waitFor(t, 5*time.Second, "the status and a Warning Event say the pod cannot be created", func() (bool, string) {
+		s := e.status("nosa")
+		c := meta.FindStatusCondition(s.Conditions, v1alpha1.ConditionRunning)
+		ok := s.Reason == kube.ReasonPodCreateFailed && strings.Contains(s.Message, "service account") && s.DesiredReplicas == 1 &&
+			c != nil && c.Reason == kube.ReasonPodCreateFailed && slices.Contains(eventReasons(t, e.cs, "nosa"), "PodFailed")
+		return ok, fmt.Sprintf("%+v\nevents:\n%s", s, eventsText(t, e.cs, "nosa"))
+	})
+	t.Logf("reported %s after admission", time.Since(admitted).Round(time.Millisecond))
+}
+
+// A pod whose container fails stays for its logs (kubectl logs) while a
+// new pod replaces it; job pods mount no ServiceAccount token.
+func TestFailedPodKeptAndNoServiceAccountToken(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("crash", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var first *corev1.Pod
+	waitFor(t, time.Minute, "crash runs", func() (bool, string) {
+		pods, _ := livePods(t, e.cs, "crash")
+		for _, p := range pods {
+			first = p
+		}
+		return len(pods) == 1, fmt.Sprintf("%d pods", len(pods))
+	})
+	if a := first.Spec.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("automountServiceAccountToken: %v", a)
+	}
+	for _, v := range first.Spec.Volumes {
+		if strings.HasPrefix(v.Name, "kube-api-access") {
+			t.Errorf("the job pod mounts a ServiceAccount token: volume %s", v.Name)
+		}
+	}
+	// The container crashes (exit 143, not deleted).
+	e.k.mu.Lock()
+	r := e.k.runs[first.UID]
+	e.k.mu.Unlock()
+	if r == nil {
+		t.Fatal("the kubelet does not run the pod")
+	}
+	r.sig <- syscall.SIGTERM
+	waitFor(t, time.Minute, "a new pod runs and the failed one is kept", func() (bool, string) {
+		pods, all := livePods(t, e.cs, "crash")
+		old, err := e.cs.CoreV1().Pods("ml").Get(e.ctx, first.Name, metav1.GetOptions{})
+		s := e.status("crash")
+		return len(pods) == 1 && all == 2 && err == nil && old.Status.Phase == corev1.PodFailed && old.DeletionTimestamp == nil &&
+				s.ReplicaStatuses.Failed == 1 && s.ReplicaStatuses.Active == 1 && s.CurrentReplicas == 1,
+			fmt.Sprintf("%d live of %d; old: %v; status %+v", len(pods), all, err, s)
+	})
+	if txt := eventsText(t, e.cs, "crash"); !strings.Contains(txt, "kept for its logs") {
+		t.Errorf("no event says the failed pod is kept:\n%s", txt)
+	}
 }

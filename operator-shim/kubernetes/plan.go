@@ -30,7 +30,17 @@ type PodView struct {
 	// DrainSince is when the controller first saw the pod's node leave the
 	// allocation (zero: not yet).
 	DrainSince time.Time
+	// Kept: the pod failed, the controller kept it for its logs and a new
+	// pod may replace it.
+	Kept bool
 }
+
+// Failed reports whether the pod ended in failure (not drained, exit not 0).
+func (p PodView) Failed() bool { return p.Ended() && !p.Drained && *exitOf(p) != 0 }
+
+// KeepFailedPods is how many failed pods of a job are kept for their logs
+// (the newest; older ones are deleted), as a Job keeps its failed pods.
+const KeepFailedPods = 5
 
 // Ended reports whether the trainer container is done.
 func (p PodView) Ended() bool {
@@ -94,6 +104,9 @@ const (
 	StartDrain ActionKind = "StartDrain"
 	// Finish records the job's end (Outcome Succeeded or Failed) in etcd.
 	Finish ActionKind = "Finish"
+	// KeepPod: Pod failed on an allocated node; it stays for its logs (the
+	// controller notes the failure) and a new pod replaces it.
+	KeepPod ActionKind = "KeepPod"
 )
 
 // Action is one step of a plan.
@@ -118,6 +131,7 @@ const (
 	ReasonDuplicate   = "DuplicatePod"
 	ReasonSucceeded   = "Succeeded"
 	ReasonFailed      = "Failed"
+	ReasonPruned      = "FailedPodDeleted"
 )
 
 // Plan decides, for one job, which pods to create and delete: one live pod
@@ -144,47 +158,10 @@ func Plan(in PlanInput) []Action {
 	var acts []Action
 	// Allocated nodes: one live pod each.
 	for _, node := range order {
-		ps := byNode[node]
-		live, deleting := 0, false
-		for _, p := range ps {
-			switch {
-			case p.Deleting:
-				deleting = true
-			case !p.Ended():
-				live++
-				if live > 1 {
-					acts = append(acts, Action{Kind: DeletePod, Pod: p.Name, Node: node, Reason: ReasonDuplicate, Warning: true,
-						Why: fmt.Sprintf("pod %s is a second pod of the job on node %s; deleted", p.Name, node)})
-				}
-			}
-		}
-		if live > 0 || deleting {
-			continue // running, or wait until the old pod is gone
-		}
-		if len(ps) > 0 {
-			last := ps[0]
-			switch {
-			case *exitOf(last) == 0 && !last.Drained:
-				// hyperpodrun exits 0 on a node it was not drained from only
-				// when the workers succeeded: the job is done.
-				return append(acts, Action{Kind: Finish, Outcome: fleet.Succeeded, Node: node, Reason: ReasonSucceeded,
-					Why: fmt.Sprintf("the workers succeeded: pod %s on node %s exited 0", last.Name, node)})
-			case in.RestartsSpent:
-				return append(acts, Action{Kind: Finish, Outcome: fleet.Failed, Node: node, Reason: ReasonFailed, Warning: true,
-					Why: fmt.Sprintf("pod %s on node %s exited %d and the job's restart budget is spent", last.Name, node, *exitOf(last))})
-			}
-			for _, p := range ps {
-				why := fmt.Sprintf("pod %s on node %s ended (exit %d) while the node is allocated: a node failure; a new pod joins the job", p.Name, node, *exitOf(p))
-				if p.Drained {
-					why = fmt.Sprintf("pod %s on node %s drained, but the node is allocated again; a new pod joins the job", p.Name, node)
-				}
-				acts = append(acts, Action{Kind: DeletePod, Pod: p.Name, Node: node, Reason: ReasonNodeFailure, Warning: !p.Drained, Why: why})
-			}
-			continue // the new pod follows once the ended ones are gone
-		}
-		if in.CanCreate && in.Busy[node] == "" {
-			acts = append(acts, Action{Kind: CreatePod, Node: node, Reason: ReasonPodCreated,
-				Why: fmt.Sprintf("node %s is allocated to the job (allocation generation %d)", node, in.Desired.Generation)})
+		a, done := planNode(in, node, byNode[node])
+		acts = append(acts, a...)
+		if done {
+			return acts
 		}
 	}
 	// Nodes that left the allocation: drain, then delete.
@@ -200,7 +177,7 @@ func Plan(in PlanInput) []Action {
 			switch {
 			case p.Deleting:
 			case p.Ended():
-				if in.Finished && !in.Deleting {
+				if in.Finished && !in.Deleting || p.Failed() && !in.Deleting {
 					continue // kept for its logs
 				}
 				why := fmt.Sprintf("pod %s drained from node %s: hyperpodrun exited 0 after the workers checkpointed", p.Name, node)
@@ -219,6 +196,84 @@ func Plan(in PlanInput) []Action {
 					Why: fmt.Sprintf("pod %s on node %s did not exit within %s of its drain; deleted", p.Name, node, in.Grace)})
 			}
 		}
+	}
+	return append(acts, prune(in)...)
+}
+
+// planNode plans one allocated node: its live pod stays; with none, the
+// newest ended pod is the job's success, its failure (restarts spent), or
+// a node failure: a failed pod is kept for its logs, a drained one goes,
+// and a new pod follows. done: the job is finished.
+func planNode(in PlanInput, node string, all []PodView) (acts []Action, done bool) {
+	var ps []PodView // newest first, without the failed pods kept already
+	for _, p := range all {
+		if !p.Kept {
+			ps = append(ps, p)
+		}
+	}
+	live, deleting := 0, false
+	for _, p := range ps {
+		switch {
+		case p.Deleting:
+			deleting = true
+		case !p.Ended():
+			live++
+			if live > 1 {
+				acts = append(acts, Action{Kind: DeletePod, Pod: p.Name, Node: node, Reason: ReasonDuplicate, Warning: true,
+					Why: fmt.Sprintf("pod %s is a second pod of the job on node %s; deleted", p.Name, node)})
+			}
+		}
+	}
+	if live > 0 || deleting {
+		return acts, false // running, or wait until the old pod is gone
+	}
+	if len(ps) > 0 {
+		last := ps[0]
+		switch {
+		case *exitOf(last) == 0 && !last.Drained:
+			// hyperpodrun exits 0 on a node it was not drained from only
+			// when the workers succeeded: the job is done.
+			return append(acts, Action{Kind: Finish, Outcome: fleet.Succeeded, Node: node, Reason: ReasonSucceeded,
+				Why: fmt.Sprintf("the workers succeeded: pod %s on node %s exited 0", last.Name, node)}), true
+		case in.RestartsSpent:
+			return append(acts, Action{Kind: Finish, Outcome: fleet.Failed, Node: node, Reason: ReasonFailed, Warning: true,
+				Why: fmt.Sprintf("pod %s on node %s exited %d and the job's restart budget is spent", last.Name, node, *exitOf(last))}), true
+		}
+		for _, p := range ps {
+			if p.Drained || *exitOf(p) == 0 {
+				acts = append(acts, Action{Kind: DeletePod, Pod: p.Name, Node: node, Reason: ReasonNodeFailure,
+					Why: fmt.Sprintf("pod %s on node %s drained, but the node is allocated again; a new pod joins the job", p.Name, node)})
+				continue
+			}
+			acts = append(acts, Action{Kind: KeepPod, Pod: p.Name, Node: node, Reason: ReasonNodeFailure, Warning: true,
+				Why: fmt.Sprintf("pod %s on node %s ended (exit %d) while the node is allocated: a node failure; the pod is kept for its logs (kubectl logs %s) and a new pod joins the job", p.Name, node, *exitOf(p), p.Name)})
+		}
+		return acts, false // the new pod follows once the ended ones are kept or gone
+	}
+	if in.CanCreate && in.Busy[node] == "" {
+		acts = append(acts, Action{Kind: CreatePod, Node: node, Reason: ReasonPodCreated,
+			Why: fmt.Sprintf("node %s is allocated to the job (allocation generation %d)", node, in.Desired.Generation)})
+	}
+	return acts, false
+}
+
+// prune deletes the failed pods kept beyond KeepFailedPods, oldest first
+// (a job being deleted loses them all elsewhere in the plan).
+func prune(in PlanInput) []Action {
+	if in.Deleting {
+		return nil
+	}
+	var failed []PodView
+	for _, p := range in.Pods {
+		if p.Failed() && !p.Deleting {
+			failed = append(failed, p)
+		}
+	}
+	sort.SliceStable(failed, func(i, j int) bool { return failed[i].Created.After(failed[j].Created) })
+	var acts []Action
+	for _, p := range failed[min(len(failed), KeepFailedPods):] {
+		acts = append(acts, Action{Kind: DeletePod, Pod: p.Name, Node: p.Node, Reason: ReasonPruned,
+			Why: fmt.Sprintf("failed pod %s deleted: the job keeps its newest %d failed pods", p.Name, KeepFailedPods)})
 	}
 	return acts
 }

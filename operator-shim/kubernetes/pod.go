@@ -137,6 +137,10 @@ func PodFor(ej *v1alpha1.ElasticJob, spec fleet.JobSpec, node string, o PodOptio
 	p.Annotations[GenerationAnnotation] = strconv.FormatInt(o.Generation, 10)
 	p.Spec.NodeName = node
 	p.Spec.RestartPolicy = corev1.RestartPolicyNever
+	if p.Spec.AutomountServiceAccountToken == nil {
+		// The trainer needs no Kubernetes API unless the template asks.
+		p.Spec.AutomountServiceAccountToken = ptr(false)
+	}
 	if p.Spec.TerminationGracePeriodSeconds == nil {
 		g := int64(spec.Run.GracefulTimeoutSeconds) + 30
 		p.Spec.TerminationGracePeriodSeconds = &g

@@ -17,6 +17,9 @@ const (
 	CodeNameTaken = "NameTaken"
 	// CodeSubmitted: the spec is written; the coordinator has not decided.
 	CodeSubmitted = "Submitted"
+	// ReasonPodCreateFailed: the API server refused a pod of the job (the
+	// message says why); the controller retries.
+	ReasonPodCreateFailed = "PodCreateFailed"
 )
 
 // StatusInput is what ComputeStatus reads.
@@ -32,6 +35,9 @@ type StatusInput struct {
 	Finish *fleet.Finish
 	// Pods are the job's pods.
 	Pods []PodView
+	// PodError is why the API server refused to create a pod of the job
+	// this time (nil: none was refused).
+	PodError error
 	// Restarts is the job's global restart count.
 	Restarts int64
 	Now      time.Time
@@ -96,6 +102,9 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 		if in.Decision == nil {
 			s.Reason, s.Message = CodeSubmitted, "waiting for the coordinator's first decision"
 		}
+	}
+	if in.PodError != nil && (s.Phase == v1alpha1.PhaseStarting || s.Phase == v1alpha1.PhaseRunning) {
+		s.Reason, s.Message = ReasonPodCreateFailed, in.PodError.Error()
 	}
 	s.LastTransitionTime = prev.LastTransitionTime
 	if s.Phase != prev.Phase || s.LastTransitionTime == nil {
