@@ -10,9 +10,39 @@ import (
 // JSON (its fields are tagged).
 type Report struct {
 	Mode string `json:"mode"`
-	// Jobs in the trace and Completed by the end.
+	// Policy is Mode again (the comparison's key); Description says in a
+	// line what the policy is (which FIFO, which Kueue settings).
+	Policy      string `json:"policy"`
+	Description string `json:"description"`
+	// Jobs in the trace and Completed by the end; Rejected jobs can never
+	// run under the policy (larger than anything their team can get).
 	Jobs      int `json:"jobs"`
 	Completed int `json:"completed"`
+	Rejected  int `json:"rejected"`
+	// MeanJCT and JCTP50/P95/P99 (s): job completion time, submission to
+	// completion, over completed jobs.
+	MeanJCT float64 `json:"meanJCT"`
+	JCTP50  float64 `json:"jctP50"`
+	JCTP95  float64 `json:"jctP95"`
+	JCTP99  float64 `json:"jctP99"`
+	// MeanWait (s): mean queueing delay, submission to first admission.
+	MeanWait float64 `json:"meanWait"`
+	// BusyUtilization and BusyAllocated (%): productive and allocated
+	// accelerator-seconds over capacity x makespan (the busy period, from
+	// the first submission to the last completion).
+	BusyUtilization float64 `json:"busyUtilization"`
+	BusyAllocated   float64 `json:"busyAllocated"`
+	// Fairness is Jain's index over the teams of (share of the allocated
+	// accelerator-seconds) / (share of the nominal quota): 1 when every
+	// team got its quota's share.
+	Fairness float64 `json:"fairness"`
+	// Resizes is Grows + Shrinks.
+	Resizes int `json:"resizes"`
+	// GPUHoursLost to restarts: accelerators held while restarting
+	// (restart and resize delays) plus progress lost to preemptions.
+	GPUHoursLost float64 `json:"gpuHoursLost"`
+	// JCTs are the completed jobs' completion times (s), for the CDF.
+	JCTs []float64 `json:"-"`
 	// Capacity is the fleet's accelerators.
 	Capacity int `json:"capacity"`
 	// WindowStart/End (s) is the utilisation window.
@@ -56,8 +86,9 @@ type TeamReport struct {
 	Team    string `json:"team"`
 	Nominal int    `json:"nominal"`
 	Jobs    int    `json:"jobs"`
-	// Completed jobs and jobs that NeverStarted.
+	// Completed jobs, Rejected jobs and jobs that NeverStarted.
 	Completed    int `json:"completed"`
+	Rejected     int `json:"rejected,omitempty"`
 	NeverStarted int `json:"neverStarted"`
 	// AvgAllocated is the team's mean allocated accelerators over the window;
 	// OfNominal and OfFleet relate it to its quota and to the fleet (%).
@@ -74,6 +105,7 @@ type TeamReport struct {
 	Grown          int     `json:"grown"`
 
 	allocGS  float64
+	allAlloc float64
 	waits    []float64
 	reclaims []float64
 }
@@ -81,8 +113,13 @@ type TeamReport struct {
 // Table renders the report for people.
 func (r *Report) Table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "mode %s: %d jobs (%d completed), %d accelerators, window %s..%s, makespan %s\n",
-		r.Mode, r.Jobs, r.Completed, r.Capacity, dur(r.WindowStart), dur(r.WindowEnd), dur(r.Makespan))
+	fmt.Fprintf(&b, "mode %s: %d jobs (%d completed, %d rejected), %d accelerators, window %s..%s, makespan %s\n",
+		r.Mode, r.Jobs, r.Completed, r.Rejected, r.Capacity, dur(r.WindowStart), dur(r.WindowEnd), dur(r.Makespan))
+	if r.Description != "" {
+		fmt.Fprintf(&b, "policy: %s\n", r.Description)
+	}
+	fmt.Fprintf(&b, "JCT mean %s p50 %s p95 %s p99 %s; queueing delay mean %s; busy period %.1f%% productive, %.1f%% allocated; fairness %.3f; %.1f GPU-hours lost to restarts\n",
+		dur(r.MeanJCT), dur(r.JCTP50), dur(r.JCTP95), dur(r.JCTP99), dur(r.MeanWait), r.BusyUtilization, r.BusyAllocated, r.Fairness, r.GPUHoursLost)
 	fmt.Fprintf(&b, "utilization %.1f%% productive, %.1f%% allocated; wait p50 %s p95 %s; reclaim p95 %s max %s (%d samples)\n",
 		r.Utilization, r.Allocated, dur(r.WaitP50), dur(r.WaitP95), dur(r.ReclaimP95), dur(r.ReclaimMax), r.ReclaimSamples)
 	fmt.Fprintf(&b, "preemptions %d, shrinks %d, grows %d, moves %d; %d engine cycles (%.0f ms); restart delay %s\n\n",

@@ -19,14 +19,48 @@ const (
 	// ModeFIFO is the static baseline: every job at its static size
 	// (TraceJob.Nodes), strictly first-in first-out per team, only within the
 	// team's own nominal quota (no lending, no borrowing, no resizing, no
-	// preemption, no moves). It runs the same engine with those settings, so placement
-	// is identical.
+	// preemption, no moves); a job larger than its team's quota is rejected
+	// instead of blocking the queue (policy.FIFO). Placement is the engine's.
 	ModeFIFO Mode = "fifo"
+	// ModeKueue is Kueue's ClusterQueues (policy.Kueue): one per team, one
+	// cohort per Team.Cohort, the teams' borrowing and lending limits, the
+	// config's queueing strategy, reclaimWithinCohort Any and
+	// withinClusterQueue LowerPriority for teams whose preemption is
+	// LowerPriority; static sizes.
+	ModeKueue Mode = "kueue"
+	// ModeBatch is AWS Batch fair-share scheduling (policy.BatchFairShare):
+	// a share identifier per team with weightFactor 1/weight,
+	// Options.ShareDecay, no preemption; static sizes.
+	ModeBatch Mode = "batch-fairshare"
+	// ModeOracle is not a schedule but its bound (Bound): what no policy can
+	// beat on the trace and fleet, ignoring placement and restart costs.
+	ModeOracle Mode = "oracle"
 )
+
+// Modes are the policies Run knows, in the order a comparison shows them.
+var Modes = []Mode{ModeFIFO, ModeKueue, ModeBatch, ModeEngine, ModeOracle}
+
+// Describe says in one line which policy a mode is.
+func Describe(m Mode) string {
+	switch m {
+	case ModeFIFO:
+		return "FIFO per team within its own quota, static sizes, no borrowing or preemption; jobs over the team's quota rejected"
+	case ModeKueue:
+		return "Kueue ClusterQueues: cohort borrowing within borrowing/lending limits, reclaimWithinCohort Any, static sizes"
+	case ModeBatch:
+		return "AWS Batch fair share: share per team (weightFactor 1/weight), share decay, no preemption, static sizes"
+	case ModeEngine:
+		return "hyperpodrun engine: lending, reclaim, elastic growth and shrink, defragmentation"
+	case ModeOracle:
+		return "upper bound: fluid schedule ignoring placement and restart costs (not achievable)"
+	}
+	return ""
+}
 
 // Options configure a simulation.
 type Options struct {
-	// Mode is engine (default) or fifo.
+	// Mode is the policy: engine (default), fifo, kueue or batch-fairshare
+	// (oracle is Bound, not Run).
 	Mode Mode `json:"mode"`
 	// Teams are the team specs (quotas).
 	Teams []policy.Team `json:"teams"`
@@ -39,6 +73,14 @@ type Options struct {
 	// admitted on capacity just taken from others (the victims checkpoint
 	// first) make no progress for this long (default 15 s).
 	RestartDelay float64 `json:"restartDelay"`
+	// ResizeDelay (s) replaces RestartDelay for a resize (grow or shrink),
+	// e.g. 0.14 s for an in-process resize (0: RestartDelay).
+	ResizeDelay float64 `json:"resizeDelay,omitempty"`
+	// CheckpointInterval (s): a preempted job loses the progress since
+	// its last checkpoint, on average half this interval (0: none lost).
+	CheckpointInterval float64 `json:"checkpointInterval,omitempty"`
+	// ShareDecay is batch-fairshare's shareDecaySeconds (default 3600 s).
+	ShareDecay time.Duration `json:"shareDecay,omitempty"`
 	// Tick (s) is the engine period while work is pending or could grow
 	// (default 10 s); the engine also runs at every arrival and completion.
 	Tick float64 `json:"tick"`
@@ -91,11 +133,19 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 	if o.Mode == "" {
 		o.Mode = ModeEngine
 	}
-	if o.Mode != ModeEngine && o.Mode != ModeFIFO {
-		return nil, fmt.Errorf("simulate: mode %q: want engine or fifo", o.Mode)
+	switch o.Mode {
+	case ModeEngine, ModeFIFO, ModeKueue, ModeBatch:
+	default:
+		return nil, fmt.Errorf("simulate: mode %q: want engine, fifo, kueue or batch-fairshare", o.Mode)
 	}
 	if o.RestartDelay == 0 {
 		o.RestartDelay = 15
+	}
+	if o.ResizeDelay <= 0 {
+		o.ResizeDelay = o.RestartDelay
+	}
+	if o.ShareDecay == 0 {
+		o.ShareDecay = time.Hour
 	}
 	if o.Tick <= 0 {
 		o.Tick = 10
@@ -104,16 +154,9 @@ func Run(trace []TraceJob, o Options) (*Report, error) {
 	if fleet == nil {
 		fleet = BuildFleet(DefaultFleet(o.Teams))
 	}
-	teams := o.Teams
-	cfg := o.Config
-	if o.Mode == ModeFIFO {
-		teams = fifoTeams(o.Teams)
-		cfg.Queueing = policy.StrictFIFO
-		cfg.DisableGrowth = true
-		cfg.DisableMoves = true
-	}
-	sm := &simulation{o: o, rep: &Report{Mode: string(o.Mode), RestartDelay: o.RestartDelay}, nominal: map[[2]string]int{},
-		st: policy.State{Config: cfg, Nodes: fleet, Teams: teams}}
+	sm := &simulation{o: o, rep: &Report{Mode: string(o.Mode), Policy: string(o.Mode), Description: Describe(o.Mode), RestartDelay: o.RestartDelay},
+		nominal: map[[2]string]int{}, st: policy.State{Config: o.Config, Nodes: fleet, Teams: o.Teams}}
+	sm.schedule = sm.scheduler()
 	if err := sm.setup(trace); err != nil {
 		return nil, err
 	}
@@ -147,6 +190,15 @@ type simulation struct {
 	dirty, needTick bool
 	lastCycle       float64
 	engineTime      time.Duration
+	// schedule is the policy; batchUsage the fair-share usage it keeps.
+	schedule   func(policy.State) policy.Decision
+	batchUsage policy.BatchUsage
+	lastDecay  float64
+	// allAlloc and allProd are accelerator-seconds allocated and
+	// productive over the whole run (the busy period); lostGS is progress
+	// lost to preemptions (since the last checkpoint).
+	allAlloc, allProd, lostGS float64
+	jcts                      []float64
 }
 
 // setup builds the teams' reports and the jobs, in submission order, and
@@ -195,6 +247,7 @@ func (sm *simulation) setup(trace []TraceJob) error {
 		tr.Jobs++
 	}
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].tj.Submit < jobs[b].tj.Submit })
+	sm.rejectTooLarge(jobs)
 	sm.jobs = jobs
 	rep.Jobs = len(jobs)
 	if len(jobs) == 0 {
@@ -222,6 +275,23 @@ func (sm *simulation) setup(trace []TraceJob) error {
 	return nil
 }
 
+// rejectTooLarge rejects, in every mode alike, the jobs whose smallest
+// size needs more accelerators of their flavor than the fleet has: no
+// policy can ever run them.
+func (sm *simulation) rejectTooLarge(jobs []*sjob) {
+	capacity := map[string]int{}
+	for _, n := range sm.st.Nodes {
+		capacity[n.Flavor] += n.HealthyAccelerators()
+	}
+	for _, j := range jobs {
+		if j.spec.MinNodes*j.spec.PerNode.Accelerators > capacity[j.flavor] {
+			j.state = stDone
+			j.tr.Rejected++
+			sm.rep.Rejected++
+		}
+	}
+}
+
 // jobSpec is the engine's spec of a trace job: static at its node count,
 // or elastic (engine mode only).
 func jobSpec(tj *TraceJob, mode Mode) policy.Job {
@@ -247,6 +317,10 @@ func jobSpec(tj *TraceJob, mode Mode) policy.Job {
 func (sm *simulation) loop() {
 	for {
 		for sm.next < len(sm.jobs) && sm.jobs[sm.next].tj.Submit <= sm.t {
+			if sm.jobs[sm.next].state == stDone { // rejected
+				sm.next++
+				continue
+			}
 			sm.jobs[sm.next].state = stPending
 			sm.active = append(sm.active, sm.jobs[sm.next])
 			sm.next++
@@ -270,18 +344,20 @@ func (sm *simulation) cycle() {
 	st.Now = at(sm.t)
 	st.Jobs = st.Jobs[:0]
 	for _, j := range sm.active {
-		st.Jobs = append(st.Jobs, j.spec)
+		if j.state != stDone {
+			st.Jobs = append(st.Jobs, j.spec)
+		}
 	}
 	st.Allocations = sm.allocs
 	start := time.Now()
-	d := policy.Schedule(*st)
+	d := sm.schedule(*st)
 	sm.engineTime += time.Since(start)
 	rep.Cycles++
 	if sm.o.OnCycle != nil {
 		sm.o.OnCycle(sm.t, &d)
 	}
 	sm.allocs = d.Allocations
-	changed := apply(d, sm.byName, sm.t, sm.o.RestartDelay, rep)
+	changed := sm.apply(d)
 	sm.dirty = false
 	sm.lastCycle = sm.t
 	// The engine is a pure function: with no arrival or completion,
@@ -338,9 +414,12 @@ func (sm *simulation) advance(tn float64) {
 		a := sm.overlap(t, tn) * g
 		sm.allocGS += a
 		j.tr.allocGS += a
+		sm.allAlloc += (tn - t) * g
+		j.tr.allAlloc += (tn - t) * g
 		pf := math.Max(t, j.prodFrom)
 		if tn > pf {
 			sm.prodGS += sm.overlap(pf, tn) * g
+			sm.allProd += (tn - pf) * g
 			j.remaining -= (tn - pf) * g
 		}
 		if j.remaining <= 1e-6*math.Max(1, g) || j.finish <= tn+1e-9 {
@@ -348,6 +427,7 @@ func (sm *simulation) advance(tn float64) {
 			j.tr.Completed++
 			rep.Completed++
 			rep.Makespan = tn - sm.first
+			sm.jcts = append(sm.jcts, tn-j.tj.Submit)
 			done = true
 		}
 	}
@@ -404,28 +484,11 @@ func (sm *simulation) report() {
 	rep.WaitP50, rep.WaitP95 = percentile(allWaits, 50), percentile(allWaits, 95)
 	rep.ReclaimP95, rep.ReclaimMax = percentile(allReclaims, 95), percentile(allReclaims, 100)
 	rep.ReclaimSamples = len(allReclaims)
+	sm.figures(allWaits)
 }
 
 // at is virtual time sec.
 func at(sec float64) time.Time { return epoch.Add(time.Duration(sec * float64(time.Second))) }
-
-// fifoTeams removes lending, borrowing and preemption.
-func fifoTeams(in []policy.Team) []policy.Team {
-	out := make([]policy.Team, len(in))
-	for i, t := range in {
-		t.Preemption = policy.PreemptNever
-		qs := make([]policy.FlavorQuota, len(t.Quotas))
-		for k, q := range t.Quotas {
-			zero := 0
-			q.BorrowingLimit = &zero
-			q.LendingLimit = &zero
-			qs[k] = q
-		}
-		t.Quotas = qs
-		out[i] = t
-	}
-	return out
-}
 
 func growable(active []*sjob) bool {
 	for _, j := range active {
@@ -439,14 +502,24 @@ func growable(active []*sjob) bool {
 // apply updates the simulated jobs from a decision and reports whether any
 // job was shrunk or preempted (so the freed capacity is handed out on the
 // next cycle).
-func apply(d policy.Decision, byName map[string]*sjob, t, restart float64, rep *Report) bool {
+func (sm *simulation) apply(d policy.Decision) bool {
+	byName, t, restart, rep := sm.byName, sm.t, sm.o.RestartDelay, sm.rep
 	changed := false
 	for _, r := range d.Reasons {
 		j := byName[r.Job]
 		if j == nil || j.state == stDone {
 			continue
 		}
+		if r.Kind == policy.KindPending && r.Code == policy.CodeQuotaExceeded {
+			r.Kind = policy.KindInvalid // the engine's "can never fit": quotas do not change here
+		}
 		switch r.Kind {
+		case policy.KindInvalid:
+			// Rejected: it can never run (it leaves the queue).
+			j.state = stDone
+			rep.Rejected++
+			j.tr.Rejected++
+			changed = true
 		case policy.KindAdmitted:
 			j.state = stRunning
 			j.prodFrom = t
@@ -463,6 +536,9 @@ func apply(d policy.Decision, byName map[string]*sjob, t, restart float64, rep *
 			}
 		case policy.KindGrown, policy.KindShrunk, policy.KindRepaired, policy.KindMoved:
 			j.prodFrom = t + restart
+			if r.Kind == policy.KindGrown || r.Kind == policy.KindShrunk {
+				j.prodFrom = t + sm.o.ResizeDelay
+			}
 			if r.Kind == policy.KindGrown {
 				rep.Grows++
 				j.tr.Grown++
@@ -474,6 +550,11 @@ func apply(d policy.Decision, byName map[string]*sjob, t, restart float64, rep *
 			}
 		case policy.KindPreempted:
 			j.state = stPending
+			if ci := sm.o.CheckpointInterval; ci > 0 && j.gpus > 0 {
+				lost := math.Min(ci/2, math.Max(0, t-j.prodFrom)) * float64(j.gpus)
+				j.remaining += lost
+				sm.lostGS += lost
+			}
 			rep.Preemptions++
 			j.tr.Preempted++
 		}
@@ -549,4 +630,80 @@ func percentile(v []float64, p float64) float64 {
 	sort.Float64s(s)
 	i := int(math.Ceil(p/100*float64(len(s)))) - 1
 	return s[max(0, min(i, len(s)-1))]
+}
+
+// scheduler is the policy of the run's mode.
+func (sm *simulation) scheduler() func(policy.State) policy.Decision {
+	switch sm.o.Mode {
+	case ModeFIFO:
+		return policy.FIFO
+	case ModeKueue:
+		kc := policy.KueueConfig{Queueing: sm.o.Config.Queueing, ReclaimWithinCohort: policy.KueueAny}
+		for _, t := range sm.o.Teams {
+			if t.Preemption == policy.PreemptLowerPriority {
+				kc.WithinClusterQueue = policy.KueueLowerPriority
+			}
+		}
+		return func(st policy.State) policy.Decision { return policy.Kueue(st, kc) }
+	case ModeBatch:
+		bc := policy.BatchConfig{ShareDecay: sm.o.ShareDecay}
+		return func(st policy.State) policy.Decision {
+			sm.batchUsage = policy.DecayUsage(sm.batchUsage, st.Allocations, sm.t-sm.lastDecay, bc.ShareDecay)
+			sm.lastDecay = sm.t
+			return policy.BatchFairShare(st, bc, sm.batchUsage)
+		}
+	}
+	return policy.Schedule
+}
+
+// figures fills in the job-level figures: JCT, queueing delay, the busy
+// period's utilisation, fairness against quota and the cost of restarts.
+func (sm *simulation) figures(waits []float64) {
+	rep := sm.rep
+	rep.MeanJCT = mean(sm.jcts)
+	rep.JCTP50, rep.JCTP95, rep.JCTP99 = percentile(sm.jcts, 50), percentile(sm.jcts, 95), percentile(sm.jcts, 99)
+	rep.MeanWait = mean(waits)
+	rep.JCTs = sm.jcts
+	if busy := rep.Makespan * float64(rep.Capacity); busy > 0 {
+		rep.BusyAllocated = 100 * sm.allAlloc / busy
+		rep.BusyUtilization = 100 * (sm.allProd - sm.lostGS) / busy
+	}
+	rep.Resizes = rep.Grows + rep.Shrinks
+	rep.GPUHoursLost = (sm.allAlloc - sm.allProd + sm.lostGS) / 3600
+	var xs []float64
+	nominal := 0
+	for _, tr := range rep.Teams {
+		nominal += tr.Nominal
+	}
+	for _, tr := range rep.Teams {
+		if tr.Nominal > 0 && sm.allAlloc > 0 {
+			xs = append(xs, (tr.allAlloc/sm.allAlloc)/(float64(tr.Nominal)/float64(nominal)))
+		}
+	}
+	rep.Fairness = jain(xs)
+}
+
+// jain is Jain's fairness index of xs: (sum x)^2 / (n sum x^2), 1 when all
+// are equal (0 for none).
+func jain(xs []float64) float64 {
+	s, s2 := 0.0, 0.0
+	for _, x := range xs {
+		s += x
+		s2 += x * x
+	}
+	if s2 == 0 {
+		return 0
+	}
+	return s * s / (float64(len(xs)) * s2)
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
 }
