@@ -90,13 +90,17 @@ func (r Result) Summary(title string) string {
 	b.WriteString(title + " FAILED\n")
 	b.WriteString(strings.Repeat("-", width) + "\n")
 	b.WriteString("Failures:\n")
-	others := 0
+	// As torch's ChildFailedError: every failed rank, numbered in rank
+	// order; the first to fail is the root cause, the others are listed
+	// above it.
+	others, rootIdx := 0, 0
 	for i := range r.Failures {
 		if &r.Failures[i] == r.RootCause || (r.RootCause != nil && r.Failures[i].Rank == r.RootCause.Rank) {
+			rootIdx = i
 			continue
 		}
 		others++
-		r.Failures[i].format(&b, others)
+		r.Failures[i].format(&b, i)
 	}
 	if others == 0 {
 		b.WriteString("  <NO_OTHER_FAILURES>\n")
@@ -104,7 +108,7 @@ func (r Result) Summary(title string) string {
 	b.WriteString(strings.Repeat("-", width) + "\n")
 	b.WriteString("Root Cause (first observed failure):\n")
 	if r.RootCause != nil {
-		r.RootCause.format(&b, 0)
+		r.RootCause.format(&b, rootIdx)
 	}
 	b.WriteString(strings.Repeat("=", width) + "\n")
 	return b.String()

@@ -79,3 +79,25 @@ func TestParseStd(t *testing.T) {
 		}
 	}
 }
+
+// The summary numbers every failed rank in rank order, as torch's
+// ChildFailedError does: the others under Failures, the first to fail
+// under Root Cause with its own number.
+func TestSummaryNumbersFailuresAsTorch(t *testing.T) {
+	g := &Group{failures: []Failure{
+		{Rank: 0, Time: time.Unix(2000, 0), ExitCode: 1},
+		{Rank: 1, Time: time.Unix(1000, 0), ExitCode: 2},
+		{Rank: 3, Time: time.Unix(3000, 0), ExitCode: 1},
+	}}
+	s := g.Result().Summary("train.py")
+	failures := s[strings.Index(s, "Failures:"):strings.Index(s, "Root Cause")]
+	root := s[strings.Index(s, "Root Cause"):]
+	for _, want := range []string{"[0]:\n  time      : " + time.Unix(2000, 0).Format("2006-01-02_15:04:05"), "rank      : 0 ", "[2]:", "rank      : 3 "} {
+		if !strings.Contains(failures, want) {
+			t.Errorf("Failures section lacks %q:\n%s", want, s)
+		}
+	}
+	if !strings.Contains(root, "[1]:") || !strings.Contains(root, "rank      : 1 ") || strings.Contains(failures, "rank      : 1 ") {
+		t.Errorf("root cause should be rank 1 numbered [1], listed once:\n%s", s)
+	}
+}

@@ -508,6 +508,9 @@ func (c *closer) propose(ctx context.Context, a action) error {
 		Nodes: size, World: world, Chunks: chunkCount(size), Target: a.target,
 		AckAll: a.ackAll, Reason: a.reason, Detail: a.detail, Closer: c.n.cfg.NodeID,
 	}
+	if a.reason == MemberFailed && c.failure != nil {
+		h.Summary = c.failure.Summary
+	}
 	if err := c.writeChunks(ctx, h, a.members); err != nil {
 		return err
 	}
@@ -556,7 +559,7 @@ func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
 	memberRev := c.n.memberRev
 	c.n.mu.Unlock()
 	ops := []clientv3.Op{clientv3.OpPut(c.k.Head, string(v))}
-	if h.State != stateClosed && h.State != stateFinished {
+	if h.State != stateClosed && h.State != stateFinished && h.State != stateFailed {
 		seg := fleet.Hex16(h.Round)
 		ops = append(ops,
 			clientv3.OpDelete(c.k.Chunks, clientv3.WithRange(c.k.Chunks+seg)),

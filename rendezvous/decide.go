@@ -156,7 +156,7 @@ func decide(v view, now time.Time) action {
 			return done(action{kind: actFinish})
 		}
 	}
-	if state == stateFinished {
+	if state == stateFinished || state == stateFailed {
 		return done(action{kind: actWake})
 	}
 	switch state {

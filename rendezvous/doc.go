@@ -13,8 +13,10 @@
 //	// Start workers with r.Rank, r.Self.BaseRank, r.WorldSize, r.MasterAddr, r.MasterPort,
 //	// then act on the first of:
 //	//   n.Next(ctx, r) returns         the round was superseded: stop workers, Join again
-//	//   workers failed                 n.ReportFailure(ctx, r, detail), stop, Join again
+//	//   workers failed                 n.ReportFailure(ctx, r, detail, summary), stop, Join again
 //	//   workers succeeded              n.Finish(ctx, r)
+//	//   the job's restarts are spent   n.FailJob(ctx, detail, summary), Leave: every node's Join
+//	//                                  returns a *JobFailedError with the same summary
 //	//   <-n.LeaseLost()                fencing: stop the workers at once
 //
 // # Key layout

@@ -47,7 +47,7 @@ func TestDebianEtcd34(t *testing.T) {
 	if rs[0].NumNodes != 3 {
 		t.Fatalf("round: %+v", rs[0])
 	}
-	if _, err := nodes[0].ReportFailure(ctx, rs[0], "boom"); err != nil {
+	if _, err := nodes[0].ReportFailure(ctx, rs[0], "boom", ""); err != nil {
 		t.Fatalf("report: %v", err)
 	}
 	rs = mustJoinAll(t, ctx, nodes...)

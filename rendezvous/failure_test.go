@@ -179,7 +179,7 @@ func TestMalformedRecords(t *testing.T) {
 	if n, err := nodes[0].Restarts(ctx); err != nil || n != 2 || !strings.Contains(h.logs.String(), "malformed restart count at "+k.restarts) {
 		t.Fatalf("Restarts with a garbage count: %d, %v; want the last good 2 and a log naming %s", n, err, k.restarts)
 	}
-	if _, err := nodes[0].ReportFailure(ctx, rs[0], "x"); err != nil {
+	if _, err := nodes[0].ReportFailure(ctx, rs[0], "x", ""); err != nil {
 		t.Fatalf("ReportFailure with a garbage count: %v", err)
 	}
 	// The closer counts the failure on its own time: once it has, nothing

@@ -32,6 +32,11 @@ const (
 	// workers succeeded): the job is done and its rendezvous closed for
 	// good, as torch's is. A node joining later is refused.
 	stateFinished = "finished"
+	// stateFailed: the job failed for good (its restarts are spent, see
+	// Node.FailJob): every node waiting for or running a round ends with
+	// the failure summary the header carries, as torch's agents leave a
+	// rendezvous that was closed after a failure.
+	stateFailed = "failed"
 )
 
 const formatVersion = 1
@@ -54,6 +59,9 @@ type header struct {
 	Reason Reason `json:"reason,omitempty"`
 	Detail string `json:"detail,omitempty"`
 	Closer string `json:"closer,omitempty"`
+	// Summary is the failure summary of the failed round a MemberFailed
+	// round follows, and of the job in a failed header.
+	Summary string `json:"summary,omitempty"`
 }
 
 func decodeHeader(key string, v []byte) (*header, error) {
@@ -71,7 +79,7 @@ func decodeHeader(key string, v []byte) (*header, error) {
 		return nil, bad("round number must be positive")
 	}
 	switch h.State {
-	case stateOpen, stateFinished:
+	case stateOpen, stateFinished, stateFailed:
 	case stateProposed, stateClosed:
 		if h.Nodes <= 0 || h.World < h.Nodes || h.Chunks <= 0 || h.Chunks > h.Nodes || h.Nonce == "" || strings.ContainsAny(h.Nonce, "/ ") {
 			return nil, bad("inconsistent nodes/world/chunks/nonce")
@@ -130,6 +138,9 @@ func decodeAck(key string, v []byte) (ackRec, error) {
 type failureRec struct {
 	Node   string `json:"node"`
 	Detail string `json:"detail,omitempty"`
+	// Summary is the reporting node's failure summary (torchrun's
+	// ChildFailedError text), carried into the next round's header.
+	Summary string `json:"summary,omitempty"`
 }
 
 func clip(v []byte) string {

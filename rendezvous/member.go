@@ -110,7 +110,7 @@ func (n *Node) onHead(ctx context.Context, kv *mvccpb.KeyValue) {
 		n.joined = &Round{
 			Number: h.Round, Members: a.members, Self: a.self, Rank: a.self.GroupRank,
 			NumNodes: h.Nodes, WorldSize: h.World, MasterAddr: h.MasterAddr, MasterPort: h.MasterPort,
-			Target: h.Target, Reason: h.Reason, Detail: h.Detail, headRev: kv.ModRevision,
+			Target: h.Target, Reason: h.Reason, Detail: h.Detail, FailureSummary: h.Summary, headRev: kv.ModRevision,
 		}
 		n.lastPort = h.MasterPort
 	}

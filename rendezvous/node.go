@@ -38,6 +38,9 @@ const (
 	TargetChanged Reason = "TargetChanged"
 	// NodeLeaving: a member is draining (Node.Drain), a planned change.
 	NodeLeaving Reason = "NodeLeaving"
+	// JobFailed: the job failed for good (Node.FailJob): its restarts are
+	// spent. Every node ends; Join returns a *JobFailedError.
+	JobFailed Reason = "JobFailed"
 )
 
 // ErrLeaseLost is wrapped by the errors of a node whose lease can no longer
@@ -49,6 +52,25 @@ var ErrLeaseLost = errors.New("rendezvous: lease lost")
 // late node does not run the job over again. Run it again under another
 // --rdzv-id (a job submitted again through elasticctl gets a fresh one).
 var ErrJobFinished = errors.New("rendezvous: the job has finished: its rendezvous is closed")
+
+// ErrJobFailed is wrapped by Join's error once the job failed for good
+// (Node.FailJob): its restarts are spent, so no node starts workers again.
+// The error is a *JobFailedError carrying the failure summary.
+var ErrJobFailed = errors.New("rendezvous: the job failed: its restarts are spent")
+
+// JobFailedError is Join's error for a job that failed for good: Summary
+// is the failure summary of the failed round (torchrun's text, root cause
+// first), the same on every node; Detail says which node failed and why.
+type JobFailedError struct {
+	Job, Detail, Summary string
+}
+
+func (e *JobFailedError) Error() string {
+	return fmt.Sprintf("rendezvous: job %q failed: %s", e.Job, e.Detail)
+}
+
+// Unwrap makes errors.Is(err, ErrJobFailed) hold.
+func (e *JobFailedError) Unwrap() error { return ErrJobFailed }
 
 // JobFinished reports whether the job's rendezvous is closed for good
 // (every member of its last round finished), without joining it: the node
@@ -111,6 +133,9 @@ type Round struct {
 	// Reason and Detail say why this round formed (empty for the first).
 	Reason Reason
 	Detail string
+	// FailureSummary is, in a round formed after a worker failure
+	// (MemberFailed), the failure summary the failing node reported.
+	FailureSummary string
 
 	headRev int64
 }
@@ -286,6 +311,11 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 			n.mu.Unlock()
 			return nil, err
 		}
+		if n.head != nil && n.head.State == stateFailed {
+			err := &JobFailedError{Job: n.cfg.JobID, Detail: n.head.Detail, Summary: n.head.Summary}
+			n.mu.Unlock()
+			return nil, err
+		}
 		if n.head != nil && n.head.State == stateFinished {
 			n.mu.Unlock()
 			return nil, fmt.Errorf("%w (job %q node %q): run it again under another --rdzv-id", ErrJobFinished, n.cfg.JobID, n.cfg.NodeID)
@@ -399,7 +429,11 @@ func (n *Node) Next(ctx context.Context, r *Round) (Change, error) {
 // MemberFailed); a failure that comes with a lost member (a node died and
 // its peers' collectives broke) is a membership change and is not counted,
 // nor is a report for a round that was already superseded.
-func (n *Node) ReportFailure(ctx context.Context, r *Round, detail string) (int, error) {
+//
+// summary is the node's failure summary (torchrun's text); the next round
+// carries the first report's as Round.FailureSummary, clipped to
+// maxSummary bytes.
+func (n *Node) ReportFailure(ctx context.Context, r *Round, detail, summary string) (int, error) {
 	if r == nil {
 		return 0, errors.New("rendezvous: ReportFailure needs the round returned by Join")
 	}
@@ -412,7 +446,7 @@ func (n *Node) ReportFailure(ctx context.Context, r *Round, detail string) (int,
 	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
 	fk := n.k.Failure(r.Number)
-	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail})
+	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail, Summary: clipSummary(summary)})
 	t, err := n.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.ModRevision(n.k.Head), "=", r.headRev),
 		clientv3.Compare(clientv3.CreateRevision(fk), "=", 0),

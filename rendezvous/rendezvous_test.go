@@ -402,7 +402,7 @@ func TestReportFailureCountsOncePerRound(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			counts[i], errs[i] = nodes[i].ReportFailure(ctx, rs[i], fmt.Sprintf("worker exited 1 on %s", nodes[i].ID()))
+			counts[i], errs[i] = nodes[i].ReportFailure(ctx, rs[i], fmt.Sprintf("worker exited 1 on %s", nodes[i].ID()), "")
 		}()
 	}
 	wg.Wait()
@@ -430,10 +430,10 @@ func TestReportFailureCountsOncePerRound(t *testing.T) {
 		}
 	}
 	// A late report about the superseded round does not count.
-	if n, err := nodes[0].ReportFailure(ctx, rs[0], "late"); err != nil || n != 1 {
+	if n, err := nodes[0].ReportFailure(ctx, rs[0], "late", ""); err != nil || n != 1 {
 		t.Fatalf("late report: %d %v", n, err)
 	}
-	if _, err := nodes[1].ReportFailure(ctx, rs2[1], "again"); err != nil {
+	if _, err := nodes[1].ReportFailure(ctx, rs2[1], "again", ""); err != nil {
 		t.Fatalf("second failure: %v", err)
 	}
 	mustJoinAll(t, ctx, nodes...)
@@ -458,7 +458,7 @@ func deadNodeRound(t *testing.T, h *harness, ctx context.Context, dead, reporter
 	rs := mustJoinAll(t, ctx, nodes...)
 	nodes[dead].crash() // its lease lives on for 20s
 	failed := time.Now()
-	if _, err := nodes[reporter].ReportFailure(ctx, rs[reporter], "gloo: connection reset by peer"); err != nil {
+	if _, err := nodes[reporter].ReportFailure(ctx, rs[reporter], "gloo: connection reset by peer", ""); err != nil {
 		t.Fatal(err)
 	}
 	var survivors []*Node
@@ -648,7 +648,7 @@ func TestSlowAgentRejoinsAsSpare(t *testing.T) {
 	nodes[2].mu.Lock()
 	nodes[2].ackDelay = 1500 * time.Millisecond // ack timeout is 500ms
 	nodes[2].mu.Unlock()
-	if _, err := nodes[0].ReportFailure(ctx, rs[0], "boom"); err != nil {
+	if _, err := nodes[0].ReportFailure(ctx, rs[0], "boom", ""); err != nil {
 		t.Fatal(err)
 	}
 	rs2 := mustJoinAll(t, ctx, nodes[0], nodes[1])

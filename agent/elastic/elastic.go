@@ -134,6 +134,8 @@ type elastic struct {
 	// prewarmed says carry holds workers started ahead of their first
 	// round (prewarm.go): they hold no rank and no training state.
 	prewarmed bool
+	// summary is the failure summary this node printed last (jobfail.go).
+	summary string
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -435,7 +437,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 		case <-unannounced:
 			parkedCh, unannounced = nil, nil
 			e.log.Warn("a worker left a broken process group with no change announced; reporting it so the job forms a new round", "round", r.Number)
-			if _, err := e.node.ReportFailure(ctx, r, "a worker's collective broke (in process)"); err != nil {
+			if _, err := e.node.ReportFailure(ctx, r, "a worker's collective broke (in process)", ""); err != nil {
 				e.log.Warn("report the broken process group", "err", err)
 			}
 			continue
@@ -466,6 +468,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 				// past its lease.
 				return e.fence(g, r)
 			}
+			awaitOthers(g, failureGrace)
 			stopAll(o.ShutdownSignal)
 			return e.failed(ctx, g, r)
 		case c := <-changes:
@@ -667,8 +670,8 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	if rc := res.RootCause; rc != nil {
 		detail = fmt.Sprintf("rank %d exitcode %d", rc.Rank, rc.ExitCode)
 	}
-	fmt.Fprint(e.o.stderrW(), res.Summary(e.o.Spec.Entrypoint))
-	n, err := e.node.ReportFailure(ctx, r, detail)
+	e.printSummary(res.Summary(e.o.Spec.Entrypoint))
+	n, err := e.node.ReportFailure(ctx, r, detail, e.summary)
 	if err != nil {
 		return failedWith(&ExitError{1, fmt.Errorf("report worker failure: %w", err)})
 	}

@@ -64,6 +64,10 @@ func (e *elastic) loop(ctx context.Context, attempt int) error {
 		case actLeaveOnSignal:
 			return e.leaveOnSignal(ctx, act.sig, act.when)
 		case actExit:
+			var spent budgetSpentError
+			if errors.As(act.err, &spent) {
+				e.failJob(ctx, act.err)
+			}
 			if act.leave {
 				e.leave(ctx)
 			}
@@ -99,9 +103,12 @@ func exitError(err error) error {
 // job's restart count.
 func (e *elastic) joinRound(ctx context.Context, event *scaleEvent) loopEvent {
 	round, sig, err := e.join(ctx, event)
+	var jf *rendezvous.JobFailedError
 	switch {
 	case sig != 0:
 		return loopEvent{kind: evSignal, sig: sig}
+	case errors.As(err, &jf):
+		return loopEvent{kind: evFailed, err: e.jobFailedElsewhere(jf)}
 	case err != nil:
 		return failure(err)
 	}

@@ -18,7 +18,8 @@ import (
 //
 //   - join: a round that includes this node goes to the barrier, unless the
 //     job's restarts spent --max-restarts (counted for the whole job,
-//     launcher.BudgetSpent): then the agent leaves and fails.
+//     launcher.BudgetSpent): then the agent fails the job for every node
+//     (budgetSpentError), leaves and fails.
 //   - barrier: passed goes on to mark the workers running; a round
 //     superseded before it started is joined again.
 //   - mark: marked starts the workers. start: started watches them.
@@ -194,6 +195,14 @@ type loopAction struct {
 	err   error
 }
 
+// budgetSpentError is the error of an agent that found the job's restarts
+// spent: the loop then fails the job for every node
+// (rendezvous.Node.FailJob) before it leaves, so no node waits for a round
+// that will never form.
+type budgetSpentError string
+
+func (e budgetSpentError) Error() string { return string(e) }
+
 // step is the round loop's rule book: what to do in state s after ev.
 func step(s loopState, ev loopEvent) (loopState, loopAction) {
 	if s.phase == phaseDone {
@@ -238,7 +247,7 @@ func step(s loopState, ev loopEvent) (loopState, loopAction) {
 		s.round, s.restarts = ev.round, ev.restarts
 		if launcher.BudgetSpent(ev.restarts, s.maxRestarts) {
 			s.phase = phaseDone
-			return s, loopAction{kind: actExit, leave: true, err: fmt.Errorf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", s.job, ev.restarts, s.maxRestarts)}
+			return s, loopAction{kind: actExit, leave: true, err: budgetSpentError(fmt.Sprintf("job %q failed: %d restart(s) exceed --max-restarts %d (counted for the whole job)", s.job, ev.restarts, s.maxRestarts))}
 		}
 	}
 	s.phase = next

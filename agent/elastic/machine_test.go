@@ -124,3 +124,17 @@ func TestStepWalksARoundToSuccess(t *testing.T) {
 		t.Fatalf("state after the walk = %+v, want round 3 with 1 restart", s)
 	}
 }
+
+// Restarts spent: the exit fails the job for every node (the loop calls
+// FailJob on a budgetSpentError); any other failure does not.
+func TestStepBudgetSpentFailsTheJobForEveryNode(t *testing.T) {
+	_, act := step(loopState{phase: phaseJoin, job: "j", maxRestarts: 1}, loopEvent{kind: evJoined, round: 3, restarts: 2})
+	var spent budgetSpentError
+	if act.kind != actExit || !errors.As(act.err, &spent) {
+		t.Fatalf("budget spent: action %s err %v, want exit with a budgetSpentError", act.kind, act.err)
+	}
+	_, act = step(loopState{phase: phaseBarrier, job: "j"}, loopEvent{kind: evFailed, err: errors.New("boom")})
+	if errors.As(act.err, &spent) {
+		t.Fatalf("a failed barrier would fail the whole job: %v", act.err)
+	}
+}

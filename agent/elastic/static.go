@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
@@ -121,6 +122,7 @@ func waitGroup(ctx context.Context, g *launcher.Group, o Options) (outcome, sysc
 	case <-g.Exited():
 		return outcomeDone, 0
 	case <-g.Failed():
+		awaitOthers(g, failureGrace)
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
 		return outcomeFailed, 0
 	case s := <-o.Signals:
@@ -131,6 +133,27 @@ func waitGroup(ctx context.Context, g *launcher.Group, o Options) (outcome, sysc
 	case <-ctx.Done():
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
 		return outcomeSignal, o.ShutdownSignal
+	}
+}
+
+// failureGrace is how long, after a worker's failure, the agent lets the
+// other workers end on their own before it stops them, so the failure
+// summary lists every rank that failed, root cause first, as torchrun's
+// does (a missing script fails every rank at once; a dead rank breaks its
+// peers' collectives within milliseconds). torch 1.13's agent sees
+// failures when it polls, every --monitor-interval (5 s): by then the
+// peers have failed too. Workers still running after it are stopped and
+// not reported as failures. It costs a restart at most this long when the
+// other workers do not end (a hung collective).
+const failureGrace = time.Second
+
+// awaitOthers waits up to grace for every worker of g to have exited.
+func awaitOthers(g *launcher.Group, grace time.Duration) {
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-g.Exited():
+	case <-t.C:
 	}
 }
 
