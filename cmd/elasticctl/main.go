@@ -93,6 +93,9 @@ func cmdResize(c *cli.Context, st *query.Store) error {
 		}
 	}
 	j, err := st.UpdateJob(ctx, c.Args().Get(1), func(j *fleet.JobSpec) error {
+		if ns, name, ok := j.KubernetesOwner(); ok {
+			return fmt.Errorf("resize: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would put elasticctl's change back: resize it with 'kubectl scale elasticjob %s -n %s --replicas=N' (sets spec.elasticPolicy.maxReplicas) or 'kubectl edit elasticjob %s -n %s'", j.Name, ns, name, name, ns, name, ns)
+		}
 		lo, hi := j.Bounds()
 		if c.IsSet("nodes") {
 			lo, hi = c.Int("nodes"), c.Int("nodes")
@@ -167,6 +170,11 @@ func cmdDelete(c *cli.Context, st *query.Store) error {
 	}
 	ctx, cancel := ctxOf(c)
 	defer cancel()
+	if j, err := st.Job(ctx, name); err == nil {
+		if ns, ejName, ok := j.KubernetesOwner(); ok {
+			return fmt.Errorf("delete: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would submit it again: delete it with 'kubectl delete elasticjob %s -n %s'", name, ns, ejName, ejName, ns)
+		}
+	}
 	if err := st.DeleteJob(ctx, name); err != nil {
 		return jobErr(name, err)
 	}

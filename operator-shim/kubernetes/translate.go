@@ -24,7 +24,7 @@ var AcceleratorResources = []corev1.ResourceName{"nvidia.com/gpu", "aws.amazon.c
 // ElasticJob's namespace/name/uid. Node agents refuse to run a job whose
 // run.env sets a HYPERPODRUN_ variable, so a job of Kubernetes is never
 // started a second time as a host process by an agent with --run-jobs.
-const OwnerEnv = "HYPERPODRUN_KUBERNETES_OWNER"
+const OwnerEnv = fleet.KubernetesOwnerEnv
 
 // Owner is the OwnerEnv value of ej.
 func Owner(ej *v1alpha1.ElasticJob) string {
