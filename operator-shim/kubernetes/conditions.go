@@ -5,9 +5,11 @@ import (
 	"regexp"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/kubernetes/apis/v1alpha1"
 )
 
@@ -130,4 +132,18 @@ func Conditions(ej *v1alpha1.ElasticJob, prev []metav1.Condition, s v1alpha1.Ela
 		set(v1alpha1.ConditionFailed, false, ReasonNotFinished, "the job has not failed")
 	}
 	return out
+}
+
+// DecisionEventType is the Kubernetes Event type of a coordinator's
+// decision: a preemption, an invalid spec or a shrink the user did not ask
+// for is a Warning; a shrink to the user's new bounds (kubectl scale, an
+// edited spec) is Normal, as is everything else.
+func DecisionEventType(kind api.ReasonKind, code api.ReasonCode) string {
+	switch {
+	case kind == api.KindShrunk && code == api.CodeSpecChanged:
+		return corev1.EventTypeNormal
+	case kind == api.KindPreempted || kind == api.KindInvalid || kind == api.KindShrunk:
+		return corev1.EventTypeWarning
+	}
+	return corev1.EventTypeNormal
 }

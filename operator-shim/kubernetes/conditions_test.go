@@ -110,3 +110,22 @@ func TestStatusTimesAreKept(t *testing.T) {
 		t.Errorf("Suspended's transition time moved: %v -> %v", a1.LastTransitionTime, a2.LastTransitionTime)
 	}
 }
+
+func TestDecisionEventType(t *testing.T) {
+	for _, tc := range []struct {
+		rule string
+		kind api.ReasonKind
+		code api.ReasonCode
+		want string
+	}{
+		{"a shrink the user asked for is Normal", api.KindShrunk, api.CodeSpecChanged, corev1.EventTypeNormal},
+		{"a shrink for another team is a Warning", api.KindShrunk, api.CodeReclaim, corev1.EventTypeWarning},
+		{"a preemption is a Warning", api.KindPreempted, api.CodePriorityPreemption, corev1.EventTypeWarning},
+		{"an invalid spec is a Warning", api.KindInvalid, api.CodeInvalidSpec, corev1.EventTypeWarning},
+		{"growth is Normal", api.KindGrown, api.CodeFairShare, corev1.EventTypeNormal},
+	} {
+		if got := DecisionEventType(tc.kind, tc.code); got != tc.want {
+			t.Errorf("%s: got %s", tc.rule, got)
+		}
+	}
+}

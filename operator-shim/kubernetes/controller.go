@@ -430,10 +430,7 @@ func (c *Controller) etcdEvent(ev *clientv3.Event) {
 	objs, _ := c.jobs.GetIndexer().ByIndex(byJob, e.Job)
 	for _, o := range objs {
 		ej := o.(*v1alpha1.ElasticJob)
-		typ := corev1.EventTypeNormal
-		if e.Kind == api.KindPreempted || e.Kind == api.KindInvalid || e.Kind == api.KindShrunk {
-			typ = corev1.EventTypeWarning
-		}
+		typ := DecisionEventType(e.Kind, e.Code)
 		msg := e.Message
 		if e.FromSize != e.ToSize {
 			msg = fmt.Sprintf("%s (%d -> %d nodes)", msg, e.FromSize, e.ToSize)

@@ -62,6 +62,17 @@ func TestKubectlWaitAndScale(t *testing.T) {
 	if err != nil || !strings.Contains(out, `"replicas":2`) || !strings.Contains(out, "hyperpodrun.io/job=sweep") {
 		t.Errorf("the scale subresource: %v\n%s", err, out)
 	}
+	// The shrink the user asked for is no Warning; -o wide lists the nodes.
+	evs, err := e.cs.CoreV1().Events("ml").List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=sweep,reason=Shrunk"})
+	if err != nil || len(evs.Items) == 0 {
+		t.Errorf("no Shrunk event: %v\n%s", err, eventsText(t, e.cs, "sweep"))
+	} else if evs.Items[0].Type != corev1.EventTypeNormal {
+		t.Errorf("the shrink kubectl scale asked for is a %s event: %s", evs.Items[0].Type, evs.Items[0].Message)
+	}
+	out, err = e.s.Kubectl(t, "get", "ej", "sweep", "-n", "ml", "-o", "wide")
+	if s := e.status("sweep"); err != nil || strings.Contains(out, "[") || !strings.Contains(out, strings.Join(s.Nodes, ",")) || len(s.Nodes) != 2 {
+		t.Errorf("kubectl get -o wide (nodes %v): %v\n%s", s.Nodes, err, out)
+	}
 	// Below minReplicas: refused with the rule's message.
 	out, err = e.s.Kubectl(t, "scale", "-n", "ml", "elasticjob/sweep", "--replicas=0")
 	if err == nil || !strings.Contains(out, "maxReplicas") {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,6 +67,7 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 		}
 	}
 	s.Selector = JobLabel + "=" + ej.Name
+	s.NodeNames = strings.Join(s.Nodes, ",")
 	s.ReplicaStatuses = countReplicas(in.Pods)
 	s.Restarts = int32(min(in.Restarts, 1<<31-1))
 	if d := in.Decision; d != nil {

@@ -24,7 +24,7 @@ import (
 // +kubebuilder:printcolumn:name="Max",type=integer,JSONPath=`.spec.elasticPolicy.maxReplicas`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.reason`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodes`,priority=1
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.nodeNames`,priority=1
 // +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.message`,priority=1
 type ElasticJob struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -147,6 +147,9 @@ type ElasticJobStatus struct {
 	CurrentReplicas int32 `json:"currentReplicas"`
 	// Nodes are the allocated nodes, in rank order.
 	Nodes []string `json:"nodes,omitempty"`
+	// NodeNames are the allocated nodes, comma-separated (the NODES column
+	// of kubectl get -o wide).
+	NodeNames string `json:"nodeNames,omitempty"`
 	// Decision is the coordinator's latest decision kind (Admitted,
 	// Running, Grown, Shrunk, Preempted, Pending, ...).
 	Decision string `json:"decision,omitempty"`
