@@ -129,3 +129,16 @@ func TestDecisionEventType(t *testing.T) {
 		}
 	}
 }
+
+func TestKubeAdvice(t *testing.T) {
+	ej := job(nil)
+	pending := &fleet.Status{Reason: api.Reason{Job: "llama", Kind: api.KindPending, Code: api.CodeTeamNotFound,
+		Message: `team "research" does not exist; apply it with elasticctl apply -f teams.yaml`}}
+	s := ComputeStatus(ej, v1alpha1.ElasticJobStatus{}, StatusInput{Decision: pending, Now: t0})
+	if strings.Contains(s.Message, "elasticctl") || !strings.Contains(s.Message, "ElasticTeam named "+ej.Spec.Team) {
+		t.Errorf("a missing team, told a Kubernetes user: %q", s.Message)
+	}
+	if got := KubeAdvice(ej, api.CodeNoCapacity, "no nodes free"); got != "no nodes free" {
+		t.Errorf("other messages are kept: %q", got)
+	}
+}

@@ -431,7 +431,7 @@ func (c *Controller) etcdEvent(ev *clientv3.Event) {
 	for _, o := range objs {
 		ej := o.(*v1alpha1.ElasticJob)
 		typ := DecisionEventType(e.Kind, e.Code)
-		msg := e.Message
+		msg := KubeAdvice(ej, e.Code, e.Message)
 		if e.FromSize != e.ToSize {
 			msg = fmt.Sprintf("%s (%d -> %d nodes)", msg, e.FromSize, e.ToSize)
 		}

@@ -71,7 +71,7 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 	s.ReplicaStatuses = countReplicas(in.Pods)
 	s.Restarts = int32(min(in.Restarts, 1<<31-1))
 	if d := in.Decision; d != nil {
-		s.Decision, s.Reason, s.Message = string(d.Kind), string(d.Code), d.Message
+		s.Decision, s.Reason, s.Message = string(d.Kind), string(d.Code), KubeAdvice(ej, d.Code, d.Message)
 		if d.Kind == api.KindShrunk || d.Kind == api.KindPreempted {
 			s.ShrunkFor = append([]string(nil), d.For...)
 		} else {
