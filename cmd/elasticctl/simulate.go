@@ -17,10 +17,11 @@ import (
 // report's per-team table.
 func compareTable(c *cli.Context, reps []*sim.Report) error {
 	tw := newTab(c.App.Writer)
-	fmt.Fprintln(tw, "POLICY\tJOBS\tDONE\tUTILIZATION %\tALLOCATED %\tWAIT P50\tWAIT P95\tRECLAIM P95\tPREEMPTIONS\tSHRINKS\tGROWS")
+	fmt.Fprintln(tw, "POLICY\tJOBS\tDONE\tREJECTED\tMEAN JCT\tJCT P95\tMEAN WAIT\tUTILIZATION %\tALLOCATED %\tBUSY UTIL %\tFAIRNESS\tWAIT P50\tWAIT P95\tRECLAIM P95\tPREEMPTIONS\tSHRINKS\tGROWS\tGPU-H LOST")
 	for _, r := range reps {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%.0fs\t%.0fs\t%.0fs\t%d\t%d\t%d\n", r.Mode, r.Jobs, r.Completed, r.Utilization, r.Allocated,
-			r.WaitP50, r.WaitP95, r.ReclaimP95, r.Preemptions, r.Shrinks, r.Grows)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0fs\t%.0fs\t%.0fs\t%.1f\t%.1f\t%.1f\t%.3f\t%.0fs\t%.0fs\t%.0fs\t%d\t%d\t%d\t%.1f\n", r.Mode, r.Jobs, r.Completed, r.Rejected,
+			r.MeanJCT, r.JCTP95, r.MeanWait, r.Utilization, r.Allocated, r.BusyUtilization, r.Fairness,
+			r.WaitP50, r.WaitP95, r.ReclaimP95, r.Preemptions, r.Shrinks, r.Grows, r.GPUHoursLost)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -51,11 +52,13 @@ func simulateCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "trace", Usage: "job trace file (.jsonl or .csv)"},
 			&cli.StringFlag{Name: "teams", Usage: "teams (and optional fleet/config) YAML file"},
-			&cli.StringFlag{Name: "mode", Value: "engine", Usage: "engine (hyperpodrun's policy) or fifo (static sizes, first come first served)"},
+			&cli.StringFlag{Name: "mode", Value: "engine", Usage: "engine (hyperpodrun's policy), fifo, kueue or batch-fairshare (static sizes)"},
 			&cli.Float64Flag{Name: "restart-delay", Value: 15, Usage: "seconds of checkpoint+restart charged to every resize or preemption"},
+			&cli.Float64Flag{Name: "resize-delay", Usage: "seconds charged to a resize instead of --restart-delay (0.14: in-process resize, bench/elastic)"},
+			&cli.Float64Flag{Name: "checkpoint-interval", Usage: "seconds between checkpoints: a preempted job loses half of it on average (0: nothing lost)"},
 			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "table", Usage: "table, json or yaml (json and yaml include the time series)"},
 			&cli.StringFlag{Name: "report", Usage: "also write a self-contained HTML report with time-series charts to this file"},
-			&cli.StringFlag{Name: "compare", Usage: "run several policies side by side, e.g. fifo,engine (overrides --mode)"},
+			&cli.StringFlag{Name: "compare", Usage: "run several policies side by side: fifo,kueue,batch-fairshare,engine,oracle (oracle: the bound no policy beats; overrides --mode)"},
 		},
 		Subcommands: []*cli.Command{{
 			Name:  "generate",
@@ -112,10 +115,12 @@ func simulateRun(c *cli.Context) error {
 			}
 		}
 	}
+	var ms []sim.Mode
 	for _, m := range modes {
-		if m != "engine" && m != "fifo" {
-			return usage(c, "policy %q: choose engine or fifo", m)
+		if !slices.Contains(sim.Modes, sim.Mode(m)) || (m == string(sim.ModeOracle) && !c.IsSet("compare")) {
+			return usage(c, "policy %q: choose engine, fifo, kueue or batch-fairshare (oracle with --compare)", m)
 		}
+		ms = append(ms, sim.Mode(m))
 	}
 	o := c.String("output")
 	if o != "table" && o != "json" && o != "yaml" {
@@ -129,20 +134,17 @@ func simulateRun(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	var reps []*sim.Report
-	for _, m := range modes {
-		opts := sim.Options{Mode: sim.Mode(m), Teams: tf.Teams, RestartDelay: c.Float64("restart-delay")}
-		if len(tf.Fleet) > 0 {
-			opts.Fleet = sim.BuildFleet(tf.Fleet)
-		}
-		if tf.Config != nil {
-			opts.Config = *tf.Config
-		}
-		rep, err := sim.RunSeries(trace, opts)
-		if err != nil {
-			return err
-		}
-		reps = append(reps, rep)
+	opts := sim.Options{Teams: tf.Teams, RestartDelay: c.Float64("restart-delay"),
+		ResizeDelay: c.Float64("resize-delay"), CheckpointInterval: c.Float64("checkpoint-interval")}
+	if len(tf.Fleet) > 0 {
+		opts.Fleet = sim.BuildFleet(tf.Fleet)
+	}
+	if tf.Config != nil {
+		opts.Config = *tf.Config
+	}
+	reps, err := sim.Compare(trace, ms, opts)
+	if err != nil {
+		return err
 	}
 	if path := c.String("report"); path != "" {
 		var b strings.Builder

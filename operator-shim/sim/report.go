@@ -32,9 +32,11 @@ type Report struct {
 	// the first submission to the last completion).
 	BusyUtilization float64 `json:"busyUtilization"`
 	BusyAllocated   float64 `json:"busyAllocated"`
-	// Fairness is Jain's index over the teams of (share of the allocated
-	// accelerator-seconds) / (share of the nominal quota): 1 when every
-	// team got its quota's share.
+	// Fairness is Jain's index over the teams of QuotaWhileWaiting (the
+	// part of its nominal quota a team held while it had jobs waiting):
+	// 1 when every team got the same part of its quota while it waited.
+	// (Over the whole run every policy that completes every job hands
+	// out the same GPU-seconds, so only the waiting periods tell.)
 	Fairness float64 `json:"fairness"`
 	// Resizes is Grows + Shrinks.
 	Resizes int `json:"resizes"`
@@ -104,10 +106,17 @@ type TeamReport struct {
 	Shrunk         int     `json:"shrunk"`
 	Grown          int     `json:"grown"`
 
-	allocGS  float64
-	allAlloc float64
-	waits    []float64
-	reclaims []float64
+	allocGS float64
+	// QuotaWhileWaiting (%) is the time-averaged part of its nominal quota
+	// the team held while it had jobs waiting (100: it always held its
+	// quota when it wanted more).
+	QuotaWhileWaiting float64 `json:"quotaWhileWaiting"`
+
+	allAlloc  float64
+	waitT     float64
+	waitQuota float64
+	waits     []float64
+	reclaims  []float64
 }
 
 // Table renders the report for people.

@@ -406,6 +406,7 @@ func (sm *simulation) overlap(a, b float64) float64 {
 func (sm *simulation) advance(tn float64) {
 	t, rep := sm.t, sm.rep
 	done := false
+	sm.accrueWaiting(tn - t)
 	for _, j := range sm.active {
 		if j.state != stRunning {
 			continue
@@ -434,6 +435,30 @@ func (sm *simulation) advance(tn float64) {
 	sm.t = tn
 	if done {
 		sm.dropDone()
+	}
+}
+
+// accrueWaiting adds dt to each team that has a job waiting, with the
+// part of its nominal quota it holds meanwhile (for Fairness).
+func (sm *simulation) accrueWaiting(dt float64) {
+	if dt <= 0 {
+		return
+	}
+	used := map[*TeamReport]int{}
+	waiting := map[*TeamReport]bool{}
+	for _, j := range sm.active {
+		switch j.state {
+		case stRunning:
+			used[j.tr] += j.gpus
+		case stPending:
+			waiting[j.tr] = true
+		}
+	}
+	for tr := range waiting {
+		if tr.Nominal > 0 {
+			tr.waitT += dt
+			tr.waitQuota += dt * math.Min(1, float64(used[tr])/float64(tr.Nominal))
+		}
 	}
 }
 
@@ -671,13 +696,10 @@ func (sm *simulation) figures(waits []float64) {
 	rep.Resizes = rep.Grows + rep.Shrinks
 	rep.GPUHoursLost = (sm.allAlloc - sm.allProd + sm.lostGS) / 3600
 	var xs []float64
-	nominal := 0
 	for _, tr := range rep.Teams {
-		nominal += tr.Nominal
-	}
-	for _, tr := range rep.Teams {
-		if tr.Nominal > 0 && sm.allAlloc > 0 {
-			xs = append(xs, (tr.allAlloc/sm.allAlloc)/(float64(tr.Nominal)/float64(nominal)))
+		if tr.waitT > 0 {
+			tr.QuotaWhileWaiting = 100 * tr.waitQuota / tr.waitT
+			xs = append(xs, tr.waitQuota/tr.waitT)
 		}
 	}
 	rep.Fairness = jain(xs)
