@@ -240,6 +240,11 @@ func (k Keys) Usage() string { return k.CoordinatorPrefix() + "usage" }
 // Leader is the coordinators' concurrency.Election prefix.
 func (k Keys) Leader() string { return k.CoordinatorPrefix() + "leader" }
 
+// Epoch is the fleet's epoch record (Epoch): written once by the
+// coordinator when absent, so a new one means etcd lost its data (a wipe,
+// or a new cluster). Under coordinator/ so that every role may read it.
+func (k Keys) Epoch() string { return k.CoordinatorPrefix() + "epoch" }
+
 // Job is the prefix of everything a running job keeps: its rendezvous,
 // restart count, checkpoint record and ready barriers.
 func (k Keys) Job(job string) string { return k.JobsPrefix() + job + "/" }
@@ -414,6 +419,7 @@ func (k Keys) Documented() []string {
 		k.Usage(),
 		k.EventsPrefix() + "<unix-nanos>-<job>",
 		k.Leader(),
+		k.Epoch(),
 		k.Enroll("<node>"),
 		k.EnrollApproved("<node>"),
 		k.EnrollReply("<node>"),
