@@ -169,6 +169,11 @@ func (g *Group) startWorker(path string, argv []string, base map[string]string, 
 			return nil, fmt.Errorf("create log dir: %w", err)
 		}
 		w.errorFile = filepath.Join(rankDir, "error.json")
+		// An attempt's directory is reused after a membership change: an
+		// earlier group's error file must not be read as this one's.
+		if err := os.Remove(w.errorFile); err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("remove the previous error file: %w", err)
+		}
 	}
 	layers := []map[string]string{base}
 	if g.spec.RankEnv != nil {

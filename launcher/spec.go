@@ -88,8 +88,10 @@ type Assignment struct {
 	MasterAddr     string
 	MasterPort     int
 	RestartCount   int // TORCHELASTIC_RESTART_COUNT
-	// Attempt numbers the log directory attempt_<n>; it grows with every
-	// start on this node, restarts and rounds alike.
+	// Attempt numbers the log directory attempt_<n>: the job's restart
+	// count, as torchrun numbers it, so workers started again after a
+	// membership change (no restart) write into the same attempt's files
+	// (appending; a stale error.json is removed first).
 	Attempt int
 	// Env is added to every worker for this attempt only (checkpoint to
 	// resume from, TRACEPARENT, the control channel).

@@ -185,7 +185,7 @@ func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts, att
 	}
 	sctx, span := e.tracer.Start(parent, "reconfigure", trace.WithAttributes(attribute.Int64("round", r.Number), attribute.Int("world_size", r.WorldSize)))
 	defer span.End()
-	a, rec, err := e.prepare(ctx, sctx, r, restarts, attempt)
+	a, rec, err := e.prepare(ctx, sctx, r, restarts)
 	if err != nil {
 		e.carry = g
 		e.dropCarry("the next round could not be prepared")

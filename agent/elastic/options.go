@@ -19,7 +19,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -105,8 +104,11 @@ func ParseNNodes(v string) (min, max int, err error) {
 	return min, max, nil
 }
 
-// RunLogDir picks <base>/<run-id>, or <run-id>_<k> when a previous run left
-// that directory: old error files must never be read as this run's.
+// RunLogDir creates the run's log directory as torchrun does:
+// <base>/<run-id>_<random> (base defaults to a fresh torchelastic_<random>
+// directory under the system's temporary directory), so a run never
+// mixes its files with an earlier one's. Attempts go under it as
+// attempt_<restart count>/<local rank>/.
 func RunLogDir(base, runID string) (string, error) {
 	if base == "" {
 		d, err := os.MkdirTemp("", "torchelastic_")
@@ -115,20 +117,14 @@ func RunLogDir(base, runID string) (string, error) {
 		}
 		base = d
 	}
-	name := filepath.Join(base, runID)
-	for k := 1; ; k++ {
-		err := os.MkdirAll(filepath.Dir(name), 0o755)
-		if err == nil {
-			err = os.Mkdir(name, 0o755)
-		}
-		if err == nil {
-			return name, nil
-		}
-		if !os.IsExist(err) {
-			return "", fmt.Errorf("create log dir %s: %w (choose another --log-dir)", name, err)
-		}
-		name = filepath.Join(base, runID+"_"+strconv.Itoa(k))
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", fmt.Errorf("create log dir %s: %w (choose another --log-dir)", base, err)
 	}
+	name, err := os.MkdirTemp(base, runID+"_")
+	if err != nil {
+		return "", fmt.Errorf("create log dir under %s: %w (choose another --log-dir)", base, err)
+	}
+	return name, nil
 }
 
 // RandomID returns a random run id for --standalone (torchrun uses a uuid4).

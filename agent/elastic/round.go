@@ -146,7 +146,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, atte
 	}
 	sctx, span := e.tracer.Start(parent, "restart")
 	defer span.End()
-	a, rec, err := e.prepare(ctx, sctx, r, restarts, attempt)
+	a, rec, err := e.prepare(ctx, sctx, r, restarts)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
@@ -187,7 +187,7 @@ func (e *elastic) spec() launcher.Spec {
 // builds the workers' assignment for it: the round's ranks and master, the
 // control channel, the checkpoint to resume from (claimed for this round)
 // and the trace.
-func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restarts, attempt int) (launcher.Assignment, *checkpoint.Record, error) {
+func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restarts int) (launcher.Assignment, *checkpoint.Record, error) {
 	// The channel believes only this round's workers (with this round's
 	// fresh control token, in their environment below); the watchdog kills
 	// them if this agent cannot prove its lease alive in time.
@@ -233,7 +233,7 @@ func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restar
 		MasterAddr:     r.MasterAddr,
 		MasterPort:     r.MasterPort,
 		RestartCount:   restarts,
-		Attempt:        attempt,
+		Attempt:        restarts, // attempt_<restart count>, as torchrun numbers them
 		Env:            env,
 	}, rec, nil
 }

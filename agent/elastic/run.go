@@ -19,7 +19,15 @@ func Run(ctx context.Context, o Options) error {
 	o.Spec.LogDir = logDir
 	// The Python helper (hyperpodrun_elastic, and HyperPod's
 	// hyperpod_elastic_agent import path) is importable without an install.
-	pyRoot, err := checkpoint.ExtractPython(logDir)
+	// It lives in a run directory of its own, removed at exit, not in the
+	// user's log directory, and comes after the user's PYTHONPATH: a user
+	// module of the same name wins.
+	runDir, err := os.MkdirTemp("", "hyperpodrun-run-")
+	if err != nil {
+		return &ExitError{1, fmt.Errorf("create the run directory: %w", err)}
+	}
+	defer os.RemoveAll(runDir)
+	pyRoot, err := checkpoint.ExtractPython(runDir)
 	if err != nil {
 		return &ExitError{1, err}
 	}
@@ -27,10 +35,7 @@ func Run(ctx context.Context, o Options) error {
 	for k, v := range o.Spec.Env {
 		env[k] = v
 	}
-	env["PYTHONPATH"] = pyRoot
-	if pp := os.Getenv("PYTHONPATH"); pp != "" {
-		env["PYTHONPATH"] = pyRoot + string(os.PathListSeparator) + pp
-	}
+	env["PYTHONPATH"] = appendPath(os.Getenv("PYTHONPATH"), pyRoot)
 	// HyperPod's import path reads HYPERPOD_SIGNAL_COORDINATION as HyperPod
 	// does ("disabled" when unset). HyperPod's agent passes its own value
 	// on; hyperpodrun always announces planned changes, so it passes
@@ -64,4 +69,13 @@ func Run(ctx context.Context, o Options) error {
 	default:
 		return RunElastic(ctx, o)
 	}
+}
+
+// appendPath is the search path list with dir appended (list alone when
+// empty, dir alone when list is).
+func appendPath(list, dir string) string {
+	if list == "" {
+		return dir
+	}
+	return list + string(os.PathListSeparator) + dir
 }

@@ -134,7 +134,7 @@ func TestWorkerEnvironmentMatchesTorchrun(t *testing.T) {
 			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
 			"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
-			"TORCHELASTIC_ERROR_FILE": filepath.Join(logs, "job7", "attempt_0", strconv.Itoa(lr), "error.json"),
+			"TORCHELASTIC_ERROR_FILE": filepath.Join(runLogDir(t, logs, "job7"), "attempt_0", strconv.Itoa(lr), "error.json"),
 			"OUT":                     out, // the inherited environment is kept
 		}
 		for k, v := range want {
@@ -245,7 +245,8 @@ func TestConsolePrefixRedirectsTeeAndLogLayout(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	att := filepath.Join(logs, "logs", "attempt_0")
+	first := runLogDir(t, logs, "logs")
+	att := filepath.Join(first, "attempt_0")
 	read := func(p string) string { b, _ := os.ReadFile(filepath.Join(att, p)); return string(b) }
 	if got := read("0/stdout.log"); got != "out-0\n" {
 		t.Errorf("rank 0 stdout.log = %q", got)
@@ -274,7 +275,13 @@ func TestConsolePrefixRedirectsTeeAndLogLayout(t *testing.T) {
 	if r := hpr(t, nil, "--rdzv-id", "logs", "--log-dir", logs, "--redirects", "1", "--no-python", w); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
-	if b, err := os.ReadFile(filepath.Join(logs, "logs_1", "attempt_0", "0", "stdout.log")); err != nil || string(b) != "out-0\n" {
+	second := ""
+	for _, d := range runLogDirs(t, logs, "logs") {
+		if d != first {
+			second = d
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(second, "attempt_0", "0", "stdout.log")); err != nil || string(b) != "out-0\n" {
 		t.Errorf("second run's log: %q %v", b, err)
 	}
 }
@@ -681,7 +688,7 @@ func TestPollutedParentEnvironmentNeverOverridesWorkers(t *testing.T) {
 			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
 			"TORCHELASTIC_USE_AGENT_STORE": "False",
-			"TORCHELASTIC_ERROR_FILE":      filepath.Join(logs, "job7", "attempt_0", strconv.Itoa(lr), "error.json"),
+			"TORCHELASTIC_ERROR_FILE":      filepath.Join(runLogDir(t, logs, "job7"), "attempt_0", strconv.Itoa(lr), "error.json"),
 		}
 		for k, v := range want {
 			if env[k] != v {
@@ -693,9 +700,11 @@ func TestPollutedParentEnvironmentNeverOverridesWorkers(t *testing.T) {
 				t.Errorf("local rank %d: %s is in the worker's environment %d times", lr, k, n)
 			}
 		}
+		// Issue 25: the user's path first, the helper's (outside the log
+		// directory) after it.
 		pp := strings.Split(env["PYTHONPATH"], ":")
-		if len(pp) != 2 || pp[1] != "/user/site" || !strings.HasPrefix(pp[0], logs) {
-			t.Errorf("local rank %d: PYTHONPATH=%q, want the helper's directory then /user/site", lr, env["PYTHONPATH"])
+		if len(pp) != 2 || pp[0] != "/user/site" || strings.HasPrefix(pp[1], logs) {
+			t.Errorf("local rank %d: PYTHONPATH=%q, want /user/site then the helper's directory (outside the log directory)", lr, env["PYTHONPATH"])
 		}
 	}
 }

@@ -206,7 +206,7 @@ echo "loss=1 keep-$RANK"; echo "noise-$RANK"; echo "warn keep-err-$RANK" >&2`)
 	if len(cpus) != 2 {
 		t.Errorf("--numa-binding exclusive: the two ranks share CPUs %v", cpus)
 	}
-	att := filepath.Join(logs, "t2", "attempt_0")
+	att := filepath.Join(runLogDir(t, logs, "t2"), "attempt_0")
 	fo, _ := os.ReadFile(filepath.Join(att, "filtered_stdout.log"))
 	fe, _ := os.ReadFile(filepath.Join(att, "filtered_stderr.log"))
 	for _, want := range []string{"[default-r0-l0]:loss=1 keep-0\n", "[default-r1-l1]:loss=1 keep-1\n", "[default-r0-l0]:lr=0"} {
