@@ -169,6 +169,9 @@ type Coordinator struct {
 	revs          []revAt
 	compacted     int64
 	compactDenied bool
+	// etcdSeen is what the coordinator saw of etcd (its epoch, cluster
+	// id, highest revision): checkEtcd finds a loss of etcd's data by it.
+	etcdSeen fleet.EtcdView
 }
 
 type revAt struct {
@@ -258,6 +261,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	c.log.Info("elected leader")
+	c.checkEtcd(ctx)
 	if c.cfg.OnLeader != nil {
 		c.cfg.OnLeader(true)
 		defer c.cfg.OnLeader(false)
@@ -312,6 +316,7 @@ func (c *Coordinator) reload(ctx context.Context) error {
 	v.load(rctx, c.cli, snap, c.cfg.Now())
 	c.view, c.stale = v, false
 	c.observeRev(snap.Rev)
+	c.sawRev(snap.Rev)
 	c.log.Info("read the fleet", "revision", snap.Rev, "nodes", len(v.nodes), "teams", len(v.teams), "jobs", len(v.specs))
 	return nil
 }

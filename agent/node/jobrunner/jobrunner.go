@@ -123,6 +123,11 @@ type Runner struct {
 	tmp  string // the directory of the runs' TMPDIRs
 	// leaving: the node is drained; no job starts or restarts.
 	leaving bool
+	// resetting: etcd lost its data and StopAll stops (or stopped) every
+	// job; nothing starts until the Run loop re-read the assignments after
+	// StopAll (relistDue, relist): see dataloss.go.
+	resetting, relistDue bool
+	relist               chan struct{}
 	// gens is the desired record's generation of each job (containers
 	// are labelled with it).
 	gens map[string]int64
@@ -218,7 +223,7 @@ func New(cfg Config) *Runner {
 	if cfg.ContainerStartTimeout <= 0 {
 		cfg.ContainerStartTimeout = 15 * time.Minute
 	}
-	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, creds: map[string]*fleet.JobCreds{}, kick: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
+	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, creds: map[string]*fleet.JobCreds{}, kick: make(chan struct{}, 1), relist: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
 		uids: map[string]uint32{}, claims: map[string]uint32{}, problems: map[string]bool{}}
 }
 
@@ -306,6 +311,7 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 		for _, kv := range resp.Kvs {
 			r.apply(placed, kv.Key, kv.Value)
 		}
+		r.relisted()
 		r.reconcile(ctx, placed)
 		wctx, wcancel := context.WithCancel(ctx)
 		wch := node.Client.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
@@ -316,6 +322,8 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 				break watch
 			case <-r.kick:
 				r.reconcile(ctx, placed)
+			case <-r.relist:
+				break watch // etcd lost its data: read the assignments afresh
 			case <-tick.C:
 				r.box.adopt(r.markers())
 			case w, ok := <-wch:
@@ -412,7 +420,7 @@ func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 		}
 	}
 	for job, here := range placed {
-		if _, running := r.jobs[job]; !here || running || r.leaving || r.doneHere[job] {
+		if _, running := r.jobs[job]; !here || running || r.leaving || r.resetting || r.doneHere[job] {
 			continue
 		}
 		if rt := r.retry[job]; rt != nil && now.Before(rt.notBefore) {

@@ -26,6 +26,7 @@ type metrics struct {
 	discoveryErrors prometheus.Counter
 	writes          prometheus.Counter
 	leaseLost       prometheus.Counter
+	etcdDataLoss    prometheus.Counter
 }
 
 func newMetrics(node string) *metrics {
@@ -48,9 +49,10 @@ func newMetrics(node string) *metrics {
 		discoveryErrors: counter("discovery_errors_total", "Inventory passes that failed or were partial."),
 		writes:          counter("inventory_writes_total", "Writes of the node's inventory to etcd."),
 		leaseLost:       counter("lease_lost_total", "Times the node's lease was lost and the node re-registered."),
+		etcdDataLoss:    counter("etcd_data_loss_total", "Times the agent found that etcd lost its data (wiped, a new cluster, an older snapshot restored) and stopped the node's jobs."),
 	}
 	m.reg.MustRegister(m.gpus, m.gpusHealthy, m.neuron, m.neuronHealthy, m.neuronCores,
-		m.registered, m.draining, m.discoveryErrors, m.writes, m.leaseLost,
+		m.registered, m.draining, m.discoveryErrors, m.writes, m.leaseLost, m.etcdDataLoss,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -133,6 +133,11 @@ type Agent struct {
 	draining   bool
 	current    *devices.Inventory
 	lastErr    string
+	// view is what the agent saw of etcd when it registered (and the
+	// highest revision since): checkEtcd compares it on each registration.
+	view fleet.EtcdView
+	// loss is the last time etcd lost its data, nil if never.
+	loss *dataLoss
 }
 
 // New checks cfg and binds the HTTP listener (so a bad address fails
@@ -309,12 +314,18 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case <-a.drained:
 			return nil
-		case _, ok := <-keepAlive:
+		case resp, ok := <-keepAlive:
 			if !ok {
 				keepAlive = nil
 				if !a.isDraining() {
 					a.leaseLost(errors.New("lease keep-alive ended (etcd unreachable for longer than the lease TTL, or the lease was revoked)"))
 				}
+			} else if a.keepAliveSuspect(resp) {
+				if !a.isDraining() {
+					a.verifyEtcd(ctx)
+				}
+			} else {
+				a.sawRevision(resp.Revision)
 			}
 		case _, ok := <-aliveKA:
 			if !ok {
@@ -402,6 +413,14 @@ func (a *Agent) register(ctx, kaCtx context.Context) (ka, aliveKA <-chan *client
 	if err != nil {
 		return nil, nil, err
 	}
+	// Did etcd lose its data since the last registration? Then the node's
+	// jobs are stopped before it registers free.
+	if err := a.checkEtcd(ctx); err != nil {
+		return nil, nil, err
+	}
+	if note := a.lossNote(); note != "" {
+		inv.Reasons = append(inv.Reasons, note)
+	}
 	gctx, gcancel := context.WithTimeout(ctx, etcdTimeout)
 	grant, err := a.cli.Grant(gctx, a.ttl)
 	gcancel()
@@ -478,9 +497,11 @@ func (a *Agent) putRegistration(ctx context.Context, inv *devices.Inventory, lea
 	}
 	pctx, pcancel := context.WithTimeout(ctx, etcdTimeout)
 	defer pcancel()
-	if _, err := a.cli.Txn(pctx).Then(ops...).Commit(); err != nil {
+	r, err := a.cli.Txn(pctx).Then(ops...).Commit()
+	if err != nil {
 		return fmt.Errorf("etcd put %s: %w", a.key, err)
 	}
+	a.sawRevision(r.Header.Revision)
 	return nil
 }
 
@@ -503,6 +524,9 @@ func (a *Agent) refresh(ctx context.Context) {
 		return
 	}
 	defer a.unlockWriter()
+	if note := a.lossNote(); note != "" {
+		inv.Reasons = append(inv.Reasons, note)
+	}
 	a.mu.Lock()
 	if a.current != nil {
 		inv.Liveness = a.current.Liveness
