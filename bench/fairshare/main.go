@@ -32,14 +32,25 @@ func main() {
 	restart := flag.Float64("restart", 15, "checkpoint/restart delay of a resize or preemption (s)")
 	verbose := flag.Bool("v", false, "print both reports")
 	warmup := flag.Float64("warmup", 1.0/3, "fraction of the submission span excluded from the utilisation window as warm-up")
+	doSweep := flag.Bool("sweep", false, "instead: engine vs kueue mean JCT over offered load x elastic fraction, and on -trace")
+	sweepJobs := flag.Int("sweep-jobs", 6000, "jobs per sweep point")
+	traceFile := flag.String("trace", "examples/traces/philly-4vc.csv", "public trace for the sweep's headline (\"\" to skip)")
+	teamsFile := flag.String("teams", "examples/traces/philly-4vc-teams.yaml", "teams of -trace")
+	svg := flag.String("svg", "", "write the sweep's chart (SVG) to this file")
+	resize := flag.Float64("resize", 0.14, "sweep: resize delay (s), bench/elastic's in-process resize")
+	ckpt := flag.Float64("checkpoint", 600, "sweep: checkpoint interval (s); a preempted job loses half of it")
 	flag.Parse()
 
-	teams := []policy.Team{
-		{Name: "research", Weight: 2, Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 128}}},
-		{Name: "product", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 64}}},
-		{Name: "infra", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 64}}},
+	if *doSweep {
+		err := sweep(sweepOptions{jobs: *sweepJobs, seed: *seed, loads: []float64{0.6, 0.8, 1.0, 1.2, 1.4}, elastic: []float64{0, 0.25, 0.5, 0.75, 1},
+			trace: *traceFile, teams: *teamsFile, svg: *svg, restart: 1.74, resize: *resize, ckpt: *ckpt})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
 	}
-	fleet := sim.BuildFleet([]sim.FleetSpec{{Flavor: flavor, Nodes: 32, AcceleratorsPerNode: 8}})
+	teams, fleet := benchTeams()
 	type result struct{ fifo, eng *sim.Report }
 	var results []result
 	var trace []sim.TraceJob
@@ -47,11 +58,7 @@ func main() {
 	for k := 0; k < *seeds; k++ {
 		trace = sim.Generate(sim.GenOptions{
 			Seed: *seed + uint64(k), Jobs: *jobs, Capacity: 256, Load: *load, ElasticFraction: *elastic, ElasticMaxFactor: *factor, Burst: 0.9,
-			Teams: []sim.TeamLoad{
-				{Name: "research", Share: 0.5, Phase: 0},
-				{Name: "product", Share: 0.25, Phase: 2 * math.Pi / 3},
-				{Name: "infra", Share: 0.25, Phase: 4 * math.Pi / 3},
-			},
+			Teams: benchLoads(),
 		})
 		// Measure in steady state: the fleet starts empty and most GPU-time
 		// is in long jobs, so the first part of the submission span is
@@ -94,4 +101,23 @@ func main() {
 	fmt.Printf("BENCH fairshare_util_fifo %.1f %%\n", fifo.Utilization)
 	fmt.Printf("BENCH fairshare_util_engine %.1f %% anchor=%.1f target=90\n", eng.Utilization, fifo.Utilization)
 	fmt.Printf("BENCH fairshare_reclaim_max %.1f s target=60\n", eng.ReclaimMax)
+}
+
+// benchTeams is the bench's teams (one cohort) and fleet: 32 nodes x 8 GPUs.
+func benchTeams() ([]policy.Team, []policy.Node) {
+	teams := []policy.Team{
+		{Name: "research", Weight: 2, Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 128}}},
+		{Name: "product", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 64}}},
+		{Name: "infra", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 64}}},
+	}
+	return teams, sim.BuildFleet([]sim.FleetSpec{{Flavor: flavor, Nodes: 32, AcceleratorsPerNode: 8}})
+}
+
+// benchLoads is the teams' demand: research half, phase-shifted cycles.
+func benchLoads() []sim.TeamLoad {
+	return []sim.TeamLoad{
+		{Name: "research", Share: 0.5, Phase: 0},
+		{Name: "product", Share: 0.25, Phase: 2 * math.Pi / 3},
+		{Name: "infra", Share: 0.25, Phase: 4 * math.Pi / 3},
+	}
 }
