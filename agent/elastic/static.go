@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/c10dstore"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint"
 	"github.com/hyperpodrun/hyperpodrun/checkpoint/control"
 	"github.com/hyperpodrun/hyperpodrun/launcher"
@@ -66,6 +68,11 @@ func RunStatic(ctx context.Context, o Options) error {
 		ctlEnv = ch.Env()
 		ctlEnv["HYPERPODRUN_ELASTIC_SIGNAL"] = strconv.Itoa(int(o.ElasticSignal))
 	}
+	stop, err := serveStaticStore(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	if err := runHook(ctx, "pre-train", o.PreTrain); err != nil {
 		return err
 	}
@@ -134,6 +141,28 @@ func waitGroup(ctx context.Context, g *launcher.Group, o Options) (outcome, sysc
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
 		return outcomeSignal, o.ShutdownSignal
 	}
+}
+
+// serveStaticStore is torchrun's agent store under the static rendezvous:
+// node 0's agent serves the TCPStore on --master-port for the whole run,
+// and every node's workers run with TORCHELASTIC_USE_AGENT_STORE=True (they
+// connect to it, prefixing their keys with the restart count), as torchrun
+// 1.13 does. --standalone (torchrun's local c10d rendezvous) and
+// --no-agent-store keep the workers' own store on rank 0. stop closes it.
+func serveStaticStore(ctx context.Context, o *Options) (stop func(), err error) {
+	if o.RdzvBackend != "static" || o.NoAgentStore {
+		return func() {}, nil
+	}
+	o.Spec.UseAgentStore = true
+	if o.NodeRank != 0 {
+		return func() {}, nil
+	}
+	s, err := c10dstore.Listen(ctx, net.JoinHostPort("", strconv.Itoa(o.MasterPort)), c10dstore.Options{Logger: o.Logger})
+	if err != nil {
+		return nil, &ExitError{1, fmt.Errorf("serve the workers' TCPStore on --master-port %d (or run with --no-agent-store): %w", o.MasterPort, err)}
+	}
+	o.Logger.Info("serving the workers' TCPStore (torchrun's agent store)", "port", o.MasterPort)
+	return func() { _ = s.Close() }, nil
 }
 
 // failureGrace is how long, after a worker's failure, the agent lets the

@@ -133,7 +133,7 @@ func TestWorkerEnvironmentMatchesTorchrun(t *testing.T) {
 			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": strconv.Itoa(rank), "ROLE_WORLD_SIZE": "4",
 			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
-			"TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1",
+			"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_ASYNC_ERROR_HANDLING": "1", // issue 25: torchrun's static agent store
 			"TORCHELASTIC_ERROR_FILE": filepath.Join(runLogDir(t, logs, "job7"), "attempt_0", strconv.Itoa(lr), "error.json"),
 			"OUT":                     out, // the inherited environment is kept
 		}
@@ -687,7 +687,7 @@ func TestPollutedParentEnvironmentNeverOverridesWorkers(t *testing.T) {
 			"GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": strconv.Itoa(rank), "ROLE_WORLD_SIZE": "4",
 			"ROLE_NAME": "trainer", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "23456",
 			"TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RUN_ID": "job7",
-			"TORCHELASTIC_USE_AGENT_STORE": "False",
+			"TORCHELASTIC_USE_AGENT_STORE": "True", // issue 25: torchrun's static agent store
 			"TORCHELASTIC_ERROR_FILE":      filepath.Join(runLogDir(t, logs, "job7"), "attempt_0", strconv.Itoa(lr), "error.json"),
 		}
 		for k, v := range want {
