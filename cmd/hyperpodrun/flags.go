@@ -280,75 +280,22 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	if err != nil {
 		return bad("%v", err)
 	}
-	redirects, err := launcher.ParseStd("redirects", c.String("redirects"))
+	std, err := stdFlags(c)
 	if err != nil {
-		return bad("%v", err)
-	}
-	tee, err := launcher.ParseStd("tee", c.String("tee"))
-	if err != nil {
-		return bad("%v", err)
-	}
-	filter, err := launcher.ParseRankFilter(c.String("local-ranks-filter"))
-	if err != nil {
-		return bad("%v", err)
-	}
-	switch sm := c.String("start-method"); sm {
-	case "spawn", "fork", "forkserver":
-	default:
-		return bad("--start-method %q: choose spawn, fork or forkserver", sm)
-	}
-	if c.Int("max-restarts") < 0 {
-		return bad("--max-restarts must be >= 0")
-	}
-	if c.Int("master-port") < 0 || c.Int("master-port") > 65535 {
-		return bad("--master-port %d is not a TCP port (0-65535)", c.Int("master-port"))
-	}
-	if c.Bool("module") && c.Bool("no-python") {
-		return bad("--module and --no-python cannot be used together")
-	}
-	sdSig, err := launcher.ParseSignal(c.String("shutdown-signal"))
-	if err != nil {
-		return bad("--shutdown-signal: %v", err)
-	}
-	elSig, err := launcher.ParseSignal(c.String("elastic-signal"))
-	if err != nil {
-		return bad("--elastic-signal: %v", err)
-	}
-	if elSig == syscall.SIGKILL || elSig == syscall.SIGSTOP {
-		return bad("--elastic-signal %s: workers cannot catch it to checkpoint; use SIGUSR1 (the default) or another signal they can handle", launcher.SignalName(elSig))
-	}
-	dur := func(name string) (time.Duration, error) {
-		v := c.Float64(name)
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxTimeout.Seconds() {
-			return 0, &usageError{fmt.Errorf("--%s %v: must be a number of seconds between 0 and %.0f", name, v, maxTimeout.Seconds())}
-		}
-		return time.Duration(v * float64(time.Second)), nil
-	}
-	if o.ShutdownTimeout, err = dur("shutdown-timeout"); err != nil {
 		return cl, err
 	}
-	if o.GracefulTimeout, err = dur("graceful-timeout"); err != nil {
+	if err := checkWorkerFlags(c); err != nil {
 		return cl, err
 	}
-	if o.MonitorInterval, err = dur("monitor-interval"); err != nil {
+	if o.ShutdownSignal, o.ElasticSignal, err = signalFlags(c); err != nil {
 		return cl, err
 	}
-	if o.PrewarmTimeout, err = dur("inprocess-prewarm-timeout"); err != nil {
+	if err := timeoutFlags(c, o); err != nil {
 		return cl, err
 	}
-
-	o.RdzvBackend = c.String("rdzv-backend")
-	if o.RdzvEndpoint, err = valueOrFile("rdzv-endpoint", c.String("rdzv-endpoint")); err != nil {
+	if err := rdzvFlags(c, o); err != nil {
 		return cl, err
 	}
-	o.RdzvID = c.String("rdzv-id")
-	if err := checkRdzvID(o.RdzvID, o.RdzvBackend, c.Bool("standalone")); err != nil {
-		return cl, err
-	}
-	if o.RdzvConf, err = valueOrFile("rdzv-conf", c.String("rdzv-conf")); err != nil {
-		return cl, err
-	}
-	o.Standalone = c.Bool("standalone")
 	o.NoAgentStore = c.Bool("no-agent-store")
 	o.InProcessResize = c.Bool("inprocess-resize")
 	o.MaxRestarts = c.Int("max-restarts")
@@ -357,67 +304,17 @@ func optionsFrom(c *cli.Context) (cmdline, error) {
 	o.MasterPort = c.Int("master-port")
 	o.LocalAddr = c.String("local-addr")
 	o.BaseLogDir = c.String("log-dir")
-	o.ShutdownSignal, o.ElasticSignal = sdSig, elSig
 	if s := c.String("pre-train-script"); s != "" {
 		o.PreTrain = append([]string{s}, strings.Fields(c.String("pre-train-args"))...)
 	}
 	if s := c.String("post-train-script"); s != "" {
 		o.PostTrain = append([]string{s}, strings.Fields(c.String("post-train-args"))...)
 	}
-	switch o.RdzvBackend {
-	case "static", "etcd", "etcd-v2", "etcd-v3", "c10d":
-	case "hyperpod":
-		// HyperPod's operator-driven rendezvous: hyperpodrun has no operator
-		// to talk to; with an endpoint it rendezvouses the way c10d does.
-		if o.RdzvEndpoint == "" && !o.Standalone {
-			return bad("--rdzv-backend hyperpod: hyperpodrun has no HyperPod operator to rendezvous through; give --rdzv-endpoint HOST:PORT (an etcd, or the address of the node that hosts the rendezvous, as with c10d) or use --standalone")
-		}
-		o.RdzvBackend = "c10d"
-		cl.notices = append(cl.notices, "--rdzv-backend hyperpod: rendezvousing as c10d on "+o.RdzvEndpoint+" (the node owning that address hosts an embedded etcd; others join it)")
-	default:
-		return bad("--rdzv-backend %q: choose static, etcd, c10d or hyperpod", o.RdzvBackend)
+	if err := rdzvBackend(&cl); err != nil {
+		return cl, err
 	}
-	conf, confNotes, err := splitRdzvConf(o.RdzvConf, o.RdzvBackend == "c10d")
-	if err != nil {
-		return bad("%v", err)
-	}
-	o.RdzvConf = conf
-	cl.notices = append(cl.notices, confNotes...)
-	if la, ok := confValue(o.RdzvConf, "local_addr"); ok {
-		if o.LocalAddr == "" {
-			o.LocalAddr = la
-		}
-		o.RdzvConf = dropConf(o.RdzvConf, "local_addr")
-	}
-	if o.Standalone {
-		// torchrun --standalone: one node, a local rendezvous, a random id.
-		o.RdzvBackend = "standalone"
-		o.MinNodes, o.MaxNodes, o.NodeRank = 1, 1, 0
-		o.RdzvID = elastic.RandomID()
-		o.MasterAddr = "127.0.0.1"
-	}
-
-	args := c.Args().Slice()
-	o.Spec = launcher.Spec{
-		Entrypoint:   args[0],
-		Args:         args[1:],
-		Module:       c.Bool("module"),
-		NoPython:     c.Bool("no-python"),
-		RunPath:      c.Bool("run-path"),
-		PythonExec:   os.Getenv("PYTHON_EXEC"),
-		NProcPerNode: nproc,
-		Role:         c.String("role"),
-		RunID:        o.RdzvID,
-		MaxRestarts:  o.MaxRestarts,
-		Redirects:    redirects,
-		Tee:          tee,
-		RanksFilter:  filter,
-	}
-	if c.Bool("pin-devices") {
-		if devKind == "" || devKind == local.ProcCPU {
-			return bad("--pin-devices needs --nproc-per-node gpu or auto on a node with GPUs or Neuron devices (got %q)", c.String("nproc-per-node"))
-		}
-		o.Spec.RankEnv = func(lr int) map[string]string { return local.PinEnv(devKind, lr, nproc) }
+	if err := specFrom(c, o, nproc, devKind, std); err != nil {
+		return cl, err
 	}
 	if err := torch2Flags(c, &cl, devKind); err != nil {
 		return cl, err
@@ -470,4 +367,166 @@ func valueOrFile(flag, v string) (string, error) {
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
 	return strings.TrimSpace(line), nil
+}
+
+// badf is a usage error.
+func badf(format string, a ...any) error {
+	return &usageError{fmt.Errorf(format, a...)}
+}
+
+// stdStreams are --redirects, --tee and --local-ranks-filter.
+type stdStreams struct {
+	redirects, tee launcher.StdSpec
+	filter         map[int]bool
+}
+
+func stdFlags(c *cli.Context) (stdStreams, error) {
+	var st stdStreams
+	var err error
+	if st.redirects, err = launcher.ParseStd("redirects", c.String("redirects")); err != nil {
+		return st, badf("%v", err)
+	}
+	if st.tee, err = launcher.ParseStd("tee", c.String("tee")); err != nil {
+		return st, badf("%v", err)
+	}
+	if st.filter, err = launcher.ParseRankFilter(c.String("local-ranks-filter")); err != nil {
+		return st, badf("%v", err)
+	}
+	return st, nil
+}
+
+// checkWorkerFlags checks the flags about how workers start.
+func checkWorkerFlags(c *cli.Context) error {
+	switch sm := c.String("start-method"); sm {
+	case "spawn", "fork", "forkserver":
+	default:
+		return badf("--start-method %q: choose spawn, fork or forkserver", sm)
+	}
+	if c.Int("max-restarts") < 0 {
+		return badf("--max-restarts must be >= 0")
+	}
+	if c.Int("master-port") < 0 || c.Int("master-port") > 65535 {
+		return badf("--master-port %d is not a TCP port (0-65535)", c.Int("master-port"))
+	}
+	if c.Bool("module") && c.Bool("no-python") {
+		return badf("--module and --no-python cannot be used together")
+	}
+	return nil
+}
+
+// signalFlags are --shutdown-signal and --elastic-signal.
+func signalFlags(c *cli.Context) (shutdown, elastic syscall.Signal, err error) {
+	if shutdown, err = launcher.ParseSignal(c.String("shutdown-signal")); err != nil {
+		return 0, 0, badf("--shutdown-signal: %v", err)
+	}
+	if elastic, err = launcher.ParseSignal(c.String("elastic-signal")); err != nil {
+		return 0, 0, badf("--elastic-signal: %v", err)
+	}
+	if elastic == syscall.SIGKILL || elastic == syscall.SIGSTOP {
+		return 0, 0, badf("--elastic-signal %s: workers cannot catch it to checkpoint; use SIGUSR1 (the default) or another signal they can handle", launcher.SignalName(elastic))
+	}
+	return shutdown, elastic, nil
+}
+
+// timeoutFlags are the timeouts in seconds, each at most maxTimeout.
+func timeoutFlags(c *cli.Context, o *elastic.Options) error {
+	for _, t := range []struct {
+		name string
+		to   *time.Duration
+	}{
+		{"shutdown-timeout", &o.ShutdownTimeout}, {"graceful-timeout", &o.GracefulTimeout},
+		{"monitor-interval", &o.MonitorInterval}, {"inprocess-prewarm-timeout", &o.PrewarmTimeout},
+	} {
+		v := c.Float64(t.name)
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxTimeout.Seconds() {
+			return badf("--%s %v: must be a number of seconds between 0 and %.0f", t.name, v, maxTimeout.Seconds())
+		}
+		*t.to = time.Duration(v * float64(time.Second))
+	}
+	return nil
+}
+
+// rdzvFlags are the rendezvous flags as given (endpoint and conf may be
+// @file).
+func rdzvFlags(c *cli.Context, o *elastic.Options) error {
+	var err error
+	o.RdzvBackend = c.String("rdzv-backend")
+	if o.RdzvEndpoint, err = valueOrFile("rdzv-endpoint", c.String("rdzv-endpoint")); err != nil {
+		return err
+	}
+	o.RdzvID = c.String("rdzv-id")
+	if err := checkRdzvID(o.RdzvID, o.RdzvBackend, c.Bool("standalone")); err != nil {
+		return err
+	}
+	if o.RdzvConf, err = valueOrFile("rdzv-conf", c.String("rdzv-conf")); err != nil {
+		return err
+	}
+	o.Standalone = c.Bool("standalone")
+	return nil
+}
+
+// rdzvBackend settles the rendezvous: the backend (hyperpod rendezvouses
+// as c10d), --rdzv-conf's keys, and --standalone's local rendezvous.
+func rdzvBackend(cl *cmdline) error {
+	o := &cl.opts
+	switch o.RdzvBackend {
+	case "static", "etcd", "etcd-v2", "etcd-v3", "c10d":
+	case "hyperpod":
+		// HyperPod's operator-driven rendezvous: hyperpodrun has no operator
+		// to talk to; with an endpoint it rendezvouses the way c10d does.
+		if o.RdzvEndpoint == "" && !o.Standalone {
+			return badf("--rdzv-backend hyperpod: hyperpodrun has no HyperPod operator to rendezvous through; give --rdzv-endpoint HOST:PORT (an etcd, or the address of the node that hosts the rendezvous, as with c10d) or use --standalone")
+		}
+		o.RdzvBackend = "c10d"
+		cl.notices = append(cl.notices, "--rdzv-backend hyperpod: rendezvousing as c10d on "+o.RdzvEndpoint+" (the node owning that address hosts an embedded etcd; others join it)")
+	default:
+		return badf("--rdzv-backend %q: choose static, etcd, c10d or hyperpod", o.RdzvBackend)
+	}
+	conf, confNotes, err := splitRdzvConf(o.RdzvConf, o.RdzvBackend == "c10d")
+	if err != nil {
+		return badf("%v", err)
+	}
+	o.RdzvConf = conf
+	cl.notices = append(cl.notices, confNotes...)
+	if la, ok := confValue(o.RdzvConf, "local_addr"); ok {
+		if o.LocalAddr == "" {
+			o.LocalAddr = la
+		}
+		o.RdzvConf = dropConf(o.RdzvConf, "local_addr")
+	}
+	if o.Standalone {
+		// torchrun --standalone: one node, a local rendezvous, a random id.
+		o.RdzvBackend = "standalone"
+		o.MinNodes, o.MaxNodes, o.NodeRank = 1, 1, 0
+		o.RdzvID = elastic.RandomID()
+		o.MasterAddr = "localhost" // torchrun's MASTER_ADDR under --standalone
+	}
+	return nil
+}
+
+// specFrom is what the workers run.
+func specFrom(c *cli.Context, o *elastic.Options, nproc int, devKind string, std stdStreams) error {
+	args := c.Args().Slice()
+	o.Spec = launcher.Spec{
+		Entrypoint:   args[0],
+		Args:         args[1:],
+		Module:       c.Bool("module"),
+		NoPython:     c.Bool("no-python"),
+		RunPath:      c.Bool("run-path"),
+		PythonExec:   os.Getenv("PYTHON_EXEC"),
+		NProcPerNode: nproc,
+		Role:         c.String("role"),
+		RunID:        o.RdzvID,
+		MaxRestarts:  o.MaxRestarts,
+		Redirects:    std.redirects,
+		Tee:          std.tee,
+		RanksFilter:  std.filter,
+	}
+	if c.Bool("pin-devices") {
+		if devKind == "" || devKind == local.ProcCPU {
+			return badf("--pin-devices needs --nproc-per-node gpu or auto on a node with GPUs or Neuron devices (got %q)", c.String("nproc-per-node"))
+		}
+		o.Spec.RankEnv = func(lr int) map[string]string { return local.PinEnv(devKind, lr, nproc) }
+	}
+	return nil
 }
