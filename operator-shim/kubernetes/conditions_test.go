@@ -1,8 +1,10 @@
 package kubernetes
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -140,5 +142,27 @@ func TestKubeAdvice(t *testing.T) {
 	}
 	if got := KubeAdvice(ej, api.CodeNoCapacity, "no nodes free"); got != "no nodes free" {
 		t.Errorf("other messages are kept: %q", got)
+	}
+}
+
+// A steady job's status, as read back from the API server, computes to
+// itself later: the controller writes no status without a change.
+func TestSteadyStatusIsNotRewritten(t *testing.T) {
+	j := job(nil)
+	j.Generation = 2
+	in := StatusInput{Desired: desired(1, "a", "b"), Pods: []PodView{running("pa", "a"), running("pb", "b"), exited("old", "a", 1, false)},
+		Decision: &fleet.Status{Reason: api.Reason{Job: "llama", Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "within quota"}}, Now: t0.Add(1500 * time.Millisecond)}
+	s := ComputeStatus(j, v1alpha1.ElasticJobStatus{}, in)
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read v1alpha1.ElasticJobStatus
+	if err := json.Unmarshal(b, &read); err != nil {
+		t.Fatal(err)
+	}
+	in.Now = t0.Add(time.Hour)
+	if again := ComputeStatus(j, read, in); !reflect.DeepEqual(again, read) {
+		t.Errorf("the status changed without a cause:\n%+v\n%+v", read, again)
 	}
 }
