@@ -141,7 +141,7 @@ func sweepSVG(loads, elastic []float64, ratio [][]float64) string {
 		}
 		fmt.Fprintf(&b, `<path class="series" d="%s" stroke="%s" stroke-width="2" fill="none"/>`, d.String(), c)
 		fmt.Fprintf(&b, `<path d="M%.0f %.0f h18" stroke="%s" stroke-width="3"/><text x="%.0f" y="%.0f" font-size="12">%s</text>`,
-			w-right+12, top+40+float64(ei)*18, c, w-right+36, top+44+float64(ei)*18, html.EscapeString(fmt.Sprintf("%.0f%% elastic", 100*e)))
+			w-right+12, top+90+float64(ei)*18, c, w-right+36, top+94+float64(ei)*18, html.EscapeString(fmt.Sprintf("%.0f%% elastic", 100*e)))
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
