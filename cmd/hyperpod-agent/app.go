@@ -105,7 +105,7 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
-				}, append(append(etcdflags.Set{}.Flags(), enrollFlags...), discoveryFlags...)...),
+				}, append(append(etcdflags.Set{}.Flags(), enrollFlags()...), discoveryFlags...)...),
 				Action: func(c *cli.Context) error { return runAgent(c, sig) },
 			},
 			{

@@ -17,11 +17,14 @@ import (
 )
 
 // enrollFlags turn on the enrollment of a Kubernetes agent pod
-// (etcdauth.Enroll, docs/kubernetes.md).
-var enrollFlags = []cli.Flag{
-	&cli.StringFlag{Name: "etcd-enroll", EnvVars: []string{"HYPERPOD_ETCD_ENROLL"}, Usage: "file holding this pod's projected ServiceAccount token (audience " + etcdauth.EnrollAudience +
-		"): connect as --etcd-user " + etcdauth.EnrollUser + ", enroll as this node's own etcd user hyperpod-node-<node> and run as it (the Kubernetes DaemonSet; docs/kubernetes.md)"},
-	&cli.DurationFlag{Name: "etcd-enroll-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the enrollment's answer before giving up (and saying why it may have been refused)"},
+// (etcdauth.Enroll, docs/kubernetes.md). They are made anew for each app:
+// urfave/cli keeps a value read from the environment in the flag itself.
+func enrollFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "etcd-enroll", EnvVars: []string{"HYPERPOD_ETCD_ENROLL"}, Usage: "file holding this pod's projected ServiceAccount token (audience " + etcdauth.EnrollAudience +
+			"): connect as --etcd-user " + etcdauth.EnrollUser + ", enroll as this node's own etcd user hyperpod-node-<node> and run as it (the Kubernetes DaemonSet; docs/kubernetes.md)"},
+		&cli.DurationFlag{Name: "etcd-enroll-timeout", Value: 2 * time.Minute, Usage: "how long to wait for the enrollment's answer before giving up (and saying why it may have been refused)"},
+	}
 }
 
 // enrollAsNode returns a client of node's own etcd user, enrolled with
