@@ -60,6 +60,24 @@
 //     productively (restart delay included). ReclaimMax is the worst case:
 //     "each team's guaranteed quota back within N seconds of its demand".
 //   - Preemptions, shrinks, grows and moves: engine decisions.
+//   - JCT (mean, p50, p95, p99): submission to completion; mean queueing
+//     delay: submission to first admission.
+//   - BusyUtilization/BusyAllocated: over capacity x makespan.
+//   - Fairness: Jain's index over the teams of the part of its nominal
+//     quota each team held while it had jobs waiting (QuotaWhileWaiting).
+//   - GPUHoursLost: accelerators held while restarting (RestartDelay,
+//     ResizeDelay for a resize) plus progress lost by preempted jobs (half
+//     of CheckpointInterval on average).
+//   - Rejected: jobs a policy can never run (larger than the fleet in every
+//     mode; for fifo, larger than the team's quota), not left in the queue.
+//
+// # Policies
+//
+// Options.Mode picks the policy: engine (hyperpodrun), fifo, kueue or
+// batch-fairshare (policy.FIFO, policy.Kueue, policy.BatchFairShare: the
+// baselines, static sizes, same placement). Compare runs several, and
+// "oracle" is Bound: per figure, what no schedule can beat (a fluid
+// relaxation ignoring placement, quotas and restart costs).
 //
 // # Synthetic traces
 //
