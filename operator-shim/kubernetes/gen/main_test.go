@@ -45,3 +45,31 @@ func TestImageFlag(t *testing.T) {
 		t.Errorf("a bad -image: exit %d, stderr %q", code, stderr.String())
 	}
 }
+
+// -etcd-endpoints and -etcd-prefix put the user's etcd in the controller's
+// Deployment and in a copy of the agent DaemonSet; bad values are refused.
+func TestEtcdFlags(t *testing.T) {
+	t.Chdir(filepath.Join("..", "..", "..")) // the repository root, as make runs it
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	const eps = "https://etcd-0.fleet.internal:2379,https://etcd-1.fleet.internal:2379"
+	if code := run([]string{"-dir", dir, "-etcd-endpoints", eps, "-etcd-prefix", "/ml-fleet"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	for _, n := range []string{"controller.yaml", "daemonset.yaml"} {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		if strings.Contains(s, manifests.EtcdEndpoints) || !strings.Contains(s, "--etcd-endpoints="+eps+"\n") || !strings.Contains(s, "--etcd-prefix=/ml-fleet\n") {
+			t.Errorf("%s does not name the given etcd:\n%s", n, s)
+		}
+	}
+	for _, bad := range [][]string{{"-etcd-endpoints", "etcd:2379"}, {"-etcd-prefix", "hyperpodrun"}} {
+		stderr.Reset()
+		if code := run(append([]string{"-dir", dir}, bad...), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), bad[0]) {
+			t.Errorf("%v: exit %d, stderr %q", bad, code, stderr.String())
+		}
+	}
+}

@@ -242,6 +242,13 @@ func LeaderRoleBinding() *rbacv1.RoleBinding {
 	}
 }
 
+// The fleet's etcd as the committed manifests name it (gen's
+// -etcd-endpoints and -etcd-prefix put yours in their place).
+const (
+	EtcdEndpoints = "https://etcd.hyperpodrun.svc:2379"
+	EtcdPrefix    = "/hyperpodrun"
+)
+
 // Deployment runs two controllers; one leads (Lease LeaseName).
 func Deployment() *appsv1.Deployment {
 	sel := map[string]string{"app.kubernetes.io/name": Controller}
@@ -265,11 +272,11 @@ func Deployment() *appsv1.Deployment {
 						ImagePullPolicy: corev1.PullIfNotPresent,
 						Args: []string{
 							"run",
-							"--etcd-endpoints=https://etcd.hyperpodrun.svc:2379",
+							"--etcd-endpoints=" + EtcdEndpoints,
 							"--etcd-cacert=/etc/hyperpod/etcd-tls/ca.crt",
 							"--etcd-user=hyperpod-kube-controller", // its own etcd role (docs/security.md), not the coordinator's root
 							"--etcd-password-file=/etc/hyperpod/etcd-auth/password",
-							"--etcd-prefix=/hyperpodrun",
+							"--etcd-prefix=" + EtcdPrefix,
 							"--leader-elect",
 							"--leader-election-namespace=$(POD_NAMESPACE)",
 							"--id=$(POD_NAME)",
