@@ -46,8 +46,11 @@ func (r *Runner) scheduleRestart(job, why string, n int, attrs ...any) {
 	r.mu.Lock()
 	rt := r.retryOf(job)
 	d := Backoff(n, r.cfg.BackoffBase, r.cfg.BackoffMax)
-	rt.notBefore = time.Now().Add(d)
-	rt.timer.Reset(d)
+	rt.notBefore = r.cfg.Clock.Now().Add(d)
+	// A new timer rather than Reset: a fake clock's AfterFunc timer
+	// fires only once (k8s.io/utils/clock/testing).
+	rt.timer.Stop()
+	rt.timer = r.cfg.Clock.AfterFunc(d, r.poke)
 	r.mu.Unlock()
 	r.log.Warn("node failure: restarting the job's hyperpodrun after a backoff while the job is placed on this node",
 		append([]any{"job", job, "why", why, "backoff", d, "consecutive_failures", n}, attrs...)...)

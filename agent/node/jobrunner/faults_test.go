@@ -16,6 +16,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
@@ -77,6 +79,16 @@ type fixture struct {
 // newFixture starts the runner with cgroupParent (NoCgroup for the
 // fallback) and a job running worker, with maxRestarts.
 func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent string) *fixture {
+	return newFixtureOn(t, worker, maxRestarts, cgroupParent, nil)
+}
+
+// newFixtureOn is newFixture with the restart backoff on clk (nil: the
+// real clock).
+func newFixtureOn(t *testing.T, worker string, maxRestarts int, cgroupParent string, clk *clocktesting.FakeClock) *fixture {
+	var backoffClock clock.WithDelayedExecution
+	if clk != nil {
+		backoffClock = clk
+	}
 	hpr := hyperpodrun(t)
 	f := &fixture{t: t, dir: t.TempDir(), out: &syncBuf{}, logs: &syncBuf{}}
 	// Short: the control socket's path must fit in 107 bytes.
@@ -100,7 +112,7 @@ func newFixture(t *testing.T, worker string, maxRestarts int, cgroupParent strin
 	}
 	f.r = New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2", Output: f.out, AllowRootJobs: true,
 		Logger: slog.New(slog.NewTextHandler(f.logs, nil)), TempDir: tmp, CgroupParent: cgroupParent,
-		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second})
+		BackoffBase: 100 * time.Millisecond, BackoffMax: time.Second, Clock: backoffClock})
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -309,7 +321,8 @@ func TestSIGKILLOfHyperpodrunRestartsItAndLeavesNothing(t *testing.T) {
 // signal that is a node failure while restarts <= maxRestarts marks the
 // job Failed once the count exceeds it.
 func TestSpentRestartBudgetFailsTheJob(t *testing.T) {
-	f := newFixture(t, loopWorker, 1, "")
+	clk := clocktesting.NewFakeClock(time.Now())
+	f := newFixtureOn(t, loopWorker, 1, "", clk)
 	setRestarts := func(n int64) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
@@ -321,7 +334,7 @@ func TestSpentRestartBudgetFailsTheJob(t *testing.T) {
 	setRestarts(1) // at the budget, not over it
 	f.waitFor("the worker", func() bool { return f.runs() == 1 })
 	syscall.Kill(f.hyperpodrunPID(), syscall.SIGKILL)
-	f.waitFor("the worker to run again", func() bool { return f.runs() == 2 })
+	f.waitFor("the worker to run again", stepping(clk, time.Second, func() bool { return f.runs() == 2 }))
 	if fin := f.finish(); fin != nil {
 		t.Fatalf("failed with restarts == maxRestarts: %+v", *fin)
 	}
@@ -332,9 +345,12 @@ func TestSpentRestartBudgetFailsTheJob(t *testing.T) {
 	if fin.Outcome != fleet.Failed || !strings.Contains(fin.Message, "2 restart(s) exceed maxRestarts 1") {
 		t.Errorf("finish record %+v, want Failed for the spent budget", *fin)
 	}
-	time.Sleep(500 * time.Millisecond) // past a backoff: nothing restarts it
-	if n := f.runs(); n != 2 || f.hyperpodrunPID() != 0 {
-		t.Errorf("a Failed job was restarted: %d runs, hyperpodrun %d", n, f.hyperpodrunPID())
+	// Past any backoff (and the hold on a failed run): nothing restarts it.
+	started := startedRuns(f.logs.String())
+	clk.Step(25 * time.Hour)
+	reconciledNow(t, f.r)
+	if n := f.runs(); n != 2 || f.hyperpodrunPID() != 0 || startedRuns(f.logs.String()) != started {
+		t.Errorf("a Failed job was restarted: %d runs, hyperpodrun %d, %d run(s) started after it failed\n%s", n, f.hyperpodrunPID(), startedRuns(f.logs.String())-started, f.logs.String())
 	}
 }
 
@@ -449,9 +465,11 @@ func TestCrashLoopIsVisibleAndFailsTheJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &syncBuf{}
-	// A slow backoff at first, to see the record while it restarts.
+	// The backoff passes only when the test steps the clock: the record
+	// is seen while the job restarts.
+	clk := clocktesting.NewFakeClock(time.Now())
 	r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, Output: &syncBuf{}, AllowRootJobs: true, Logger: slog.New(slog.NewTextHandler(logs, nil)),
-		TempDir: tmp, CgroupParent: NoCgroup, BackoffBase: 700 * time.Millisecond, BackoffMax: time.Second})
+		TempDir: tmp, CgroupParent: NoCgroup, BackoffBase: 700 * time.Millisecond, BackoffMax: time.Second, Clock: clk})
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { r.Run(rctx, nodeagent.Node{Name: "node-a", Prefix: "/hyperpodrun", Client: cli}); close(done) }()
@@ -465,13 +483,7 @@ func TestCrashLoopIsVisibleAndFailsTheJob(t *testing.T) {
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(45 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s\n%s", what, logs.String())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		testutil.Eventually(t, 45*time.Second, what, func() (bool, string) { return cond(), "\n" + logs.String() })
 	}
 	var p fleet.Problem
 	waitFor("the job's restarting record", func() bool {
@@ -486,11 +498,11 @@ func TestCrashLoopIsVisibleAndFailsTheJob(t *testing.T) {
 		t.Errorf("the job finished after %d failure(s), maxRestarts %d", p.Restarts, maxRestarts)
 	}
 	var fin fleet.Finish
-	waitFor("the job to be Failed", func() bool {
+	waitFor("the job to be Failed", stepping(clk, time.Second, func() bool {
 		var ok bool
 		fin, ok = finishOf(t, ctx, st, "j")
 		return ok
-	})
+	}))
 	if fin.Outcome != fleet.Failed || !strings.Contains(fin.Message, "failed 3 time(s) in a row on node node-a") || !strings.Contains(fin.Message, "maxRestarts 2") ||
 		!strings.Contains(fin.Message, "permission denied") {
 		t.Errorf("finish record %+v: want Failed, naming the failures in a row, maxRestarts and the last error", fin)
@@ -498,9 +510,12 @@ func TestCrashLoopIsVisibleAndFailsTheJob(t *testing.T) {
 	if n := runs(); n != maxRestarts+1 {
 		t.Errorf("hyperpodrun ran %d time(s), want maxRestarts+1 = %d", n, maxRestarts+1)
 	}
-	time.Sleep(1500 * time.Millisecond) // past a backoff: nothing restarts it
-	if n := runs(); n != maxRestarts+1 {
-		t.Errorf("a Failed job was restarted: %d runs", n)
+	// Past any backoff (and the hold on a failed run): nothing restarts it.
+	started := startedRuns(logs.String())
+	clk.Step(25 * time.Hour)
+	reconciledNow(t, r)
+	if n := runs(); n != maxRestarts+1 || startedRuns(logs.String()) != started {
+		t.Errorf("a Failed job was restarted: %d runs, %d started after it failed", n, startedRuns(logs.String())-started)
 	}
 	if p, ok := problemOf(t, ctx, st, "j", "node-a"); ok {
 		t.Errorf("a Failed job still shows restarting: %+v", p)

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/utils/clock"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
@@ -98,6 +99,9 @@ type Config struct {
 	// restart count and rendezvous (a node's user may not); default: the
 	// Endpoints, without TLS.
 	DialJob DialJob
+	// Clock times the restart backoff (default: the real clock); tests
+	// step a fake one past it.
+	Clock clock.WithDelayedExecution
 }
 
 // Runner implements nodeagent.Workloads.
@@ -191,7 +195,7 @@ func (p *proc) drain(log *slog.Logger, job string) {
 type retry struct {
 	failures  int       // consecutive node failures
 	notBefore time.Time // no restart before
-	timer     *time.Timer
+	timer     clock.Timer
 }
 
 // New returns a runner.
@@ -222,6 +226,9 @@ func New(cfg Config) *Runner {
 	}
 	if cfg.ContainerStartTimeout <= 0 {
 		cfg.ContainerStartTimeout = 15 * time.Minute
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	return &Runner{cfg: cfg, log: cfg.Logger, jobs: map[string]*proc{}, retry: map[string]*retry{}, doneHere: map[string]bool{}, creds: map[string]*fleet.JobCreds{}, kick: make(chan struct{}, 1), relist: make(chan struct{}, 1), gens: map[string]int64{}, quit: make(chan struct{}),
 		uids: map[string]uint32{}, claims: map[string]uint32{}, problems: map[string]bool{}}
@@ -379,7 +386,7 @@ func (r *Runner) apply(placed map[string]bool, key, value []byte) {
 // placed here. The runner's lock is never held across an etcd call.
 func (r *Runner) reconcile(ctx context.Context, placed map[string]bool) {
 	var start []string
-	now := time.Now()
+	now := r.cfg.Clock.Now()
 	r.mu.Lock()
 	for job, p := range r.jobs {
 		if !placed[job] && !p.draining {
@@ -453,7 +460,7 @@ func (r *Runner) poke() {
 func (r *Runner) retryOf(job string) *retry {
 	rt := r.retry[job]
 	if rt == nil {
-		rt = &retry{timer: time.AfterFunc(time.Hour, r.poke)}
+		rt = &retry{timer: r.cfg.Clock.AfterFunc(time.Hour, r.poke)}
 		rt.timer.Stop()
 		r.retry[job] = rt
 	}
@@ -785,7 +792,7 @@ func (r *Runner) release(job string, p *proc, failed bool) (draining bool) {
 		p.healthy.Stop()
 	}
 	if !draining && failed && !r.leaving {
-		r.retryOf(job).notBefore = time.Now().Add(24 * time.Hour)
+		r.retryOf(job).notBefore = r.cfg.Clock.Now().Add(24 * time.Hour)
 	}
 	r.mu.Unlock()
 	close(p.done)
