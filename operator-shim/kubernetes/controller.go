@@ -551,6 +551,7 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	case invalid != nil:
 		c.recorder.Event(ej, corev1.EventTypeWarning, string(api.CodeInvalidSpec), invalid.Error())
 	case spec == nil:
+		c.teamFirst(ctx, want.Team)
 		if err := c.store.SubmitJob(ctx, want); err != nil {
 			return 0, fmt.Errorf("submit job %s: %w", job, err)
 		}

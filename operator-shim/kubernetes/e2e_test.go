@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -513,6 +514,8 @@ type envOptions struct {
 	// coordinator runs as its user and mints each job's credentials, and
 	// the controller runs as its own least-privilege user.
 	EtcdAuth bool
+	// Resync is the controller's resync period (default 1s).
+	Resync time.Duration
 	// DebianEtcd: with EtcdAuth, the fleet's etcd is Debian's etcd binary
 	// when installed (etcdtest.DebianEtcd), which checks no permission on
 	// keepalives, as a third party's attack on a lease needs; else the
@@ -627,7 +630,7 @@ func startEnv(t *testing.T, o envOptions) *env {
 	}
 	for i := range n {
 		cfg := kube.Config{Kube: ctlCfg, Etcd: ctlCli, PodEndpoints: podEPs, LauncherImage: "launcher:test", Auth: o.Auth || o.EtcdAuth,
-			Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: time.Second, Logger: log.With("controller", i)}
+			Nodes: true, Teams: true, DrainMargin: 20 * time.Second, Resync: cmp.Or(o.Resync, time.Second), Logger: log.With("controller", i)}
 		if o.LeaderElection {
 			cfg.LeaderElection = &kube.LeaderElection{Namespace: "hyperpodrun", Name: "hyperpod-kube-controller", Identity: fmt.Sprintf("ctl-%d", i),
 				LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond}

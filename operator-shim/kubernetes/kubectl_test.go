@@ -178,3 +178,24 @@ func TestFailedPodKeptAndNoServiceAccountToken(t *testing.T) {
 		t.Errorf("no event says the failed pod is kept:\n%s", txt)
 	}
 }
+
+// A new job whose ElasticTeam exists is never told its team is missing,
+// even when the team's record is not in etcd yet (the team bridge has not
+// run since a start; here the record is deleted and the bridge's resync
+// is long): the controller applies the team before it submits the job.
+func TestNewJobsTeamAppliedFirst(t *testing.T) {
+	e := startEnv(t, envOptions{Resync: time.Minute})
+	if _, err := e.s.Etcd.Delete(e.ctx, e.st.Keys.Team("research")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("early", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "early runs", func() (bool, string) {
+		s := e.status("early")
+		return s.Phase == v1alpha1.PhaseRunning, fmt.Sprintf("%+v", s)
+	})
+	if txt := eventsText(t, e.cs, "early"); strings.Contains(txt, string(api.CodeTeamNotFound)) || strings.Contains(txt, "does not exist") {
+		t.Errorf("the job was told its team is missing:\n%s", txt)
+	}
+}

@@ -133,3 +133,21 @@ func (c *Controller) deleteTeam(ctx context.Context, et *v1alpha1.ElasticTeam) {
 	}
 	c.log.Info("team record deleted with its ElasticTeam", "team", et.Name)
 }
+
+// teamFirst applies a new job's ElasticTeam before the job is submitted
+// when the team's record is not in etcd yet (the team bridge has not run
+// since a start, or the record was deleted): else the coordinator would
+// find the team missing and say so, though the ElasticTeam exists.
+func (c *Controller) teamFirst(ctx context.Context, team string) {
+	if !c.cfg.Teams {
+		return
+	}
+	if _, err := c.store.Team(ctx, team); !errors.Is(err, fleet.ErrNotFound) {
+		return
+	}
+	et, err := c.crd.ElasticTeams().Get(ctx, team, metav1.GetOptions{})
+	if err != nil {
+		return // none (the coordinator says the team is missing), or the next resync applies it
+	}
+	c.applyTeam(ctx, et)
+}
