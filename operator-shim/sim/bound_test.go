@@ -15,7 +15,7 @@ func TestNoPolicyBeatsTheBound(t *testing.T) {
 		seed          uint64
 	}{{0.7, 0.5, 1}, {1.2, 1, 2}, {1.0, 0, 3}} {
 		trace := Generate(GenOptions{Seed: tc.seed, Jobs: 300, Capacity: 32, Load: tc.load, ElasticFraction: tc.elastic, Teams: teams})
-		o := Options{Teams: twoTeams()}
+		o := Options{Teams: twoTeams(), RestartDelay: 1.74, ResizeDelay: 0.14, CheckpointInterval: 600}
 		reps, err := Compare(trace, Modes, o)
 		if err != nil {
 			t.Fatal(err)

@@ -45,7 +45,7 @@ func TestPublicTraceEveryPolicyCompletesEveryJob(t *testing.T) {
 		if r.Jobs != len(trace) || r.Completed != r.Jobs {
 			t.Errorf("%s completed %d of %d jobs (%d rejected)", r.Policy, r.Completed, r.Jobs, r.Rejected)
 		}
-		if r.MeanJCT < bound.MeanJCT || r.Makespan < bound.Makespan || r.BusyUtilization > bound.BusyUtilization+1e-6 {
+		if r.MeanJCT < bound.MeanJCT || r.Makespan < bound.Makespan || r.BusyUtilization > bound.BusyUtilization+1e-6 || r.Utilization > bound.Utilization+1e-6 {
 			t.Errorf("%s beats the bound: meanJCT %.0f (bound %.0f), makespan %.0f (%.0f)", r.Policy, r.MeanJCT, bound.MeanJCT, r.Makespan, bound.Makespan)
 		}
 		t.Logf("%-16s meanJCT %8.0f s p95 %8.0f s wait %8.0f s util %.1f%% busy %.1f%% fairness %.3f preemptions %d resizes %d lost %.1f GPU-h",

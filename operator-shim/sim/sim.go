@@ -579,6 +579,9 @@ func (sm *simulation) apply(d policy.Decision) bool {
 				lost := math.Min(ci/2, math.Max(0, t-j.prodFrom)) * float64(j.gpus)
 				j.remaining += lost
 				sm.lostGS += lost
+				// The lost progress was counted as productive: it was not.
+				sm.allProd -= lost
+				sm.prodGS -= sm.overlap(t-lost/float64(j.gpus), t) * float64(j.gpus)
 			}
 			rep.Preemptions++
 			j.tr.Preempted++
@@ -691,10 +694,10 @@ func (sm *simulation) figures(waits []float64) {
 	rep.JCTs = sm.jcts
 	if busy := rep.Makespan * float64(rep.Capacity); busy > 0 {
 		rep.BusyAllocated = 100 * sm.allAlloc / busy
-		rep.BusyUtilization = 100 * (sm.allProd - sm.lostGS) / busy
+		rep.BusyUtilization = 100 * sm.allProd / busy
 	}
 	rep.Resizes = rep.Grows + rep.Shrinks
-	rep.GPUHoursLost = (sm.allAlloc - sm.allProd + sm.lostGS) / 3600
+	rep.GPUHoursLost = (sm.allAlloc - sm.allProd) / 3600
 	var xs []float64
 	for _, tr := range rep.Teams {
 		if tr.waitT > 0 {
