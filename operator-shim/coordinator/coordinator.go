@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+	"k8s.io/utils/clock"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -55,6 +56,8 @@ type Config struct {
 	CatchUp time.Duration
 	// watchDelay, in tests, delays what the watch of a prefix delivers.
 	watchDelay func(prefix string) time.Duration
+	// afterHousekeeping, in tests, is called after each housekeeping round.
+	afterHousekeeping func()
 	// SessionTTL is the leader lease TTL in seconds (default 5).
 	SessionTTL int
 	// Engine tunes the policy engine.
@@ -90,8 +93,11 @@ type Config struct {
 	// OnEtcdError, when set, counts failed etcd operations by kind
 	// ("read", "write", "watch", "compact").
 	OnEtcdError func(op string)
-	// Now is the clock (default time.Now); the engine itself never reads it.
-	Now    func() time.Time
+	// Now is the clock (default Clock.Now); the engine itself never reads it.
+	Now func() time.Time
+	// Clock ticks the resync and the housekeeping (default: the real
+	// clock); tests step a fake one.
+	Clock  clock.WithTicker
 	Logger *slog.Logger
 	// OnDecision, when set, sees every decision (tests, the demo's timeline).
 	OnDecision func(policy.Decision)
@@ -193,8 +199,11 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = 5
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
 	if cfg.Now == nil {
-		cfg.Now = time.Now
+		cfg.Now = cfg.Clock.Now
 	}
 	if cfg.MaxEventsPerJob <= 0 {
 		cfg.MaxEventsPerJob = 200
@@ -362,9 +371,9 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		return nil
 	}
 	var catchUpSince time.Time // when the cycle due began waiting for the watches
-	resync := time.NewTicker(min(c.cfg.Resync, time.Minute))
+	resync := c.cfg.Clock.NewTicker(min(c.cfg.Resync, time.Minute))
 	defer resync.Stop()
-	house := time.NewTicker(c.cfg.PruneInterval)
+	house := c.cfg.Clock.NewTicker(c.cfg.PruneInterval)
 	defer house.Stop()
 	var wakeT *time.Timer
 	var wakeC <-chan time.Time
@@ -402,12 +411,15 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			wakeT, wakeC = nil, nil
 			c.wake = time.Time{}
 			dirty, caused = true, true
-		case <-resync.C:
+		case <-resync.C():
 			if c.cfg.Now().Sub(c.lastCycle) >= c.cfg.Resync {
 				dirty, caused = true, true
 			}
-		case <-house.C:
+		case <-house.C():
 			c.housekeeping(ctx, leader)
+			if c.cfg.afterHousekeeping != nil {
+				c.cfg.afterHousekeeping()
+			}
 		case <-debounce:
 			// What the watches already delivered joins this cycle.
 			for drained := false; !drained; {

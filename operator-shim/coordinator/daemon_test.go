@@ -17,6 +17,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -187,8 +188,10 @@ func TestIdleCoordinatorReadsNothing(t *testing.T) {
 	st := fleet.New(cli, "")
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 3, Elastic: true}})
 	var cc cycleCounter
+	var rounds atomic.Int64
+	clk := clocktesting.NewFakeClock(time.Now())
 	c := New(cli, Config{Resync: time.Hour, PruneInterval: 20 * time.Millisecond, CompactRetention: -1,
-		Engine: policy.Config{MinStablePeriod: -1}, OnCycle: cc.observe})
+		Engine: policy.Config{MinStablePeriod: -1}, OnCycle: cc.observe, Clock: clk, afterHousekeeping: func() { rounds.Add(1) }})
 	runCoordinator(t, ctx, c)
 	waitTarget(t, ctx, cli, "j", "3")
 	// The cycle that admitted it is followed by one that changes no
@@ -196,7 +199,13 @@ func TestIdleCoordinatorReadsNothing(t *testing.T) {
 	until(t, "a cycle that changed no allocation", cc.calmed)
 	n0, _ := cc.get()
 	ranges := etcdCounter(t, "etcd_mvcc_range_total")
-	time.Sleep(time.Second) // an idle second: about 50 housekeeping rounds
+	// An idle second: 50 housekeeping rounds, each stepped on the fake
+	// clock and waited for.
+	for range 50 {
+		r0 := rounds.Load()
+		clk.Step(20 * time.Millisecond)
+		until(t, "a housekeeping round", func() bool { return rounds.Load() > r0 })
+	}
 	if n, _ := cc.get(); n != n0 {
 		t.Errorf("%d cycles ran without a change", n-n0)
 	}
