@@ -41,9 +41,7 @@ type dataLoss struct {
 // of the new epoch is started beside them) and says so. It fails only
 // when etcd cannot be read.
 func (a *Agent) checkEtcd(ctx context.Context) error {
-	octx, cancel := context.WithTimeout(ctx, etcdTimeout)
-	now, err := fleet.New(a.cli, a.cfg.Prefix).ObserveEtcd(octx)
-	cancel()
+	now, err := a.observe(ctx)
 	if err != nil {
 		return fmt.Errorf("etcd data check: %w", err)
 	}
@@ -58,6 +56,43 @@ func (a *Agent) checkEtcd(ctx context.Context) error {
 	a.etcdDataLost(ctx, rule, before, now)
 	a.remember(now)
 	return nil
+}
+
+// observe writes the fleet's epoch record when etcd has none (a node
+// agent may come up before any coordinator; with etcd auth on, its role
+// may only read it, and the coordinator writes it) and reads what etcd
+// looks like now.
+func (a *Agent) observe(ctx context.Context) (fleet.EtcdView, error) {
+	octx, cancel := context.WithTimeout(ctx, etcdTimeout)
+	defer cancel()
+	st := fleet.New(a.cli, a.cfg.Prefix)
+	if _, created, err := st.EnsureEpoch(octx); err == nil && created {
+		a.log.Info("wrote the fleet's epoch record: etcd had none (a new fleet, or etcd lost its data)")
+	} else if err != nil && !fleet.IsPermissionDenied(err) {
+		a.log.Debug("cannot write the fleet's epoch record", "err", err)
+	}
+	return st.ObserveEtcd(octx)
+}
+
+// learnEpoch reads the fleet's epoch while the agent knows none (it
+// registered before any epoch record existed), so that a later wipe is
+// found by the epoch and not only by the revision.
+func (a *Agent) learnEpoch(ctx context.Context) {
+	a.mu.Lock()
+	known := a.view.Epoch != "" || a.view.Revision == 0 || !a.registered
+	a.mu.Unlock()
+	if known {
+		return
+	}
+	now, err := a.observe(ctx)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if fleet.EtcdDataLost(a.view, now) == fleet.LossNone {
+		a.view = a.view.Later(now)
+	}
 }
 
 // remember keeps v as the view the node is registered under.

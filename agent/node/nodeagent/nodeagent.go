@@ -336,6 +336,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		case <-ticker.C:
 			a.refresh(ctx)
+			a.learnEpoch(ctx)
 		case <-a.cfg.HealthEvents:
 			a.refresh(ctx)
 		}
