@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -43,6 +42,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -140,13 +140,11 @@ type etcdServer struct {
 	emb      *etcdembed.Server
 }
 
+// freePort is a free loopback port; 0 when none could be had (what is
+// started on it then fails and says so).
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	p, _ := testutil.FreePortErr()
+	return p
 }
 
 func startEtcd(ctx context.Context, bin, dir string) (*etcdServer, error) {

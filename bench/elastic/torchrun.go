@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/testcluster"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // torchrunAnchors measures torchrun itself on the same two scenarios: its
@@ -94,11 +94,9 @@ func torchrunAnchors(py, script string) (recovery, scaleUp float64, err error) {
 	return recovery, s.At.Sub(started).Seconds(), nil
 }
 
+// freePort is a free loopback port; 0 when none could be had (what is
+// started on it then fails and says so).
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	p, _ := testutil.FreePortErr()
+	return p
 }

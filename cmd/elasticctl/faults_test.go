@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // Faults of the fleet's records, as a user of elasticctl sees them
@@ -35,13 +37,10 @@ func jobsJSON(t *testing.T, ep string) map[string]jobView {
 func waitCycles(t *testing.T, _ *clientv3.Client, n int) {
 	t.Helper()
 	want := coordCycles.Load() + int64(n)
-	deadline := time.Now().Add(20 * time.Second)
-	for coordCycles.Load() < want {
-		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator ran %d cycles in 20s, want %d", coordCycles.Load()-want+int64(n), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("%d more coordinator cycles", n), func() (bool, string) {
+		got := coordCycles.Load()
+		return got >= want, fmt.Sprintf("%d of them", got-want+int64(n))
+	})
 }
 
 // waitRunning waits until the job holds an allocation (Admitted in the

@@ -21,6 +21,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -100,17 +101,12 @@ func TestSubmitGrowReclaimDescribeResize(t *testing.T) {
 
 	waitJob := func(what string, cond func(string) bool) string {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			out, _, _ := ctl(t, ep, "get", "jobs")
-			if cond(out) {
-				return out
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s:\n%s", what, out)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		var out string
+		testutil.Eventually(t, 20*time.Second, what, func() (bool, string) {
+			out, _, _ = ctl(t, ep, "get", "jobs")
+			return cond(out), "\n" + out
+		})
+		return out
 	}
 	if _, errs, code := ctl(t, ep, "submit", "-f", writeFile(t, "sweep.yaml", elasticJob)); code != 0 {
 		t.Fatalf("submit: %s", errs)
@@ -272,17 +268,13 @@ func startCoordinator(t *testing.T, cli *clientv3.Client) {
 // last output cond saw.
 func waitFor(t *testing.T, what string, cond func() (bool, string)) string {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ok, last := cond()
-		if ok {
-			return last
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last output:\n%s", what, last)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	var last string
+	testutil.Eventually(t, 15*time.Second, what, func() (bool, string) {
+		var ok bool
+		ok, last = cond()
+		return ok, "\n" + last
+	})
+	return last
 }
 
 func mustCtl(t *testing.T, ep string, args ...string) string {

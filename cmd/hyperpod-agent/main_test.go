@@ -8,9 +8,9 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,6 +22,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 var (
@@ -122,12 +123,7 @@ func TestUsageErrors(t *testing.T) {
 // `hyperpod-agent run --embedded-etcd` registers, serves /healthz and
 // /metrics, and drains on SIGTERM with exit status 0.
 func TestRunEmbeddedAndSIGTERM(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := fmt.Sprintf("127.0.0.1:%d", testutil.FreePort(t))
 
 	sig := make(chan os.Signal, 2)
 	var out, errb syncBuffer
@@ -137,20 +133,14 @@ func TestRunEmbeddedAndSIGTERM(t *testing.T) {
 			"--node-name", "try-1", "--lease-ttl", "2s", "--disable-nvml",
 			"--neuron-sysfs-root", trn2Sysfs, "--dev-root", trn2Dev}, &out, &errb, sig)
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, "the agent to be healthy", func() (bool, string) {
 		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
+		if err != nil {
+			return false, fmt.Sprintf("%v\n%s", err, errb.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not healthy within 20s: %v\n%s", err, errb.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == 200, fmt.Sprintf("%s\n%s", resp.Status, errb.String())
+	})
 	resp, err := http.Get("http://" + addr + "/inventory")
 	if err != nil {
 		t.Fatal(err)
