@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
-	"strings"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -161,13 +160,11 @@ func (s *Store) FinishOf(ctx context.Context, job string) (f *Finish, problem, e
 // new count), for a transaction.
 func (s *Store) PutEventAtOp(key string, e Event) (clientv3.Op, error) { return putOp(key, e) }
 
-// EventJob is the job an event key names ("" for any other key).
+// EventJob is the job an event key names ("" for any other key):
+// ParseEventKey's job.
 func (k Keys) EventJob(key string) string {
-	rest, ok := strings.CutPrefix(key, k.EventsPrefix())
-	if !ok || len(rest) < 22 {
-		return ""
-	}
-	return rest[21:]
+	e, _ := k.ParseEventKey(key)
+	return e.Job
 }
 
 // ForgetJobOps delete a job whose spec the coordinator removed or never

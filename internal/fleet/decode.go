@@ -1,8 +1,6 @@
 package fleet
 
 import (
-	"strings"
-
 	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
@@ -18,7 +16,7 @@ func (k Keys) JobOfKey(key string) string {
 		return p.Job
 	}
 	for _, p := range []string{k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix()} {
-		if name, ok := strings.CutPrefix(key, p); ok && !strings.Contains(name, "/") {
+		if name, ok := oneSegment(key, p, anyName); ok {
 			return name
 		}
 	}

@@ -67,16 +67,15 @@ func (k Keys) Spec(team, job string) string { return k.TeamSpecs(team) + job }
 
 // SpecOwner splits a spec key into its team and job; ok is false for any
 // other key.
+//
+// Unlike ParseSpecKey it takes any non-empty names: a spec whose name is
+// no DNS-1123 label is read, for the engine to report it invalid.
 func (k Keys) SpecOwner(key string) (team, job string, ok bool) {
-	rest, ok := strings.CutPrefix(key, k.SpecsPrefix())
+	s, ok := segments(key, k.SpecsPrefix(), 2)
 	if !ok {
 		return "", "", false
 	}
-	team, job, ok = strings.Cut(rest, "/")
-	if !ok || team == "" || job == "" || strings.Contains(job, "/") {
-		return "", "", false
-	}
-	return team, job, true
+	return s[0], s[1], true
 }
 
 // CredsPrefix is the prefix of the per-job etcd credentials the
@@ -109,16 +108,14 @@ func (k Keys) Assignment(node, job string) string { return k.NodeAssignments(nod
 
 // AssignmentOwner splits an assignment key into its node and job; ok is
 // false for any other key.
+//
+// Unlike ParseAssignmentKey it takes any non-empty names.
 func (k Keys) AssignmentOwner(key string) (node, job string, ok bool) {
-	rest, ok := strings.CutPrefix(key, k.AssignPrefix())
+	s, ok := segments(key, k.AssignPrefix(), 2)
 	if !ok {
 		return "", "", false
 	}
-	node, job, ok = strings.Cut(rest, "/")
-	if !ok || node == "" || job == "" || strings.Contains(job, "/") {
-		return "", "", false
-	}
-	return node, job, true
+	return s[0], s[1], true
 }
 
 // StatusPrefix is the prefix of every status record.
@@ -192,16 +189,14 @@ func (k Keys) ProblemReport(node, job string) string {
 
 // ReportOwner splits a report key into its node, kind (ReportFinished or
 // ReportProblem) and job; ok is false for any other key.
+//
+// Unlike ParseReportKey it takes any non-empty node and job names.
 func (k Keys) ReportOwner(key string) (node, kind, job string, ok bool) {
-	rest, ok := strings.CutPrefix(key, k.ReportsPrefix())
-	if !ok {
+	s, ok := segments(key, k.ReportsPrefix(), 3)
+	if !ok || (s[1] != ReportFinished && s[1] != ReportProblem) {
 		return "", "", "", false
 	}
-	parts := strings.Split(rest, "/")
-	if len(parts) != 3 || parts[0] == "" || parts[2] == "" || (parts[1] != ReportFinished && parts[1] != ReportProblem) {
-		return "", "", "", false
-	}
-	return parts[0], parts[1], parts[2], true
+	return s[0], s[1], s[2], true
 }
 
 // EnrollPrefix holds the node agents' enrollment requests (Kubernetes):

@@ -131,6 +131,47 @@ func (k Keys) ParseEventKey(key string) (EventKey, bool) {
 	return EventKey{Time: time.Unix(0, nanos), Job: job}, true
 }
 
+// RunningKey is what a running-workers marker's key (Keys.Running) names.
+type RunningKey struct {
+	Job, Node string
+}
+
+// ParseRunningKey splits a running-workers marker's key into its job and
+// node.
+func (k Keys) ParseRunningKey(key string) (RunningKey, bool) {
+	s, ok := segments(key, k.JobsPrefix(), 3)
+	if !ok || s[1] != "running" || !validLabel(s[0]) || !ValidNodeName(s[2]) {
+		return RunningKey{}, false
+	}
+	return RunningKey{Job: s[0], Node: s[2]}, true
+}
+
+// ReadyKey is what a ready barrier's key (Keys.Ready) names.
+type ReadyKey struct {
+	Job   string
+	Round int64
+	Node  string
+}
+
+// ParseReadyKey splits a ready barrier's key into its job, round (Hex16)
+// and node.
+func (k Keys) ParseReadyKey(key string) (ReadyKey, bool) {
+	s, ok := segments(key, k.JobsPrefix(), 4)
+	if !ok || s[1] != "ready" || !validLabel(s[0]) || !ValidNodeName(s[3]) {
+		return ReadyKey{}, false
+	}
+	round, ok := ParseRound(s[2])
+	if !ok {
+		return ReadyKey{}, false
+	}
+	return ReadyKey{Job: s[0], Round: round, Node: s[3]}, true
+}
+
+// anyName accepts every non-empty segment: the lenient readers
+// (SpecOwner, AssignmentOwner, JobOfKey) check a key's shape, not its
+// names.
+func anyName(string) bool { return true }
+
 // oneSegment is the one name under dir in key, when valid accepts it.
 func oneSegment(key, dir string, valid func(string) bool) (string, bool) {
 	s, ok := segments(key, dir, 1)

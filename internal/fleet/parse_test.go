@@ -152,3 +152,89 @@ func TestValidNodeName(t *testing.T) {
 		}
 	}
 }
+
+// TestParseRunningAndReadyKeys: the running-workers markers and the ready
+// barriers read back into their job, node (and round), and a key of
+// another shape names nothing.
+func TestParseRunningAndReadyKeys(t *testing.T) {
+	for _, k := range []Keys{{}, NewKeys("/other/tenant/")} {
+		if r, ok := k.ParseRunningKey(k.Running("llama", "ip-10-0-0-1.ec2.internal")); !ok || r != (RunningKey{"llama", "ip-10-0-0-1.ec2.internal"}) {
+			t.Errorf("%s: ParseRunningKey = %+v, %v", k.Prefix(), r, ok)
+		}
+		if r, ok := k.ParseReadyKey(k.Ready("llama", 0x1f, "n1")); !ok || r != (ReadyKey{"llama", 0x1f, "n1"}) {
+			t.Errorf("%s: ParseReadyKey = %+v, %v", k.Prefix(), r, ok)
+		}
+	}
+	k, other := Keys{}, NewKeys("/other")
+	for rule, key := range map[string]string{
+		"running: another prefix":     other.Running("j", "n1"),
+		"running: another directory":  k.Job("j") + "ready/n1",
+		"running: no node":            k.RunningPrefix("j"),
+		"running: dot-dot node":       k.Running("j", ".."),
+		"running: extra segment":      k.Running("j", "n1") + "/x",
+		"running: job no label":       k.Running("J_1", "n1"),
+		"running: empty job":          k.JobsPrefix() + "/running/n1",
+		"running: the job's restarts": k.Restarts("j"),
+		"ready: another prefix":       other.Ready("j", 1, "n1"),
+		"ready: round not hex16":      k.ReadyPrefix("j") + "1/n1",
+		"ready: round not hex":        k.ReadyPrefix("j") + "000000000000000g/n1",
+		"ready: round overflows":      k.ReadyPrefix("j") + "ffffffffffffffff/n1",
+		"ready: no node":              k.ReadyRound("j", 1),
+		"ready: dot-dot node":         k.Ready("j", 1, ".."),
+		"ready: extra segment":        k.Ready("j", 1, "n1") + "/x",
+		"ready: running directory":    k.Job("j") + "running/" + Hex16(1) + "/n1",
+	} {
+		var ok bool
+		if strings.HasPrefix(rule, "running") {
+			_, ok = k.ParseRunningKey(key)
+		} else {
+			_, ok = k.ParseReadyKey(key)
+		}
+		if ok {
+			t.Errorf("%s (%q): parsed", rule, key)
+		}
+	}
+}
+
+// TestLenientReadersTakeAnyName: SpecOwner, AssignmentOwner, ReportOwner
+// and JobOfKey check a key's shape, not its names (a spec named "Bad_Name"
+// is read, for the engine to report it invalid), and refuse a key of
+// another shape.
+func TestLenientReadersTakeAnyName(t *testing.T) {
+	k := Keys{}
+	if team, job, ok := k.SpecOwner(k.Spec("Team_1", "Bad_Name")); !ok || team != "Team_1" || job != "Bad_Name" {
+		t.Errorf("SpecOwner of a spec named no label = %q, %q, %v", team, job, ok)
+	}
+	if node, job, ok := k.AssignmentOwner(k.Assignment("n1", "Bad_Name")); !ok || node != "n1" || job != "Bad_Name" {
+		t.Errorf("AssignmentOwner = %q, %q, %v", node, job, ok)
+	}
+	if node, kind, job, ok := k.ReportOwner(k.ProblemReport("n1", "Bad_Name")); !ok || node != "n1" || kind != ReportProblem || job != "Bad_Name" {
+		t.Errorf("ReportOwner = %q, %q, %q, %v", node, kind, job, ok)
+	}
+	for key, want := range map[string]string{
+		k.Desired("Bad_Name"): "Bad_Name", k.Status("j"): "j", k.Finish("j"): "j", k.Spec("t", "j"): "j", k.Problem("j", "n1"): "j",
+		k.Desired("j") + "/x": "", k.DesiredPrefix(): "", k.Restarts("j"): "",
+	} {
+		if got := k.JobOfKey(key); got != want {
+			t.Errorf("JobOfKey(%q) = %q, want %q", key, got, want)
+		}
+	}
+	for rule, ok := range map[string]bool{
+		"spec: extra segment":       func() bool { _, _, ok := k.SpecOwner(k.Spec("t", "j") + "/x"); return ok }(),
+		"spec: empty job":           func() bool { _, _, ok := k.SpecOwner(k.TeamSpecs("t")); return ok }(),
+		"assignment: empty node":    func() bool { _, _, ok := k.AssignmentOwner(k.AssignPrefix() + "/j"); return ok }(),
+		"assignment: extra segment": func() bool { _, _, ok := k.AssignmentOwner(k.Assignment("n", "j") + "/x"); return ok }(),
+		"report: unknown kind":      func() bool { _, _, _, ok := k.ReportOwner(k.NodeReports("n1") + "other/j"); return ok }(),
+		"report: empty job":         func() bool { _, _, _, ok := k.ReportOwner(k.NodeReports("n1") + ReportFinished + "/"); return ok }(),
+	} {
+		if ok {
+			t.Errorf("%s: read", rule)
+		}
+	}
+	if job := k.EventJob(k.Event(time.Unix(5, 6), "my-job")); job != "my-job" {
+		t.Errorf("EventJob = %q, want my-job", job)
+	}
+	if job := k.EventJob(k.EventsPrefix() + "0000000000000000000x-job"); job != "" {
+		t.Errorf("EventJob of a malformed event key = %q, want none", job)
+	}
+}
