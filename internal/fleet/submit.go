@@ -23,6 +23,9 @@ const MaxTxnOps = 128
 // a job of the batch exists already.
 var ErrJobsExist = errors.New("already exist")
 
+// rollbackTimeout bounds each delete of a failed batch's rollback.
+const rollbackTimeout = 5 * time.Second
+
 // SubmitJobs stores new jobs as SubmitJob does, all or none: when they fit
 // one transaction (MaxTxnOps) they are written in one; a larger batch is
 // written in consecutive transactions, and when one of those fails the
@@ -36,9 +39,12 @@ func (s *Store) SubmitJobs(ctx context.Context, jobs []JobSpec) error {
 	}
 	var done []written
 	rollback := func() {
+		// Even when ctx is what ended the batch; each delete bounded.
 		for _, w := range done {
-			_, _ = s.Cli.Txn(context.WithoutCancel(ctx)).If(clientv3.Compare(clientv3.ModRevision(w.key), "=", w.rev)).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+			_, _ = s.Cli.Txn(rctx).If(clientv3.Compare(clientv3.ModRevision(w.key), "=", w.rev)).
 				Then(clientv3.OpDelete(w.key)).Commit()
+			cancel()
 		}
 	}
 	names := make([]string, len(jobs))
