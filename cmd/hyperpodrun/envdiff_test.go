@@ -2,11 +2,12 @@ package main
 
 // Issue 25: the workers' environment under hyperpodrun against torch's own
 // torchrun (Debian's 1.13) for the same launch line, per rendezvous
-// backend. Only the differences listed here (and in the README's
+// backend (standalone, static, c10d, etcd). Only the differences listed here (and in the README's
 // "Differences from torchrun") are allowed.
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // envDiff is one allowed difference: why, and in which modes (nil: all).
@@ -29,14 +33,14 @@ type envDiff struct {
 // environment, by variable.
 var allowedEnvDiffs = map[string]envDiff{
 	// Values that differ from run to run under either launcher.
-	"MASTER_PORT":             {"a free port picked per run (--standalone, c10d, etcd)", []string{"standalone", "c10d"}},
+	"MASTER_PORT":             {"a free port picked per run (--standalone, c10d, etcd)", []string{"standalone", "c10d", "etcd"}},
 	"TORCHELASTIC_RUN_ID":     {"--standalone picks a random run id", []string{"standalone"}},
 	"TORCHELASTIC_ERROR_FILE": {"<log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/error.json: the random part differs", nil},
 	// Deliberate.
 	"MASTER_ADDR": {"c10d/etcd: rank 0's host name, which the other nodes resolve; torch 1.13 gives socket.getfqdn(), " +
-		"which is localhost wherever the host name maps to a loopback address (Debian's /etc/hosts)", []string{"c10d"}},
+		"which is localhost wherever the host name maps to a loopback address (Debian's /etc/hosts)", []string{"c10d", "etcd"}},
 	"TORCHELASTIC_USE_AGENT_STORE": {"c10d/etcd: the agent serves the workers' TCPStore (torch 2.x's behaviour; " +
-		"--no-agent-store gives torch 1.13's False)", []string{"c10d"}},
+		"--no-agent-store gives torch 1.13's False)", []string{"c10d", "etcd"}},
 }
 
 // ourEnv are variables only hyperpodrun sets (README: the variable list).
@@ -93,6 +97,35 @@ func diffWorkerEnv(mode string, te, he map[string]string) []string {
 	return diffs
 }
 
+// etcdV2 starts an etcd serving its v2 API too, for the test, and returns
+// its HOST:PORT (skipped when Debian's etcd is not installed).
+func etcdV2(t *testing.T) string {
+	t.Helper()
+	bin, ok := etcdtest.DebianEtcd()
+	if !ok {
+		t.Skip("no etcd binary for torchrun's etcd (v2) backend: apt-get install etcd-server")
+	}
+	dir := t.TempDir()
+	c, p := strconv.Itoa(freePort(t)), strconv.Itoa(freePort(t))
+	cmd := exec.Command(bin, "--data-dir", filepath.Join(dir, "data"), "--enable-v2=true",
+		"--listen-client-urls", "http://127.0.0.1:"+c, "--advertise-client-urls", "http://127.0.0.1:"+c,
+		"--listen-peer-urls", "http://127.0.0.1:"+p, "--initial-advertise-peer-urls", "http://127.0.0.1:"+p,
+		"--initial-cluster", "default=http://127.0.0.1:"+p)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	testutil.Eventually(t, 20*time.Second, "etcd to serve its v2 API", func() (bool, string) {
+		r, err := http.Get("http://127.0.0.1:" + c + "/v2/keys/")
+		if err != nil {
+			return false, err.Error()
+		}
+		r.Body.Close()
+		return r.StatusCode == http.StatusOK, r.Status
+	})
+	return "127.0.0.1:" + c
+}
+
 // runNodes runs n launcher processes (argv built per node) and fails the
 // test unless all exit 0.
 func runNodes(t *testing.T, ctx context.Context, n int, env []string, argv func(node int) []string) {
@@ -137,6 +170,13 @@ func TestWorkerEnvironmentDiffAgainstTorchrun(t *testing.T) {
 			return []string{"--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d",
 				"--rdzv_endpoint", "localhost:" + port, "--rdzv_id", "envdiff", "--max_restarts", "2"}
 		}},
+		// torchrun 1.13's etcd backend speaks etcd's v2 API: Debian's etcd
+		// 3.4 serves both it and hyperpodrun's v3 (skipped without it;
+		// port is the etcd's address).
+		{"etcd", 2, func(endpoint string, _ int) []string {
+			return []string{"--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "etcd",
+				"--rdzv_endpoint", endpoint, "--rdzv_id", "envdiff", "--max_restarts", "2"}
+		}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
@@ -144,6 +184,9 @@ func TestWorkerEnvironmentDiffAgainstTorchrun(t *testing.T) {
 			out := t.TempDir()
 			env := []string{"OUT=" + out, "PYTHONPATH=/user/site", "LOGLEVEL=WARNING"}
 			port := strconv.Itoa(freePort(t))
+			if tc.mode == "etcd" {
+				port = etcdV2(t) // the endpoint
+			}
 			logs := t.TempDir()
 			runNodes(t, ctx, tc.nodes, append(env, "WHO=torchrun"), func(node int) []string {
 				return append(append([]string{py, shim, "--log_dir", logs}, tc.args(port, node)...), "--no_python", w)
