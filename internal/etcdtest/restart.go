@@ -110,3 +110,29 @@ func (b *Binary) Wipe() {
 	}
 	b.Start()
 }
+
+// SaveData copies the data directory of the stopped member (Kill first)
+// and returns the copy: restoring it later (RestoreData) is a restore of
+// an older snapshot, with the same cluster id and the revision of then.
+func (b *Binary) SaveData() string {
+	b.t.Helper()
+	dst := filepath.Join(b.t.TempDir(), "data")
+	if out, err := exec.Command("cp", "-a", b.DataDir(), dst).CombinedOutput(); err != nil {
+		b.t.Fatalf("copy etcd's data: %v: %s", err, out)
+	}
+	return dst
+}
+
+// RestoreData kills the member, replaces its data directory with a copy
+// SaveData made and starts it again.
+func (b *Binary) RestoreData(saved string) {
+	b.t.Helper()
+	b.Kill()
+	if err := os.RemoveAll(b.DataDir()); err != nil {
+		b.t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", saved, b.DataDir()).CombinedOutput(); err != nil {
+		b.t.Fatalf("restore etcd's data: %v: %s", err, out)
+	}
+	b.Start()
+}
