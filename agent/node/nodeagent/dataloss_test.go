@@ -28,7 +28,7 @@ type stoppable struct {
 }
 
 func (s *stoppable) Run(ctx context.Context, _ nodeagent.Node) error { <-ctx.Done(); return nil }
-func (s *stoppable) Drain(context.Context) error                      { return nil }
+func (s *stoppable) Drain(context.Context) error                     { return nil }
 func (s *stoppable) StopAll(_ context.Context, why string) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
