@@ -6,7 +6,7 @@
 // place of manifests.Image, as the Deployment's image and its
 // --launcher-image; write such manifests elsewhere (-dir), the committed
 // ones keep the default. -etcd-endpoints and -etcd-prefix name your etcd
-// (manifests.EtcdEndpoints, manifests.EtcdPrefix by default) in the
+// (manifests.EtcdEndpoints and manifests.EtcdPrefixArg's by default) in the
 // controller's Deployment and, with -dir elsewhere, in a copy of the agent
 // DaemonSet (examples/kubernetes/daemonset.yaml) written there too.
 package main
@@ -35,7 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dir := fl.String("dir", "examples/kubernetes", "where to write the manifests")
 	image := fl.String("image", manifests.Image, "the controller's image, also its --launcher-image (make image IMAGE=... pushes one)")
 	endpoints := fl.String("etcd-endpoints", manifests.EtcdEndpoints, "the fleet's etcd endpoints, comma-separated, as the controller's and the agents' pods reach them")
-	prefix := fl.String("etcd-prefix", manifests.EtcdPrefix, "the fleet's etcd prefix")
+	prefix := fl.String("etcd-prefix", strings.TrimPrefix(manifests.EtcdPrefixArg, "--etcd-prefix="), "the fleet's etcd prefix")
 	if err := fl.Parse(args); err != nil {
 		return 2
 	}
@@ -59,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sort.Strings(names)
 	etcd := func(b []byte) []byte {
 		b = bytes.ReplaceAll(b, []byte("--etcd-endpoints="+manifests.EtcdEndpoints+"\n"), []byte("--etcd-endpoints="+*endpoints+"\n"))
-		return bytes.ReplaceAll(b, []byte("--etcd-prefix="+manifests.EtcdPrefix+"\n"), []byte("--etcd-prefix="+*prefix+"\n"))
+		return bytes.ReplaceAll(b, []byte(manifests.EtcdPrefixArg+"\n"), []byte("--etcd-prefix="+*prefix+"\n"))
 	}
 	if ds, err := os.ReadFile(filepath.Join("examples", "kubernetes", "daemonset.yaml")); err == nil && filepath.Clean(*dir) != filepath.Join("examples", "kubernetes") {
 		files["daemonset.yaml"] = ds
@@ -86,7 +86,7 @@ func checkEtcd(endpoints, prefix string) error {
 			return fmt.Errorf("-etcd-endpoints: %q is not an endpoint URL (want https://host:2379[,https://host2:2379])", e)
 		}
 	}
-	if !strings.HasPrefix(prefix, "/") || strings.ContainsAny(prefix, " \n") {
+	if !strings.HasPrefix(prefix, "/") || prefix == "/" || strings.HasSuffix(prefix, "/") || strings.Contains(prefix, "//") || strings.ContainsAny(prefix, " \t\n") {
 		return fmt.Errorf("-etcd-prefix: %q must be an absolute key prefix such as /hyperpodrun", prefix)
 	}
 	return nil

@@ -243,10 +243,11 @@ func LeaderRoleBinding() *rbacv1.RoleBinding {
 }
 
 // The fleet's etcd as the committed manifests name it (gen's
-// -etcd-endpoints and -etcd-prefix put yours in their place).
+// -etcd-endpoints and -etcd-prefix put yours in their place): its
+// endpoints, and the --etcd-prefix flag with the fleet's default prefix.
 const (
 	EtcdEndpoints = "https://etcd.hyperpodrun.svc:2379"
-	EtcdPrefix    = "/hyperpodrun"
+	EtcdPrefixArg = "--etcd-prefix=/hyperpodrun"
 )
 
 // Deployment runs two controllers; one leads (Lease LeaseName).
@@ -276,7 +277,7 @@ func Deployment() *appsv1.Deployment {
 							"--etcd-cacert=/etc/hyperpod/etcd-tls/ca.crt",
 							"--etcd-user=hyperpod-kube-controller", // its own etcd role (docs/security.md), not the coordinator's root
 							"--etcd-password-file=/etc/hyperpod/etcd-auth/password",
-							"--etcd-prefix=" + EtcdPrefix,
+							EtcdPrefixArg,
 							"--leader-elect",
 							"--leader-election-namespace=$(POD_NAMESPACE)",
 							"--id=$(POD_NAME)",
