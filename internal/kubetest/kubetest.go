@@ -20,7 +20,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -41,6 +40,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // Version is the Kubernetes release the tests run against.
@@ -119,7 +119,7 @@ func Start(t testing.TB) *Server {
 	if err := os.WriteFile(tokens, []byte(admin+",admin,admin,system:masters\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := testutil.FreePort(t)
 	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(port), AdminToken: admin, Etcd: cli, Endpoints: etcd.Endpoints,
 		done: make(chan struct{}), log: &syncBuffer{}}
 	s.cmd = exec.Command(bin,
@@ -261,15 +261,6 @@ func (s *Server) Kubectl(t testing.TB, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", s.Kubeconfig}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 type syncBuffer struct {
