@@ -24,6 +24,7 @@ const (
 	faultAgentKill        = "agent_kill"
 	faultCoordinatorKill  = "coordinator_kill"
 	faultEtcdKill         = "etcd_kill"
+	faultEtcdWipe         = "etcd_wipe"
 	faultCorruptTeam      = "corrupt_team"
 	faultCorruptCkpt      = "corrupt_checkpoint"
 	faultCorruptRestarts  = "corrupt_restarts"
@@ -35,7 +36,7 @@ const (
 )
 
 var faultKinds = []string{faultWorkerKill, faultHyperpodrunKill, faultHyperpodrunStop, faultAgentKill,
-	faultCoordinatorKill, faultEtcdKill, faultCorruptTeam, faultCorruptCkpt, faultCorruptRestarts, faultCorruptNode}
+	faultCoordinatorKill, faultEtcdKill, faultEtcdWipe, faultCorruptTeam, faultCorruptCkpt, faultCorruptRestarts, faultCorruptNode}
 
 // plannedFault is one entry of the seeded schedule: everything random about
 // a fault is drawn when the plan is made, so a seed names one schedule.
@@ -183,6 +184,8 @@ func (s *soak) inject(ctx context.Context, f *injected) error {
 			return err
 		}
 		return s.startEtcd(ctx)
+	case faultEtcdWipe:
+		return s.wipeEtcd(ctx, f)
 	case faultCorruptTeam, faultCorruptCkpt, faultCorruptRestarts, faultCorruptNode:
 		var key string
 		switch f.kind {

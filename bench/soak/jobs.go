@@ -37,6 +37,10 @@ type jobState struct {
 	// uids are the uids its workers and hyperpodruns were seen running as
 	// (/proc), in the order first seen.
 	uids []uint32
+	// wiped: etcd lost its data under the job (the etcd_wipe fault): it
+	// is gone from the control plane, its node agents stop it, and its
+	// output is no longer judged.
+	wiped bool
 }
 
 // jobTable tracks the soak's jobs and turns their output into invariant
@@ -127,7 +131,7 @@ func (t *jobTable) line(text string) *lineEvent {
 		j.output = j.output[len(j.output)-outputKeep:]
 	}
 	sm := stepLine.FindStringSubmatch(m[3])
-	if sm == nil {
+	if sm == nil || j.wiped {
 		return nil
 	}
 	step, _ := strconv.Atoi(sm[1])
@@ -173,6 +177,9 @@ func (t *jobTable) status(job, state, message string) (*jobState, bool) {
 	if j == nil {
 		return nil, false
 	}
+	if j.wiped {
+		return nil, false
+	}
 	j.state, j.message = state, message
 	if j.finished || (state != "Succeeded" && state != "Failed") {
 		return nil, false
@@ -181,6 +188,19 @@ func (t *jobTable) status(job, state, message string) (*jobState, bool) {
 	c := *j
 	c.output = append([]string(nil), j.output...)
 	return &c, true
+}
+
+// wipe marks jobs as lost with etcd's data: ended, neither Succeeded nor
+// Failed, their output no longer judged.
+func (t *jobTable) wipe(names []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, n := range names {
+		if j := t.jobs[n]; j != nil && !j.finished {
+			j.finished, j.wiped, j.ended, j.state = true, true, time.Now(), "Wiped"
+			j.message = "etcd lost its data under it (etcd_wipe); the agents stop it"
+		}
+	}
 }
 
 // sawUIDs records the uids the jobs' workers and hyperpodruns run as.

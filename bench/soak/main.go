@@ -4,7 +4,9 @@
 // PyTorch DDP job and a bundled-worker job while a seeded schedule injects
 // faults: SIGKILL of a worker, of a hyperpodrun, of a node agent, of the
 // leading coordinator and of etcd (each restarted), SIGSTOP of a hyperpodrun
-// for 10 s, and corrupt record writes. It checks from /proc and the training
+// for 10 s, corrupt record writes and etcd's data directory wiped (with
+// -auth=false only: the jobs it held must be stopped by their node agents,
+// then they are resubmitted; issue 24). It checks from /proc and the training
 // logs, all the time, that no two live workers of a job hold one RANK, that
 // no committed step is lost, that nothing is orphaned, that every job
 // finishes its steps and that none is Failed; it prints BENCH lines and exits

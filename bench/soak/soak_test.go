@@ -180,3 +180,32 @@ func TestMakeDirs(t *testing.T) {
 		}
 	}
 }
+
+// A job lost with etcd's data (etcd_wipe) is ended without a verdict: its
+// rank 0 starting over is not a lost committed step, elasticctl's view of
+// it is not read, and it is not running any more.
+func TestWipedJobIsNotJudged(t *testing.T) {
+	jt := newJobTable()
+	jt.add(&jobState{name: "soak-worker-1", kind: kindWorker})
+	jt.line("node-0/soak-worker-1 step=30 world_size=1 x")
+	if _, lost := jt.record("soak-worker-1", 20); lost != 0 {
+		t.Fatal("a first record lost steps")
+	}
+	jt.wipe([]string{"soak-worker-1"})
+	if ev := jt.line("node-0/soak-worker-1 step=1 world_size=1 x"); ev != nil {
+		t.Errorf("a wiped job's restart from step 1 judged: %+v", ev)
+	}
+	if _, ended := jt.status("soak-worker-1", "Failed", "x"); ended {
+		t.Error("a wiped job's status judged")
+	}
+	if jt.running("soak-worker-1") || len(jt.runningNames()) != 0 {
+		t.Error("a wiped job still counts as running")
+	}
+	// Without the wipe, the same restart is a loss of 19 committed steps.
+	jt.add(&jobState{name: "soak-worker-2", kind: kindWorker})
+	jt.line("node-0/soak-worker-2 step=30 world_size=1 x")
+	jt.record("soak-worker-2", 20)
+	if ev := jt.line("node-0/soak-worker-2 step=1 world_size=1 x"); ev == nil || ev.lost != 20 {
+		t.Errorf("an unwiped job's restart from step 1: %+v, want 20 committed steps lost", ev)
+	}
+}
