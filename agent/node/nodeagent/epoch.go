@@ -172,10 +172,10 @@ func (a *Agent) etcdDataLost(ctx context.Context, rule string, before, now fleet
 	if len(stopped) > 0 {
 		jobs = strings.Join(stopped, ", ")
 	}
-	note := fmt.Sprintf("%s at %s; jobs stopped on this node: %s. Resubmit them (elasticctl submit): they restart from their last checkpoint; see docs/disaster-recovery.md",
+	note := fmt.Sprintf("%s at %s; jobs stopped on this node: %s. Resubmit them (elasticctl submit); their checkpoint records went with the data: see docs/disaster-recovery.md",
 		why, time.Now().UTC().Format(time.RFC3339), jobs)
-	a.log.Error(why+": the node registers free; resubmit the jobs it ran (elasticctl submit), they restart from their last checkpoint, "+
-		"and restore etcd from a snapshot only as docs/disaster-recovery.md says", append(attrs, "stopped_jobs", jobs)...)
+	a.log.Error(why+": the node registers free; resubmit the jobs it ran (elasticctl submit); their checkpoint records went with etcd's data, "+
+		"see docs/disaster-recovery.md", append(attrs, "stopped_jobs", jobs)...)
 	a.mu.Lock()
 	a.loss = &dataLoss{at: time.Now(), note: note}
 	a.mu.Unlock()
