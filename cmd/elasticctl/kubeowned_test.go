@@ -36,3 +36,28 @@ func TestResizeAndDeleteOfAKubernetesJobRefused(t *testing.T) {
 		t.Errorf("the spec after the refusals: %+v %v", j, err)
 	}
 }
+
+// Suspending or resuming a job the Kubernetes controller owns is refused
+// the same way, naming the kubectl patch of spec.suspend; the job's
+// suspension stays as it was.
+func TestSuspendAndResumeOfAKubernetesJobRefused(t *testing.T) {
+	ep, cli := startFleet(t, 1)
+	st := fleet.New(cli, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: api.Job{Name: "sweep", Team: "research", MinNodes: 1, MaxNodes: 4, PerNode: api.Resources{Accelerators: 8}, SubmitTime: time.Now()},
+		Run: fleet.RunSpec{Script: "train.py", Env: map[string]string{fleet.KubernetesOwnerEnv: "ml/sweep/0f3c"}}}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := ctl(t, ep, "suspend", "sweep")
+	if code == 0 || !strings.Contains(errOut, `kubectl patch elasticjob sweep -n ml --type merge -p '{"spec":{"suspend":true}}'`) {
+		t.Errorf("suspend of a Kubernetes job: exit %d\n%s%s", code, out, errOut)
+	}
+	if j, err := st.Job(ctx, "sweep"); err != nil || j.Suspended {
+		t.Errorf("the spec after the refused suspend: %+v %v", j, err)
+	}
+	out, errOut, code = ctl(t, ep, "resume", "sweep")
+	if code == 0 || !strings.Contains(errOut, `kubectl patch elasticjob sweep -n ml --type merge -p '{"spec":{"suspend":false}}'`) {
+		t.Errorf("resume of a Kubernetes job: exit %d\n%s%s", code, out, errOut)
+	}
+}

@@ -148,7 +148,13 @@ func setSuspended(v bool) action {
 		}
 		ctx, cancel := ctxOf(c)
 		defer cancel()
-		if _, err := st.UpdateJob(ctx, name, func(j *fleet.JobSpec) error { j.Suspended = v; return nil }); err != nil {
+		if _, err := st.UpdateJob(ctx, name, func(j *fleet.JobSpec) error {
+			if ns, ejName, ok := j.KubernetesOwner(); ok {
+				return kubeSuspendRefusal(name, ns, ejName, v)
+			}
+			j.Suspended = v
+			return nil
+		}); err != nil {
 			return jobErr(name, err)
 		}
 		word := "resumed"
@@ -158,6 +164,17 @@ func setSuspended(v bool) action {
 		fmt.Fprintf(c.App.Writer, "job/%s %s\n", name, word)
 		return nil
 	}
+}
+
+// kubeSuspendRefusal is why elasticctl does not suspend or resume a job the
+// Kubernetes controller owns (it would put spec.suspend back), naming the
+// kubectl command that does.
+func kubeSuspendRefusal(job, ns, ejName string, suspend bool) error {
+	verb := "resume"
+	if suspend {
+		verb = "suspend"
+	}
+	return fmt.Errorf("%s: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would put elasticctl's change back: %s it with: kubectl patch elasticjob %s -n %s --type merge -p '{\"spec\":{\"suspend\":%t}}'", verb, job, ns, ejName, verb, ejName, ns, suspend)
 }
 
 func cmdDelete(c *cli.Context, st *query.Store) error {
