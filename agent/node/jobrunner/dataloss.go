@@ -25,11 +25,14 @@ var _ nodeagent.DataLossHandler = (*Runner)(nil)
 func (r *Runner) StopAll(ctx context.Context, why string) ([]string, error) {
 	r.mu.Lock()
 	r.resetting, r.relistDue = true, false
+	var stopped []string
 	for job, rt := range r.retry {
 		rt.timer.Stop()
 		delete(r.retry, job)
+		if _, running := r.jobs[job]; !running {
+			stopped = append(stopped, job) // waiting to restart: it does not
+		}
 	}
-	var stopped []string
 	waits := map[string]chan struct{}{}
 	for job, p := range r.jobs {
 		if !p.draining {
