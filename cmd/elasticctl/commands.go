@@ -86,8 +86,8 @@ func commands() []*cli.Command {
 			Description: examples("elasticctl suspend sweep"), Action: withStore(checkJobArg, setSuspended(true))},
 		{Name: "resume", Usage: "resume a suspended job", ArgsUsage: "NAME",
 			Description: examples("elasticctl resume sweep"), Action: withStore(checkJobArg, setSuspended(false))},
-		{Name: "delete", Usage: "delete a job", ArgsUsage: "NAME",
-			Description: examples("elasticctl delete sweep"), Action: withStore(checkJobArg, cmdDelete)},
+		{Name: "delete", Usage: "delete jobs (each name is tried; exit 1 if any could not be deleted)", ArgsUsage: "NAME...",
+			Description: examples("elasticctl delete sweep", "elasticctl delete sweep eval"), Action: withStore(checkDeleteArgs, cmdDelete)},
 		{
 			Name: "events", Usage: "show scheduling decisions", ArgsUsage: "[JOB]",
 			Description: "Events about a job are its own and those that took capacity for it.\n" +
@@ -221,6 +221,19 @@ func checkJobArg(c *cli.Context) error {
 		return usage(c, "%s: unexpected argument %q (one job at a time)", c.Command.Name, c.Args().Get(1))
 	}
 	return nameArg(c, "job", name)
+}
+
+// checkDeleteArgs checks delete's job names (one or more).
+func checkDeleteArgs(c *cli.Context) error {
+	if c.Args().Len() == 0 {
+		return usage(c, "%s needs the job's name: elasticctl %s NAME", c.Command.Name, c.Command.Name)
+	}
+	for _, name := range c.Args().Slice() {
+		if err := nameArg(c, "job", name); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // resourceKind reads "jobs", "job", "nodes", ... as jobs, nodes or teams.

@@ -347,7 +347,9 @@ func getJobs(c *cli.Context, st *query.Store, names []string) error {
 	rows := slices.DeleteFunc(jobs, func(j jobView) bool { return !keep(j) })
 	sortRows(c, "jobs", rows)
 	p := newJobPrinter(c)
-	if err := p.print(rows, true); err != nil {
+	// With no rows, a table is only "No jobs found." (no header), as
+	// kubectl prints; a watch keeps its header for the rows to come.
+	if err := p.print(rows, len(rows) > 0 || !p.table() || c.Bool("watch")); err != nil {
 		return err
 	}
 	if len(rows) == 0 && len(missing) == 0 && p.table() {

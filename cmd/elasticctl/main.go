@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -177,16 +178,38 @@ func kubeSuspendRefusal(job, ns, ejName string, suspend bool) error {
 	return fmt.Errorf("%s: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would put elasticctl's change back: %s it with: kubectl patch elasticjob %s -n %s --type merge -p '{\"spec\":{\"suspend\":%t}}'", verb, job, ns, ejName, verb, ejName, ns, suspend)
 }
 
+// cmdDelete deletes each named job, as kubectl delete does: every name is
+// tried, each deleted one is printed, and the names that could not be
+// deleted (missing, owned by Kubernetes) are errors after the others went
+// (exit 1).
 func cmdDelete(c *cli.Context, st *query.Store) error {
-	name := c.Args().First()
-	if name == "" {
+	names := c.Args().Slice()
+	if len(names) == 0 {
 		return usageError{errors.New("give the job name")}
 	}
-	if err := nameArg(c, "job", name); err != nil {
-		return err
+	for _, name := range names {
+		if err := nameArg(c, "job", name); err != nil {
+			return err
+		}
 	}
 	ctx, cancel := ctxOf(c)
 	defer cancel()
+	var errs []error
+	for i, name := range names {
+		if slices.Contains(names[:i], name) {
+			continue
+		}
+		if err := deleteJob(ctx, st, name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintf(c.App.Writer, "job/%s deleted\n", name)
+	}
+	return errors.Join(errs...)
+}
+
+// deleteJob deletes one job unless the Kubernetes controller owns it.
+func deleteJob(ctx context.Context, st *query.Store, name string) error {
 	if j, err := st.Job(ctx, name); err == nil {
 		if ns, ejName, ok := j.KubernetesOwner(); ok {
 			return fmt.Errorf("delete: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would submit it again: delete it with 'kubectl delete elasticjob %s -n %s'", name, ns, ejName, ejName, ns)
@@ -195,7 +218,6 @@ func cmdDelete(c *cli.Context, st *query.Store) error {
 	if err := st.DeleteJob(ctx, name); err != nil {
 		return jobErr(name, err)
 	}
-	fmt.Fprintf(c.App.Writer, "job/%s deleted\n", name)
 	return nil
 }
 

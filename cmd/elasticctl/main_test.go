@@ -90,7 +90,7 @@ func TestSubmitGrowReclaimDescribeResize(t *testing.T) {
 		}
 		etcdtest.RegisterNode(t, cli, inv)
 	}
-	if out, errs, code := ctl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML)); code != 0 || !strings.Contains(out, "team/prod configured") {
+	if out, errs, code := ctl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML)); code != 0 || !strings.Contains(out, "team/prod created") {
 		t.Fatalf("apply: %d %s %s", code, out, errs)
 	}
 	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 100 * time.Millisecond})

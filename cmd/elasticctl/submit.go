@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -174,6 +176,20 @@ func dryKind(k api.ReasonKind) string {
 	return "would be " + strings.ToLower(string(k))
 }
 
+// teamApplyVerb is what apply did to a team, in kubectl's words: created
+// (none was stored), unchanged (the stored one is the same) or configured.
+func teamApplyVerb(stored *api.Team, t api.Team) string {
+	if stored == nil {
+		return "created"
+	}
+	a, errA := json.Marshal(stored)
+	b, errB := json.Marshal(t)
+	if errA == nil && errB == nil && bytes.Equal(a, b) {
+		return "unchanged"
+	}
+	return "configured"
+}
+
 func quoteNames(names []string) []string {
 	out := make([]string, len(names))
 	for i, n := range names {
@@ -189,10 +205,17 @@ func cmdApply(c *cli.Context, st *query.Store) error {
 		ctx, cancel := ctxOf(c)
 		defer cancel()
 		for _, t := range teams {
+			old, err := st.Team(ctx, t.Name)
+			if err != nil && !errors.Is(err, fleet.ErrNotFound) {
+				return fmt.Errorf("apply: read team %s: %w", t.Name, err)
+			}
+			// Written even when unchanged: the write is what etcd's roles
+			// check (only an admin applies teams).
+			verb := teamApplyVerb(old, t)
 			if err := st.PutTeam(ctx, t); err != nil {
 				return err
 			}
-			fmt.Fprintf(c.App.Writer, "team/%s configured\n", t.Name)
+			fmt.Fprintf(c.App.Writer, "team/%s %s\n", t.Name, verb)
 		}
 		return nil
 	}
