@@ -122,8 +122,10 @@ func (s *sched) carry(j *jobRT, a *Allocation) {
 		s.removeNodes(j, j.size)
 		return
 	}
-	if target < want && lost == 0 {
-		j.setShrunk(CodeSpecChanged, fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", want, j.sp.min, j.sp.max))
+	if target < want {
+		// The spec (the user's resize) cuts the job, whether or not nodes
+		// were lost too: the shrink is the user's, not the nodes'.
+		j.setShrunk(CodeSpecChanged, specShrinkDetail(want, j.sp.min, j.sp.max, lost))
 	}
 	if j.size > target {
 		s.removeNodes(j, j.size-target)
@@ -138,6 +140,16 @@ func (s *sched) carry(j *jobRT, a *Allocation) {
 		// need replacing.
 		j.setShrunk(CodeNodeLost, "")
 	}
+}
+
+// specShrinkDetail says why a job's spec shrank it from held nodes to
+// within min..max, naming the nodes lost at the same time.
+func specShrinkDetail(held, min, max, lost int) string {
+	d := fmt.Sprintf("size %d is not allowed by the spec (min %d, max %d)", held, min, max)
+	if lost > 0 {
+		d += fmt.Sprintf("; %s of the allocation lost meanwhile", plural(lost, "node"))
+	}
+	return d
 }
 
 // repair replaces lost nodes (highest priority first), or shrinks or

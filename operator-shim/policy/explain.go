@@ -124,21 +124,25 @@ func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
 		case CodeBorrowing:
 			r.Message = fmt.Sprintf("admitted at %s by borrowing idle quota (%s, borrowing limit %s)", plural(min, "node"), s.usage(j), limitStr(tf.borrowLimit))
 		case CodeReclaim:
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), s.usage(j))
+			if tf.used > tf.nominal {
+				r.Message = fmt.Sprintf("admitted at %s by reclaiming lent capacity,%s", plural(min, "node"), quotaStanding(tf.used, tf.nominal, s.usage(j)))
+			} else {
+				r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota by reclaiming lent capacity (%s)", plural(min, "node"), s.usage(j))
+			}
 		case CodePriorityPreemption:
 			r.Message = fmt.Sprintf("admitted at %s by preempting lower-priority jobs of team %s (priority %d; %s)", plural(min, "node"), tf.team.name, j.sp.prio, s.usage(j))
 		default:
-			r.Message = fmt.Sprintf("admitted at %s within the team's nominal quota (%s)", plural(min, "node"), s.usage(j))
+			r.Message = fmt.Sprintf("admitted at %s%s", plural(min, "node"), quotaStanding(tf.used, tf.nominal, s.usage(j)))
 		}
 		if j.size > min {
 			r.Message += fmt.Sprintf("; grown to %d by fair share", j.size)
 		}
 	case KindGrown:
-		how := "within the team's nominal quota"
 		if o.borrowed {
-			how = "by borrowing idle quota"
+			r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share by borrowing idle quota (%s)", j.prevSize, j.size, s.usage(j))
+			break
 		}
-		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share %s (%s)", j.prevSize, j.size, how, s.usage(j))
+		r.Message = fmt.Sprintf("grown from %d to %d nodes into idle capacity by fair share%s", j.prevSize, j.size, quotaStanding(tf.used, tf.nominal, s.usage(j)))
 	case KindRepaired, KindShrunk:
 		if o.kind == KindRepaired && j.size == j.prevSize {
 			r.Message = fmt.Sprintf("lost node(s) replaced; still %s", plural(j.size, "node"))
@@ -160,6 +164,18 @@ func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
 		s.runningReason(j, &r)
 	}
 	return r
+}
+
+// quotaStanding words where a team stands against its nominal quota at the
+// end of a cycle, for a job admitted or grown in it, with usage (see
+// sched.usage): within the nominal quota, or, when the team uses more than
+// its nominal quota (other jobs of the team grew by borrowing), borrowing
+// idle quota and by how much: never "within" beside a usage above nominal.
+func quotaStanding(used, nominal int, usage string) string {
+	if used > nominal {
+		return " with the team borrowing idle quota (" + usage + ", " + strconv.Itoa(used-nominal) + " above nominal)"
+	}
+	return " within the team's nominal quota (" + usage + ")"
 }
 
 // usage is the team's usage of j's flavor at the end of the cycle. Built

@@ -89,10 +89,12 @@ func (j *jobRT) setShrunk(code ReasonCode, detail string) {
 	j.out.kind, j.out.code, j.out.detail = KindShrunk, code, detail
 }
 
-// setRepaired records that every lost node was replaced. A repair that
-// leaves the job below its previous size (the spec now allows fewer nodes)
-// is reported as a NodeLost shrink.
+// setRepaired records that every lost node was replaced. A job its spec
+// shrank in the same cycle (the user's resize) stays a SpecChanged shrink.
 func (j *jobRT) setRepaired() {
+	if j.out.kind == KindShrunk && j.out.code == CodeSpecChanged {
+		return
+	}
 	j.out.kind, j.out.code = KindRepaired, CodeNodeLost
 }
 
