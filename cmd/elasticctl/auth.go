@@ -2,7 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
@@ -89,13 +92,14 @@ func cmdAddNode(c *cli.Context, st *query.Store) error {
 	if err != nil {
 		return fmt.Errorf("auth add-node: %w", err)
 	}
-	printUsers(c, res)
+	printUsers(c, res, nil)
 	return nil
 }
 
 // printUsers says which users were created (and where their passwords
-// are) and which existed.
-func printUsers(c *cli.Context, res *etcdauth.BootstrapResult) {
+// are) and which existed (fromRecord: those whose password file was written
+// from the coordinator's record).
+func printUsers(c *cli.Context, res *etcdauth.BootstrapResult, fromRecord map[string]string) {
 	w := c.App.Writer
 	users := make([]string, 0, len(res.Created))
 	for u := range res.Created {
@@ -106,8 +110,44 @@ func printUsers(c *cli.Context, res *etcdauth.BootstrapResult) {
 		fmt.Fprintf(w, "user %s created: password in %s\n", u, res.Created[u])
 	}
 	for _, u := range res.Kept {
+		if p, ok := fromRecord[u]; ok {
+			fmt.Fprintf(w, "user %s exists (created by the coordinator): password in %s\n", u, p)
+			continue
+		}
 		fmt.Fprintf(w, "user %s exists: password unchanged\n", u)
 	}
+}
+
+// writeTeamPasswords writes the password file of each kept team user the
+// coordinator created (its team-creds record: a team applied after the
+// first bootstrap) when the file is not there yet, and returns the files
+// written by user.
+func writeTeamPasswords(c *cli.Context, st *query.Store, kept []string, dir string) (map[string]string, error) {
+	ctx, cancel := ctxOf(c)
+	defer cancel()
+	out := map[string]string{}
+	for _, u := range kept {
+		team, ok := strings.CutPrefix(u, etcdauth.TeamRole(""))
+		if !ok || api.ValidateName("team", team) != nil {
+			continue
+		}
+		p := filepath.Join(dir, u+".password")
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		cr, err := st.TeamCredsOf(ctx, team)
+		if err != nil {
+			return nil, fmt.Errorf("auth bootstrap: team %s's credentials: %w", team, err)
+		}
+		if cr == nil || cr.User != u {
+			continue
+		}
+		if err := os.WriteFile(p, []byte(cr.Password+"\n"), 0o600); err != nil {
+			return nil, fmt.Errorf("auth bootstrap: write %s's password: %w", u, err)
+		}
+		out[u] = p
+	}
+	return out, nil
 }
 
 func cmdBootstrap(c *cli.Context, st *query.Store) error {
@@ -134,7 +174,11 @@ func cmdBootstrap(c *cli.Context, st *query.Store) error {
 	if err != nil {
 		return fmt.Errorf("auth bootstrap: %w", err)
 	}
-	printUsers(c, res)
+	fromRecord, err := writeTeamPasswords(c, st, res.Kept, c.String("password-dir"))
+	if err != nil {
+		return err
+	}
+	printUsers(c, res, fromRecord)
 	w := c.App.Writer
 	if res.Enabled {
 		fmt.Fprintln(w, "etcd auth is now on: every client needs a user (docs/security.md)")

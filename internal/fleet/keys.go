@@ -86,6 +86,14 @@ func (k Keys) CredsPrefix() string { return k.under("creds") }
 // Creds is a job's etcd credentials: JobCreds.
 func (k Keys) Creds(job string) string { return k.CredsPrefix() + job }
 
+// TeamCredsPrefix is the prefix of the team users' credentials the
+// coordinator created (etcd auth on): root's to read.
+func (k Keys) TeamCredsPrefix() string { return k.under("team-creds") }
+
+// TeamCreds is the etcd credentials of the user the coordinator created
+// for a team applied after elasticctl auth bootstrap: TeamCreds.
+func (k Keys) TeamCreds(team string) string { return k.TeamCredsPrefix() + team }
+
 // DesiredPrefix is the prefix of every desired record.
 func (k Keys) DesiredPrefix() string { return k.under("desired") }
 

@@ -150,6 +150,9 @@ type Coordinator struct {
 	// (minted by it, or read from creds/), for the assignments.
 	minted map[string]bool
 	creds  map[string]*fleet.JobCreds
+	// teamUsers are the teams whose etcd user this leader made sure of
+	// (JobCredentials; teamusers.go).
+	teamUsers map[string]bool
 	// uids are the uids of the jobs the running cycle places.
 	uids map[string]uint32
 	// ignored are the reports ignored (logged once each).
@@ -276,6 +279,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		defer c.cfg.OnLeader(false)
 	}
 	c.minted, c.creds = nil, nil // another leader may have minted and revoked meanwhile
+	c.teamUsers = nil
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		el.Resign(rctx)

@@ -59,6 +59,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	if err := c.mintFor(ctx, d.Allocations); err != nil {
 		return false, err
 	}
+	c.ensureTeamUsers(ctx)
 	t1 := time.Now()
 	p := c.plan(d, !v.haveLast)
 	diff := time.Since(t1)

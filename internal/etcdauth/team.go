@@ -1,0 +1,49 @@
+package etcdauth
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+)
+
+// EnsureTeamUser gives team its role (TeamRoleFor) and user, as Bootstrap
+// does, on an etcd whose auth is on: for teams applied after the bootstrap
+// (elasticctl apply, an ElasticTeam). cli must have etcd's root role (the
+// coordinator's). A user that exists is kept with its password (created
+// false); a new one gets a fresh password, handed to save before the user
+// is created, so that no user exists whose password was not kept.
+func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, team string, save func(user, password string) error) (created bool, err error) {
+	r, err := TeamRoleFor(k, team)
+	if err != nil {
+		return false, err
+	}
+	if err := ensureRole(ctx, cli, r); err != nil {
+		return false, err
+	}
+	err = call(ctx, func(ctx context.Context) error { _, err := cli.UserGet(ctx, r.Name); return err })
+	switch {
+	case err == nil:
+	case gone(err):
+		pw, err := NewPassword()
+		if err != nil {
+			return false, err
+		}
+		if err := save(r.Name, pw); err != nil {
+			return false, fmt.Errorf("keep team %s's password: %w", team, err)
+		}
+		err = call(ctx, func(ctx context.Context) error { _, err := cli.UserAdd(ctx, r.Name, pw); return err })
+		if err != nil && !already(err) {
+			return false, fmt.Errorf("create user %s: %w", r.Name, err)
+		}
+		created = err == nil
+	default:
+		return false, fmt.Errorf("read user %s: %w", r.Name, err)
+	}
+	if err := call(ctx, func(ctx context.Context) error { _, err := cli.UserGrantRole(ctx, r.Name, r.Name); return err }); err != nil {
+		return false, fmt.Errorf("grant role %s to user %s: %w", r.Name, r.Name, err)
+	}
+	return created, nil
+}

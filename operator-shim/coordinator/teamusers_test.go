@@ -1,0 +1,97 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// A team applied after elasticctl auth bootstrap (etcd auth on) gets its
+// etcd user from the coordinator, as the bootstrap's teams have theirs: its
+// password is in the team-creds record, the user logs in with it and may
+// submit its own team's jobs and no other team's. A bootstrapped team's
+// user keeps its password.
+func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	dir := filepath.Join(t.TempDir(), "pw")
+	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
+		t.Fatal(err)
+	}
+	eps := cli.Endpoints()
+	login := func(user, pw string) (*clientv3.Client, error) {
+		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: user, Password: pw})
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return c, err
+	}
+	as := func(user string) *clientv3.Client {
+		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := login(user, pw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	root := fleet.New(as(etcdauth.RootUser), "")
+	c := New(as(etcdauth.CoordinatorUser), Config{Identity: "c", Resync: 100 * time.Millisecond, JobCredentials: true, Engine: policy.Config{MinStablePeriod: -1}})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	admin := fleet.New(as(etcdauth.AdminUser), "")
+	if err := admin.PutTeam(ctx, policy.Team{Name: "vision", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 16}}}); err != nil {
+		t.Fatal(err)
+	}
+	var creds *fleet.TeamCreds
+	testutil.Eventually(t, 20*time.Second, "team vision's etcd user", func() (bool, string) {
+		var err error
+		creds, err = root.TeamCredsOf(ctx, "vision")
+		return creds != nil, fmt.Sprint(err)
+	})
+	if creds.User != etcdauth.TeamRole("vision") {
+		t.Fatalf("team vision's user is %q", creds.User)
+	}
+	vc, err := login(creds.User, creds.Password)
+	if err != nil {
+		t.Fatalf("team vision's user cannot log in with its recorded password: %v", err)
+	}
+	vision := fleet.New(vc, "")
+	job := func(name, team string) fleet.JobSpec {
+		return fleet.JobSpec{Job: policy.Job{Name: name, Team: team, PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}}
+	}
+	if err := vision.SubmitJob(ctx, job("v1", "vision")); err != nil {
+		t.Errorf("team vision submits its own job: %v", err)
+	}
+	if err := vision.SubmitJob(ctx, job("a1", "a")); err == nil || !fleet.IsPermissionDenied(err) {
+		t.Errorf("team vision submits team a's job: %v; want permission denied", err)
+	}
+	// The bootstrapped team's user is kept, password and all.
+	if cr, err := root.TeamCredsOf(ctx, "a"); err != nil || cr != nil {
+		t.Errorf("team a (bootstrapped) got a coordinator record: %+v %v", cr, err)
+	}
+	if err := fleet.New(as(etcdauth.TeamRole("a")), "").SubmitJob(ctx, job("a2", "a")); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("team a's bootstrapped user: %v", err)
+	}
+	// Only root reads the record.
+	if _, err := admin.TeamCredsOf(ctx, "vision"); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("the admin read team vision's password: %v", err)
+	}
+}
