@@ -55,8 +55,15 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 		}
 	})
 
+	// As root, each job runs as its own uid (the first of the range for
+	// the first job of each epoch): the old job's uid must be released
+	// for the new epoch's job to run.
+	var uids UIDRange
+	if os.Geteuid() == 0 {
+		uids = UIDRange{First: 231000, Last: 231009}
+	}
 	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 200 * time.Millisecond, SessionTTL: 2,
-		Logger: log.With("component", "coordinator")})
+		Logger: log.With("component", "coordinator"), JobUIDFirst: uids.First, JobUIDLast: uids.Last})
 	cctx, cstop := context.WithCancel(context.Background())
 	cdone := make(chan struct{})
 	go func() { coord.Run(cctx); close(cdone) }()
@@ -69,7 +76,7 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(tmp) })
 	alog := log.With("component", "agent")
 	r := New(Config{Hyperpodrun: hpr, Endpoints: []string{etcd.URL}, RdzvConf: "lease_ttl=2", Output: out, Logger: alog, TempDir: tmp,
-		AllowRootJobs: true, BackoffBase: 200 * time.Millisecond, DrainMargin: 2 * time.Second})
+		AllowRootJobs: !uids.Set(), UIDRange: uids, BackoffBase: 200 * time.Millisecond, DrainMargin: 2 * time.Second})
 	agent, err := nodeagent.New(cli, nodeagent.Config{NodeName: "node-a", LeaseTTL: 3 * time.Second, Workloads: r, Logger: alog, Listen: "127.0.0.1:0",
 		Discover: func(context.Context) (*devices.Inventory, error) {
 			return &devices.Inventory{Node: "node-a", Flavor: e2eFlavor, Flavors: []string{e2eFlavor}, VCPUs: 8, MemoryBytes: 8 << 30, UpdatedAt: time.Now().UTC(),
@@ -85,10 +92,25 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 
 	// Each job's worker appends its pid to <dir>/runs and runs until
 	// stopped.
+	// (Reachable and writable by the jobs' uids.)
 	dirs := map[string]string{"j": t.TempDir(), "k": t.TempDir()}
-	worker := filepath.Join(t.TempDir(), "w.sh")
+	wdir := t.TempDir()
+	worker := filepath.Join(wdir, "w.sh")
 	if err := os.WriteFile(worker, []byte(loopWorker), 0o755); err != nil {
 		t.Fatal(err)
+	}
+	for _, d := range []string{filepath.Dir(wdir), wdir, dirs["j"], dirs["k"]} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range []string{dirs["j"], dirs["k"]} { // a job's uid changes with the epoch
+		if err := os.WriteFile(filepath.Join(d, "runs"), nil, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(d, "runs"), 0o666); err != nil {
+			t.Fatal(err)
+		}
 	}
 	submit := func(job string) error {
 		return st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: job, Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
