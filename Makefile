@@ -9,7 +9,7 @@ BIN     := bin
 PKGS    := ./...
 BINARIES := hyperpodrun hyperpodrun-rdzv-host hyperpod-agent hyperpod-coordinator hyperpod-kube-controller elasticctl
 
-.PHONY: architecture build deps generate test test-python test-short bench soak soak-short demo demo-standalone image lint clean
+.PHONY: architecture build deps generate test test-python test-short bench soak soak-short demo demo-standalone image agent-image lint clean
 
 build:
 	@mkdir -p $(BIN)
@@ -109,6 +109,22 @@ image:
 		-controller $(BIN)/hyperpod-kube-controller-static -hyperpodrun $(BIN)/hyperpodrun-static \
 		-version "$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -revision "$$(git rev-parse HEAD 2>/dev/null)" \
 		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-kube-controller-image.tar) $(IMAGE_FLAGS)
+
+## agent-image: the node agent's image, the one the hyperpod-agent DaemonSet
+## names (examples/kubernetes/daemonset.yaml): a static hyperpod-agent (its
+## entrypoint, run as root) and a static hyperpodrun (also as
+## /usr/local/bin/hyperpodrun-static, which the containerd DaemonSet's init
+## container copies). IMAGE=registry/repo:tag pushes it; without IMAGE it is
+## written to bin/hyperpod-agent-image.tar. IMAGE_FLAGS as for image.
+agent-image:
+	@mkdir -p $(BIN)
+	@rm -f $(BIN)/hyperpodrun-static $(BIN)/hyperpod-agent-static
+	$(STATIC_BUILD) -o $(BIN)/hyperpodrun-static ./cmd/hyperpodrun 2>&1 | grep -v "dlopen\|cgo2.c\|^# " || true
+	$(STATIC_BUILD) -o $(BIN)/hyperpod-agent-static ./cmd/hyperpod-agent 2>&1 | grep -v "dlopen\|cgo2.c\|^# " || true
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null) $(GO) run ./operator-shim/kubernetes/image \
+		-agent $(BIN)/hyperpod-agent-static -hyperpodrun $(BIN)/hyperpodrun-static \
+		-version "$$(git describe --tags --always --dirty 2>/dev/null || echo dev)" -revision "$$(git rev-parse HEAD 2>/dev/null)" \
+		$(if $(IMAGE),-push $(IMAGE),-o $(BIN)/hyperpod-agent-image.tar) $(IMAGE_FLAGS)
 
 ## lint: tracked build outputs, gofmt, go vet and staticcheck (pinned, run
 ## through the Go module proxy: nothing to install).

@@ -168,7 +168,7 @@ func (j Job) Normalize(cfg Config) (Shape, error) {
 	}
 	s.Priority = p
 	if j.PerNode.Accelerators < 1 || j.PerNode.Accelerators > MaxNodeAccelerators {
-		errs = append(errs, fmt.Errorf("perNode.accelerators: must be between 1 and %d (got %d)", MaxNodeAccelerators, j.PerNode.Accelerators))
+		errs = append(errs, fmt.Errorf("perNode.accelerators: must be between 1 and %d (got %d)%s", MaxNodeAccelerators, j.PerNode.Accelerators, cpuHint(j.PerNode.Accelerators)))
 	}
 	if j.PerNode.VCPUs < 0 {
 		errs = append(errs, fmt.Errorf("perNode.vcpus: must be >= 0 (got %d)", j.PerNode.VCPUs))
@@ -243,4 +243,13 @@ func wrap(kind, name string, errs []error) error {
 		msgs[i] = e.Error()
 	}
 	return fmt.Errorf("%s %q: %s", kind, name, strings.Join(msgs, "; "))
+}
+
+// cpuHint explains, for a job that asks for no accelerator, how CPU-only
+// nodes are counted: each is one accelerator of flavor cpu, taken whole.
+func cpuHint(accelerators int) string {
+	if accelerators >= 1 {
+		return ""
+	}
+	return "; a CPU-only node (flavor " + FlavorCPU + ") counts as one accelerator, taken whole: for a CPU job give perNode.accelerators: 1 (and flavor: " + FlavorCPU + " where the team has other flavors)"
 }

@@ -35,6 +35,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	dir := fl.String("dir", "examples/kubernetes", "where to write the manifests")
 	image := fl.String("image", manifests.Image, "the controller's image, also its --launcher-image (make image IMAGE=... pushes one)")
 	endpoints := fl.String("etcd-endpoints", manifests.EtcdEndpoints, "the fleet's etcd endpoints, comma-separated, as the controller's and the agents' pods reach them")
+	agentImage := fl.String("agent-image", manifests.AgentImage, "the node agent DaemonSet's image, in the copy of daemonset.yaml written into -dir (make agent-image IMAGE=... pushes one)")
 	prefix := fl.String("etcd-prefix", strings.TrimPrefix(manifests.EtcdPrefixArg, "--etcd-prefix="), "the fleet's etcd prefix")
 	if err := fl.Parse(args); err != nil {
 		return 2
@@ -43,9 +44,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gen: %v\n", err)
 		return 2
 	}
-	if _, err := name.ParseReference(*image, name.StrictValidation); err != nil {
-		fmt.Fprintf(stderr, "gen: -image %q: %v (want registry/repository:tag or @sha256:digest)\n", *image, err)
-		return 2
+	for _, f := range []struct{ flag, ref string }{{"-image", *image}, {"-agent-image", *agentImage}} {
+		if _, err := name.ParseReference(f.ref, name.StrictValidation); err != nil {
+			fmt.Fprintf(stderr, "gen: %s %q: %v (want registry/repository:tag or @sha256:digest)\n", f.flag, f.ref, err)
+			return 2
+		}
 	}
 	files, err := manifests.Files()
 	if err != nil {
@@ -62,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return bytes.ReplaceAll(b, []byte(manifests.EtcdPrefixArg+"\n"), []byte("--etcd-prefix="+*prefix+"\n"))
 	}
 	if ds, err := os.ReadFile(filepath.Join("examples", "kubernetes", "daemonset.yaml")); err == nil && filepath.Clean(*dir) != filepath.Join("examples", "kubernetes") {
-		files["daemonset.yaml"] = ds
+		files["daemonset.yaml"] = bytes.ReplaceAll(ds, []byte("image: "+manifests.AgentImage+"\n"), []byte("image: "+*agentImage+"\n"))
 		names = append(names, "daemonset.yaml")
 	}
 	for _, n := range names {

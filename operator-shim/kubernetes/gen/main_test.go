@@ -73,3 +73,27 @@ func TestEtcdFlags(t *testing.T) {
 		}
 	}
 }
+
+// -agent-image puts the given node agent image in the DaemonSet copied
+// into -dir (the committed examples keep manifests.AgentImage); a bad
+// reference is refused.
+func TestAgentImageFlag(t *testing.T) {
+	t.Chdir(filepath.Join("..", "..", ".."))
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	const img = "registry.example.com/hyperpodrun/hyperpod-agent:v0.1"
+	if code := run([]string{"-dir", dir, "-agent-image", img}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "daemonset.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(b); strings.Contains(s, manifests.AgentImage) || strings.Count(s, "image: "+img+"\n") < 2 {
+		t.Errorf("daemonset.yaml does not name the agent image %s everywhere:\n%s", img, s)
+	}
+	stderr.Reset()
+	if code := run([]string{"-dir", dir, "-agent-image", "Bad Image"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-agent-image") {
+		t.Errorf("a bad -agent-image: exit %d, stderr %q", code, stderr.String())
+	}
+}

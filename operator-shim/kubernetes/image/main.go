@@ -46,6 +46,9 @@ const (
 	Source = "https://github.com/hyperpodrun/hyperpodrun"
 	// DefaultTarball is where the image goes without -push or -o.
 	DefaultTarball = "bin/hyperpod-kube-controller-image.tar"
+	// DefaultAgentTarball is where the agent's image (-agent) goes
+	// without -push or -o.
+	DefaultAgentTarball = "bin/hyperpod-agent-image.tar"
 )
 
 // StaticBuild is how `make image` builds each program static (cgo stays on:
@@ -57,6 +60,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 // options are the command's flags.
 type options struct {
 	controller, hyperpodrun string
+	agent                   string
 	push, out, tag          string
 	version, revision       string
 	insecure                bool
@@ -68,6 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var o options
 	fl.StringVar(&o.controller, "controller", "bin/hyperpod-kube-controller-static", "a static hyperpod-kube-controller")
 	fl.StringVar(&o.hyperpodrun, "hyperpodrun", "bin/hyperpodrun-static", "a static hyperpodrun (make build writes bin/hyperpodrun-static)")
+	fl.StringVar(&o.agent, "agent", "", "build the node agent's image instead (the hyperpod-agent DaemonSet's): this static hyperpod-agent and -hyperpodrun, run as root (make agent-image)")
 	fl.StringVar(&o.push, "push", "", "push the image as this reference (registry/repository:tag); credentials from `docker login`")
 	fl.StringVar(&o.out, "o", "", "write the image as a tarball for `docker load -i` / `ctr images import` (default "+DefaultTarball+" without -push)")
 	fl.StringVar(&o.tag, "tag", "", "the tarball's image reference (default -push's, else "+manifests.Image+")")
@@ -84,16 +89,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "image: unexpected arguments %q (everything is a flag; see -help)\n", fl.Args())
 		return 2
 	}
+	tarball, tag, build, use := DefaultTarball, manifests.Image, Spec, "the controller Deployment's image and --launcher-image (docs/kubernetes.md)"
+	main := o.controller
+	if o.agent != "" {
+		tarball, tag, build, use = DefaultAgentTarball, manifests.AgentImage, AgentSpec, "the hyperpod-agent DaemonSet's image (gen -agent-image; docs/kubernetes.md)"
+		main = o.agent
+	}
 	if o.push == "" && o.out == "" {
-		o.out = DefaultTarball
+		o.out = tarball
 	}
 	if o.tag == "" {
-		o.tag = manifests.Image
+		o.tag = tag
 		if o.push != "" {
 			o.tag = o.push
 		}
 	}
-	spec, err := Spec(o.controller, o.hyperpodrun, o.version, o.revision, os.Getenv("SOURCE_DATE_EPOCH"))
+	spec, err := build(main, o.hyperpodrun, o.version, o.revision, os.Getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
 		fmt.Fprintf(stderr, "image: %v\n", err)
 		return 1
@@ -124,7 +135,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "image: %v%s\n", err, pushHint(err, o.push))
 			return 1
 		}
-		fmt.Fprintf(stdout, "pushed %s\n  = %s\nuse it as the controller Deployment's image and --launcher-image (docs/kubernetes.md)\n", o.push, pinned)
+		fmt.Fprintf(stdout, "pushed %s\n  = %s\nuse it as %s\n", o.push, pinned, use)
 	}
 	return 0
 }
@@ -150,7 +161,53 @@ func pushHint(err error, ref string) string {
 // controller's Go build info), created at sourceDateEpoch (Unix seconds;
 // "" is the controller's VCS time, else the epoch).
 func Spec(controller, hyperpodrun, version, revision, sourceDateEpoch string) (ociimage.Spec, error) {
-	arch, err := CheckStatic(controller, "hyperpod-kube-controller")
+	rel := strings.TrimPrefix(BinDir, "/") + "/"
+	return programSpec(program{
+		path: controller, name: "hyperpod-kube-controller", user: User,
+		description: "hyperpodrun's ElasticJob controller, and the job pods' launcher: hyperpod-kube-controller and a static hyperpodrun",
+		files: []ociimage.File{
+			{Path: "etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
+			{Path: "etc/group", Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
+			{Path: "home/nonroot/", Mode: 0o700, UID: 65532, GID: 65532},
+		},
+		// `install` copies the hyperpodrun next to its own executable.
+		hyperpodrun: []string{rel + "hyperpodrun"},
+	}, hyperpodrun, version, revision, sourceDateEpoch)
+}
+
+// AgentSpec is the node agent's image (the hyperpod-agent DaemonSet's,
+// AgentImage): a static hyperpod-agent, its entrypoint, run as root (it
+// reads the host's devices and talks to containerd), and a static
+// hyperpodrun as /usr/local/bin/hyperpodrun and hyperpodrun-static (the
+// containerd DaemonSet's init container copies the latter for the
+// containers whose image has none). Checked and labelled as Spec.
+func AgentSpec(agent, hyperpodrun, version, revision, sourceDateEpoch string) (ociimage.Spec, error) {
+	rel := strings.TrimPrefix(BinDir, "/") + "/"
+	return programSpec(program{
+		path: agent, name: "hyperpod-agent",
+		description: "hyperpodrun's node agent (hyperpod-agent) with a static hyperpodrun",
+		files: []ociimage.File{
+			{Path: "etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\n")},
+			{Path: "etc/group", Data: []byte("root:x:0:\n")},
+		},
+		hyperpodrun: []string{rel + "hyperpodrun", rel + "hyperpodrun-static"},
+	}, hyperpodrun, version, revision, sourceDateEpoch)
+}
+
+// program is the main program of an image and what else the image holds.
+type program struct {
+	path, name, description, user string
+	files                         []ociimage.File
+	// hyperpodrun are the paths the static hyperpodrun is put at.
+	hyperpodrun []string
+}
+
+// programSpec is p's image with a static hyperpodrun: both checked static
+// and of one architecture, labelled with version and revision (defaults
+// from p's Go build info), created at sourceDateEpoch (Unix seconds; ""
+// is p's VCS time, else the epoch).
+func programSpec(p program, hyperpodrun, version, revision, sourceDateEpoch string) (ociimage.Spec, error) {
+	arch, err := CheckStatic(p.path, p.name)
 	if err != nil {
 		return ociimage.Spec{}, err
 	}
@@ -159,9 +216,9 @@ func Spec(controller, hyperpodrun, version, revision, sourceDateEpoch string) (o
 		return ociimage.Spec{}, err
 	}
 	if arch != harch {
-		return ociimage.Spec{}, fmt.Errorf("%s is for %s but %s is for %s: build both for one architecture (GOARCH)", controller, arch, hyperpodrun, harch)
+		return ociimage.Spec{}, fmt.Errorf("%s is for %s but %s is for %s: build both for one architecture (GOARCH)", p.path, arch, hyperpodrun, harch)
 	}
-	info := buildInfo(controller)
+	info := buildInfo(p.path)
 	if version == "" {
 		version = info.version
 	}
@@ -177,8 +234,8 @@ func Spec(controller, hyperpodrun, version, revision, sourceDateEpoch string) (o
 		created = time.Unix(sec, 0).UTC()
 	}
 	labels := map[string]string{
-		"org.opencontainers.image.title":       "hyperpod-kube-controller",
-		"org.opencontainers.image.description": "hyperpodrun's ElasticJob controller, and the job pods' launcher: hyperpod-kube-controller and a static hyperpodrun",
+		"org.opencontainers.image.title":       p.name,
+		"org.opencontainers.image.description": p.description,
 		"org.opencontainers.image.source":      Source,
 		"org.opencontainers.image.version":     version,
 	}
@@ -189,19 +246,17 @@ func Spec(controller, hyperpodrun, version, revision, sourceDateEpoch string) (o
 		labels["org.opencontainers.image.created"] = created.Format(time.RFC3339)
 	}
 	rel := strings.TrimPrefix(BinDir, "/") + "/"
+	files := []ociimage.File{{Path: rel + p.name, Source: p.path, Mode: 0o755}}
+	for _, h := range p.hyperpodrun {
+		files = append(files, ociimage.File{Path: h, Source: hyperpodrun, Mode: 0o755})
+	}
+	files = append(files, ociimage.File{Path: "tmp/", Mode: 0o1777})
+	files = append(files, p.files...)
 	return ociimage.Spec{
-		Files: []ociimage.File{
-			{Path: rel + "hyperpod-kube-controller", Source: controller, Mode: 0o755},
-			// `install` copies the hyperpodrun next to its own executable.
-			{Path: rel + "hyperpodrun", Source: hyperpodrun, Mode: 0o755},
-			{Path: "tmp/", Mode: 0o1777},
-			{Path: "etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")},
-			{Path: "etc/group", Data: []byte("root:x:0:\nnonroot:x:65532:\n")},
-			{Path: "home/nonroot/", Mode: 0o700, UID: 65532, GID: 65532},
-		},
+		Files:        files,
 		Env:          []string{"PATH=" + BinDir + ":/usr/bin:/bin"},
-		Entrypoint:   []string{BinDir + "/hyperpod-kube-controller"},
-		User:         User,
+		Entrypoint:   []string{BinDir + "/" + p.name},
+		User:         p.user,
 		WorkingDir:   "/",
 		Labels:       labels,
 		Architecture: arch,

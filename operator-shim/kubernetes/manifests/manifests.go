@@ -41,6 +41,10 @@ const (
 	// hyperpod-kube-controller and a static hyperpodrun, which the job pods'
 	// init container copies from it.
 	Image = "ghcr.io/hyperpodrun/hyperpod-kube-controller:latest"
+	// AgentImage is the node agent's image in the example DaemonSet
+	// (examples/kubernetes/daemonset.yaml): a static hyperpod-agent and
+	// hyperpodrun (make agent-image).
+	AgentImage = "ghcr.io/hyperpodrun/hyperpod-agent:latest"
 )
 
 // Files are the generated manifests, by file name under examples/kubernetes/.
