@@ -257,20 +257,18 @@ func (e *elastic) run(ctx context.Context) (err error) {
 
 	// Workers kept for an in-process resize do not outlive the agent.
 	defer e.dropCarry("hyperpodrun is leaving the job")
-	attempt, sig := e.prewarmFirst(ctx)
-	if sig != 0 {
+	if sig := e.prewarmFirst(ctx); sig != 0 {
 		return e.leaveOnSignal(ctx, sig, "while the workers prewarmed")
 	}
-	return e.loop(ctx, attempt)
+	return e.loop(ctx)
 }
 
 // prewarmFirst starts this node's workers before it registers when it
-// joins a job already training in process (prewarm.go). It returns the
-// attempts used (1 when workers are kept prewarmed) and a signal received
-// meanwhile (0: none).
-func (e *elastic) prewarmFirst(ctx context.Context) (attempt int, sig syscall.Signal) {
+// joins a job already training in process (prewarm.go). It returns a
+// signal received meanwhile (0: none).
+func (e *elastic) prewarmFirst(ctx context.Context) syscall.Signal {
 	if !e.o.InProcessResize {
-		return 0, 0
+		return 0
 	}
 	view := prewarmView{InProcess: true, Timeout: e.o.PrewarmTimeout}
 	if view.Timeout > 0 {
@@ -279,16 +277,10 @@ func (e *elastic) prewarmFirst(ctx context.Context) (attempt int, sig syscall.Si
 	ok, why := shouldPrewarm(view)
 	if !ok {
 		e.log.Debug("workers start after the round (no prewarm)", "why", why)
-		return 0, 0
+		return 0
 	}
 	e.log.Info("joining a job that trains: prewarming this node's workers before registering", "why", why)
-	if sig := e.prewarm(ctx, attempt); sig != 0 {
-		return 0, sig
-	}
-	if e.carry != nil {
-		attempt++
-	}
-	return attempt, 0
+	return e.prewarm(ctx)
 }
 
 // newNode (re)creates this agent's rendezvous participant.

@@ -175,7 +175,7 @@ func (e *elastic) killCarry() {
 // round. It returns nil and no error when they cannot all be carried over
 // (one died while parked): they are stopped, and the caller starts new
 // workers.
-func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts, attempt int, event *scaleEvent) (*launcher.Group, error) {
+func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts int, event *scaleEvent) (*launcher.Group, error) {
 	g := e.carry
 	prewarmed := e.prewarmed
 	e.carry = nil

@@ -9,9 +9,8 @@ import (
 )
 
 // loop is the round loop's I/O: step (machine.go) decides, the methods
-// below act, and what came of each act is the next event. attempt counts
-// the worker groups started so far (a prewarmed group is one).
-func (e *elastic) loop(ctx context.Context, attempt int) error {
+// below act, and what came of each act is the next event.
+func (e *elastic) loop(ctx context.Context) error {
 	var (
 		// event is the scaling event being traced: its trace ends when the
 		// next workers start; one still open when the agent leaves (a
@@ -52,11 +51,8 @@ func (e *elastic) loop(ctx context.Context, attempt int) error {
 				ev = failure(err)
 			}
 		case actStart:
-			g, ev = e.startRound(ctx, s.restarts, attempt, event)
+			g, ev = e.startRound(ctx, s.restarts, event)
 			event = nil
-			if ev.kind == evStarted {
-				attempt++
-			}
 		case actWatch:
 			var end roundEnd
 			end, ev = e.watchRound(ctx, g)
@@ -138,14 +134,14 @@ func (e *elastic) passBarrier(ctx context.Context, event *scaleEvent) loopEvent 
 
 // startRound hands the round's assignment to the workers kept from the
 // previous round (in process) or starts new ones.
-func (e *elastic) startRound(ctx context.Context, restarts, attempt int, event *scaleEvent) (*launcher.Group, loopEvent) {
+func (e *elastic) startRound(ctx context.Context, restarts int, event *scaleEvent) (*launcher.Group, loopEvent) {
 	var g *launcher.Group
 	var err error
 	if e.carry != nil {
-		g, err = e.resume(ctx, e.round, restarts, attempt, event)
+		g, err = e.resume(ctx, e.round, restarts, event)
 	}
 	if g == nil && err == nil {
-		g, err = e.start(ctx, e.round, restarts, attempt, event)
+		g, err = e.start(ctx, e.round, restarts, event)
 	}
 	if err != nil {
 		return nil, loopEvent{kind: evFailed, err: err}

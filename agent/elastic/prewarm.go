@@ -79,7 +79,7 @@ func (e *elastic) runningNodes(ctx context.Context) int {
 // that does not use hyperpodrun_elastic) gives the prewarm up: the workers
 // start after the round, as on the restart path. It returns a signal
 // received meanwhile (0: none); the workers are stopped then.
-func (e *elastic) prewarm(ctx context.Context, attempt int) syscall.Signal {
+func (e *elastic) prewarm(ctx context.Context) syscall.Signal {
 	o := e.o
 	n := o.Spec.NProcPerNode
 	// Believe no report but the prewarmed workers' requests.
@@ -96,7 +96,7 @@ func (e *elastic) prewarm(ctx context.Context, attempt int) syscall.Signal {
 	e.log.Info("prewarming workers: they start before this node registers and wait for their first assignment",
 		"workers", n, "prewarm_timeout", o.PrewarmTimeout)
 	started := time.Now()
-	g, err := launcher.Start(e.spec(), launcher.Assignment{Prewarm: true, Attempt: attempt, Env: env}, opts...)
+	g, err := launcher.Start(e.spec(), launcher.Assignment{Prewarm: true, Env: env}, opts...)
 	if err != nil {
 		e.ch.ForgetPrewarmed()
 		e.log.Warn("cannot prewarm the workers; they start after the round", "err", err)

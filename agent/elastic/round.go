@@ -139,7 +139,7 @@ func (e *elastic) markStopped(ctx context.Context) {
 }
 
 // start launches this node's workers for a round.
-func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts, attempt int, event *scaleEvent) (*launcher.Group, error) {
+func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts int, event *scaleEvent) (*launcher.Group, error) {
 	parent := ctx
 	if event != nil {
 		parent = event.ctx
