@@ -413,11 +413,13 @@ func (c *Controller) etcdEvent(ev *clientv3.Event) {
 		c.queue.Add(job)
 		return
 	}
-	for _, p := range []string{k.DesiredPrefix(), k.StatusPrefix(), k.FinishedPrefix(), k.CredsPrefix()} {
-		if job, ok := strings.CutPrefix(key, p); ok && !strings.Contains(job, "/") {
-			c.queue.Add(job)
-			return
-		}
+	if job := k.JobOfKey(key); job != "" { // desired, status, finished, problems
+		c.queue.Add(job)
+		return
+	}
+	if job, ok := strings.CutPrefix(key, k.CredsPrefix()); ok && job != "" && !strings.Contains(job, "/") {
+		c.queue.Add(job)
+		return
 	}
 	if ev.Type != clientv3.EventTypePut || !strings.HasPrefix(key, k.EventsPrefix()) {
 		return

@@ -339,7 +339,9 @@ func (r *Runner) Run(ctx context.Context, node nodeagent.Node) error {
 				}
 				for _, ev := range w.Events {
 					if ev.Type == clientv3.EventTypeDelete {
-						delete(placed, strings.TrimPrefix(string(ev.Kv.Key), prefix))
+						if _, job, ok := r.st.Keys.AssignmentOwner(string(ev.Kv.Key)); ok {
+							delete(placed, job)
+						}
 						continue
 					}
 					r.apply(placed, ev.Kv.Key, ev.Kv.Value)
