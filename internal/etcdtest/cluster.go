@@ -1,0 +1,298 @@
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
+)
+
+// Cluster is a multi-member etcd cluster of real etcd processes on
+// loopback (Debian's etcd binary), one data directory per member under the
+// test's temp dir. A test can find the leader, SIGKILL, stop and restart
+// members, and move the leadership. Every process is stopped when the
+// test ends.
+type Cluster struct {
+	t       testing.TB
+	bin     string
+	Members []*Member
+}
+
+// Member is one etcd process of a Cluster.
+type Member struct {
+	Name   string
+	URL    string // client URL
+	peer   string
+	dir    string
+	c      *Cluster
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	waited chan struct{}
+	logf   *os.File
+}
+
+// StartCluster starts an n-member cluster on Debian's etcd (DebianEtcd;
+// the test is skipped when it is not installed) and waits until every
+// member answers and a leader is elected.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	bin, ok := DebianEtcd()
+	if !ok {
+		t.Skipf("no etcd binary at %s (apt-get install etcd-server, or set HYPERPODRUN_ETCD_BINARY)", bin)
+	}
+	if n < 1 {
+		t.Fatalf("StartCluster: %d members", n)
+	}
+	c := &Cluster{t: t, bin: bin}
+	var initial []string
+	for i := 1; i <= n; i++ {
+		m := &Member{Name: fmt.Sprintf("m%d", i), c: c, dir: t.TempDir(),
+			URL:  fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)),
+			peer: fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))}
+		c.Members = append(c.Members, m)
+		initial = append(initial, m.Name+"="+m.peer)
+	}
+	t.Cleanup(func() {
+		for _, m := range c.Members {
+			m.Stop()
+		}
+	})
+	for _, m := range c.Members {
+		if err := m.spawn(strings.Join(initial, ",")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range c.Members {
+		m.waitReady()
+	}
+	c.Leader()
+	return c
+}
+
+// Endpoints are every member's client URL.
+func (c *Cluster) Endpoints() []string {
+	var eps []string
+	for _, m := range c.Members {
+		eps = append(eps, m.URL)
+	}
+	return eps
+}
+
+// Client is a client on every member's endpoint, closed when the test
+// ends.
+func (c *Cluster) Client() *clientv3.Client {
+	c.t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// status asks one member for its status, with a 1 s deadline.
+func (m *Member) status() (*clientv3.StatusResponse, error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{m.URL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", m.Name, err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := cli.Status(ctx, m.URL)
+	if err != nil {
+		return nil, fmt.Errorf("status of %s: %w", m.Name, err)
+	}
+	return st, nil
+}
+
+// Leader waits (up to 30 s) until the running members agree on a leader
+// that is one of them, and returns it.
+func (c *Cluster) Leader() *Member {
+	c.t.Helper()
+	var leader *Member
+	testutil.Eventually(c.t, 30*time.Second, "an etcd leader", func() (bool, string) {
+		var seen string
+		leader, seen = c.leaderNow()
+		return leader != nil, seen
+	})
+	return leader
+}
+
+// leaderNow is the leader the running members agree on, nil when they do
+// not (yet), and what each answered.
+func (c *Cluster) leaderNow() (*Member, string) {
+	var leader *Member
+	var seen []string
+	var id uint64
+	for _, m := range c.Members {
+		if !m.Running() {
+			continue
+		}
+		st, err := m.status()
+		if err != nil {
+			return nil, strings.Join(append(seen, err.Error()), "; ")
+		}
+		seen = append(seen, fmt.Sprintf("%s: leader %x", m.Name, st.Leader))
+		if st.Leader == 0 || (id != 0 && st.Leader != id) {
+			return nil, strings.Join(seen, "; ")
+		}
+		id = st.Leader
+		if st.Header.MemberId == st.Leader {
+			leader = m
+		}
+	}
+	return leader, strings.Join(seen, "; ")
+}
+
+// Followers are the running members other than the leader.
+func (c *Cluster) Followers() []*Member {
+	c.t.Helper()
+	l := c.Leader()
+	var fs []*Member
+	for _, m := range c.Members {
+		if m != l && m.Running() {
+			fs = append(fs, m)
+		}
+	}
+	return fs
+}
+
+// MoveLeader transfers the leadership to member to (etcdctl move-leader)
+// and waits until every running member sees it as the leader.
+func (c *Cluster) MoveLeader(to *Member) {
+	c.t.Helper()
+	from := c.Leader()
+	if from == to {
+		return
+	}
+	st, err := to.status()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{from.URL}, DialTimeout: time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.MoveLeader(ctx, st.Header.MemberId); err != nil {
+		c.t.Fatalf("move the etcd leadership from %s to %s: %v", from.Name, to.Name, err)
+	}
+	testutil.Eventually(c.t, 30*time.Second, "the leadership on "+to.Name, func() (bool, string) {
+		l, seen := c.leaderNow()
+		return l == to, seen
+	})
+}
+
+// spawn starts the member's process (initial is the --initial-cluster
+// value; a restarted member finds its cluster in its data directory).
+func (m *Member) spawn(initial string) error {
+	cmd := exec.Command(m.c.bin,
+		"--name", m.Name, "--data-dir", filepath.Join(m.dir, "data"),
+		"--listen-client-urls", m.URL, "--advertise-client-urls", m.URL,
+		"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
+		"--initial-cluster", initial, "--initial-cluster-state", "new",
+		"--logger", "zap", "--log-level", "error",
+	)
+	logf, err := os.OpenFile(m.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("etcd member %s's log: %w", m.Name, err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start etcd member %s: %w", m.Name, err)
+	}
+	waited := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(waited) }()
+	m.mu.Lock()
+	m.cmd, m.waited, m.logf = cmd, waited, logf
+	m.mu.Unlock()
+	return nil
+}
+
+// waitReady waits (up to 30 s) until the member answers Status.
+func (m *Member) waitReady() {
+	m.c.t.Helper()
+	testutil.Eventually(m.c.t, 30*time.Second, "etcd member "+m.Name+" to answer at "+m.URL, func() (bool, string) {
+		_, err := m.status()
+		return err == nil, fmt.Sprintf("%v (log: %s)", err, m.LogPath())
+	})
+}
+
+// LogPath is the member's log file.
+func (m *Member) LogPath() string { return filepath.Join(m.dir, "etcd.log") }
+
+// Running reports whether the member's process is running.
+func (m *Member) Running() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cmd != nil
+}
+
+// Pid is the member's process id, 0 when it is not running.
+func (m *Member) Pid() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cmd == nil {
+		return 0
+	}
+	return m.cmd.Process.Pid
+}
+
+// Kill SIGKILLs the member and waits for it to exit (no-op when it is
+// not running).
+func (m *Member) Kill() { m.signal(syscall.SIGKILL) }
+
+// Stop SIGTERMs the member, SIGKILLs it after 10 s, and waits for it to
+// exit (no-op when it is not running).
+func (m *Member) Stop() { m.signal(syscall.SIGTERM) }
+
+func (m *Member) signal(sig syscall.Signal) {
+	m.mu.Lock()
+	cmd, waited := m.cmd, m.waited
+	m.cmd = nil
+	m.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-waited
+	}
+}
+
+// Restart starts a stopped or killed member again on the same ports and
+// data directory and waits until it answers (it rejoins its cluster; its
+// answer waits for a quorum).
+func (m *Member) Restart() {
+	m.c.t.Helper()
+	if m.Running() {
+		m.c.t.Fatalf("restart etcd member %s: it is running", m.Name)
+	}
+	var initial []string
+	for _, o := range m.c.Members {
+		initial = append(initial, o.Name+"="+o.peer)
+	}
+	if err := m.spawn(strings.Join(initial, ",")); err != nil {
+		m.c.t.Fatal(err)
+	}
+	m.waitReady()
+}
