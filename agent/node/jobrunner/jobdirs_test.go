@@ -265,7 +265,11 @@ func TestContainerJobUserOwnsItsLogDirAndTrains(t *testing.T) {
 	if err := syscall.Lstat(dir, &st); err != nil || st.Uid != 4242 || st.Mode&0o777 != 0o700 {
 		t.Errorf("the job's log directory %s: uid %d mode %o (%v), want 4242 and 0700", dir, st.Uid, st.Mode&0o777, err)
 	}
-	if err := syscall.Lstat(filepath.Join(dir, "logs"), &st); err != nil || st.Uid != 4242 {
+	// torchrun's layout: <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/
+	runs, _ := filepath.Glob(filepath.Join(dir, "logs_*"))
+	if len(runs) != 1 {
+		t.Errorf("hyperpodrun's run log directories in the container: %q, want one logs_<random>", runs)
+	} else if err := syscall.Lstat(runs[0], &st); err != nil || st.Uid != 4242 {
 		t.Errorf("hyperpodrun's run log directory in the container: uid %d (%v), want 4242", st.Uid, err)
 	}
 	if err := syscall.Lstat(filepath.Join(f.logDir, "node-1", "logs.log"), &st); err != nil || st.Uid != 0 || st.Mode&0o777 != 0o600 {
