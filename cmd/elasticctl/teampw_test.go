@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,12 +46,13 @@ func TestBootstrapAgainWritesACoordinatorMadeTeamPassword(t *testing.T) {
 	vision := "teams:\n- name: vision\n  quotas:\n  - flavor: nvidia-h100-80gb\n    nominal: 8\n"
 	mustCtl(t, ep, append(as(etcdauth.AdminUser), "apply", "-f", writeFile(t, "vision.yaml", vision))...)
 	user := etcdauth.TeamRole("vision")
-	var out string
-	testutil.Eventually(t, 20*time.Second, "bootstrap to write team vision's password", func() (bool, string) {
-		out = mustCtl(t, ep, append(as(etcdauth.RootUser), "auth", "bootstrap", "--password-dir", dir)...)
-		return strings.Contains(out, "user "+user+" exists (created by the coordinator): password in "+filepath.Join(dir, user+".password")), out
+	testutil.Eventually(t, 20*time.Second, "the coordinator to create team vision's user", func() (bool, string) {
+		_, err := cc.UserGet(ctx, user)
+		return err == nil, fmt.Sprint(err)
 	})
-	if !strings.Contains(out, "user hyperpod-team-research exists: password unchanged") {
+	out := mustCtl(t, ep, append(as(etcdauth.RootUser), "auth", "bootstrap", "--password-dir", dir)...)
+	if !strings.Contains(out, "user "+user+" exists (created by the coordinator): password in "+filepath.Join(dir, user+".password")) ||
+		!strings.Contains(out, "user hyperpod-team-research exists: password unchanged") {
 		t.Errorf("bootstrap again:\n%s", out)
 	}
 	if out, errs, code := ctl(t, ep, append(as(user), "get", "jobs")...); code != 0 {

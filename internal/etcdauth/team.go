@@ -14,8 +14,10 @@ import (
 // (elasticctl apply, an ElasticTeam). cli must have etcd's root role (the
 // coordinator's). A user that exists is kept with its password (created
 // false); a new one gets a fresh password, handed to save before the user
-// is created, so that no user exists whose password was not kept.
-func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, team string, save func(user, password string) error) (created bool, err error) {
+// is created, so that no user exists whose password was not kept. When
+// someone else (elasticctl auth bootstrap) created the user meanwhile, the
+// kept password is not its: drop is called to forget it.
+func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, team string, save func(user, password string) error, drop func() error) (created bool, err error) {
 	r, err := TeamRoleFor(k, team)
 	if err != nil {
 		return false, err
@@ -35,7 +37,11 @@ func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, tea
 			return false, fmt.Errorf("keep team %s's password: %w", team, err)
 		}
 		err = call(ctx, func(ctx context.Context) error { _, err := cli.UserAdd(ctx, r.Name, pw); return err })
-		if err != nil && !already(err) {
+		if already(err) {
+			if err := drop(); err != nil {
+				return false, fmt.Errorf("forget the password kept for team %s's user, created meanwhile by another: %w", team, err)
+			}
+		} else if err != nil {
 			return false, fmt.Errorf("create user %s: %w", r.Name, err)
 		}
 		created = err == nil

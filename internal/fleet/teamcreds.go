@@ -49,3 +49,15 @@ func (s *Store) TeamCredsOf(ctx context.Context, team string) (*TeamCreds, error
 	}
 	return c, nil
 }
+
+// DeleteTeamCreds forgets a team user's credentials (none: no error).
+func (s *Store) DeleteTeamCreds(ctx context.Context, team string) error {
+	if err := api.ValidateName("team", team); err != nil {
+		return err
+	}
+	key := s.Keys.TeamCreds(team)
+	if _, err := s.Cli.Delete(ctx, key); err != nil {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
+}

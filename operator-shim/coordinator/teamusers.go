@@ -37,7 +37,7 @@ func (c *Coordinator) ensureTeamUsers(ctx context.Context) {
 		tctx, cancel := context.WithTimeout(ctx, credsTimeout)
 		created, err := etcdauth.EnsureTeamUser(tctx, c.cli, c.store.Keys, team, func(user, pw string) error {
 			return c.store.PutTeamCreds(tctx, fleet.TeamCreds{Team: team, User: user, Password: pw})
-		})
+		}, func() error { return c.store.DeleteTeamCreds(tctx, team) })
 		cancel()
 		if err != nil {
 			c.log.Warn("could not create the team's etcd user (the coordinator's etcd user needs the root role: docs/security.md); trying again next cycle", "team", team, "err", err)

@@ -69,10 +69,14 @@ func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
 	if creds.User != etcdauth.TeamRole("vision") {
 		t.Fatalf("team vision's user is %q", creds.User)
 	}
-	vc, err := login(creds.User, creds.Password)
-	if err != nil {
-		t.Fatalf("team vision's user cannot log in with its recorded password: %v", err)
-	}
+	// The record is written before the user is created (no user without
+	// a kept password): the login works once the user exists.
+	var vc *clientv3.Client
+	testutil.Eventually(t, 20*time.Second, "team vision's user to log in with its recorded password", func() (bool, string) {
+		var err error
+		vc, err = login(creds.User, creds.Password)
+		return err == nil, fmt.Sprint(err)
+	})
 	vision := fleet.New(vc, "")
 	job := func(name, team string) fleet.JobSpec {
 		return fleet.JobSpec{Job: policy.Job{Name: name, Team: team, PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}}
