@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -46,9 +47,9 @@ func TestBootstrapAgainWritesACoordinatorMadeTeamPassword(t *testing.T) {
 	vision := "teams:\n- name: vision\n  quotas:\n  - flavor: nvidia-h100-80gb\n    nominal: 8\n"
 	mustCtl(t, ep, append(as(etcdauth.AdminUser), "apply", "-f", writeFile(t, "vision.yaml", vision))...)
 	user := etcdauth.TeamRole("vision")
-	testutil.Eventually(t, 20*time.Second, "the coordinator to create team vision's user", func() (bool, string) {
-		_, err := cc.UserGet(ctx, user)
-		return err == nil, fmt.Sprint(err)
+	testutil.Eventually(t, 20*time.Second, "the coordinator to create team vision's user with its role", func() (bool, string) {
+		r, err := cc.UserGet(ctx, user)
+		return err == nil && slices.Contains(r.Roles, user), fmt.Sprint(r, err)
 	})
 	out := mustCtl(t, ep, append(as(etcdauth.RootUser), "auth", "bootstrap", "--password-dir", dir)...)
 	if !strings.Contains(out, "user "+user+" exists (created by the coordinator): password in "+filepath.Join(dir, user+".password")) ||

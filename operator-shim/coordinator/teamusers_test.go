@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -70,13 +71,15 @@ func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
 		t.Fatalf("team vision's user is %q", creds.User)
 	}
 	// The record is written before the user is created (no user without
-	// a kept password): the login works once the user exists.
-	var vc *clientv3.Client
-	testutil.Eventually(t, 20*time.Second, "team vision's user to log in with its recorded password", func() (bool, string) {
-		var err error
-		vc, err = login(creds.User, creds.Password)
-		return err == nil, fmt.Sprint(err)
+	// a kept password), and the role is granted after: wait for both.
+	testutil.Eventually(t, 20*time.Second, "team vision's user to hold its role", func() (bool, string) {
+		r, err := root.Cli.UserGet(ctx, creds.User)
+		return err == nil && slices.Contains(r.Roles, etcdauth.TeamRole("vision")), fmt.Sprint(r, err)
 	})
+	vc, err := login(creds.User, creds.Password)
+	if err != nil {
+		t.Fatalf("team vision's user cannot log in with its recorded password: %v", err)
+	}
 	vision := fleet.New(vc, "")
 	job := func(name, team string) fleet.JobSpec {
 		return fleet.JobSpec{Job: policy.Job{Name: name, Team: team, PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}}
