@@ -113,12 +113,20 @@ func TestClusterKeepsWritingThroughLeaderKillAndMove(t *testing.T) {
 	w.acksAfter(t, 20, "puts after "+old.Name+" rejoined")
 
 	// Move the leadership to each follower in turn.
+	w.mu.Lock()
+	killFails := w.fails
+	w.mu.Unlock()
 	for _, f := range c.Followers() {
 		c.MoveLeader(f)
 		w.acksAfter(t, 20, "puts after the leadership moved to "+f.Name)
 	}
 	w.everyAckedPutIsThere(t, cli, "k")
-	t.Logf("%d puts acknowledged, %d failed (deadline or no leader) during the faults", w.count(), w.fails)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.Logf("%d puts acknowledged; failed (deadline or no leader): %d around the SIGKILL, %d around the moves", len(w.acked), killFails, w.fails-killFails)
+	if w.fails > killFails {
+		t.Errorf("%d puts failed while the leadership moved, want none (a transfer is graceful)", w.fails-killFails)
+	}
 }
 
 func TestClusterWritesFailWithoutQuorumAndResume(t *testing.T) {
