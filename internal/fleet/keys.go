@@ -418,6 +418,7 @@ func (k Keys) Documented() []string {
 		k.Team("<team>"),
 		k.Spec("<team>", "<job>"),
 		k.Creds("<job>"),
+		k.TeamCreds("<team>"),
 		k.Status("<job>"),
 		k.Usage(),
 		k.EventsPrefix() + "<unix-nanos>-<job>",
