@@ -94,7 +94,9 @@ func TestClusterKeepsWritingThroughLeaderKillAndMove(t *testing.T) {
 	var w writer
 	stop := make(chan struct{})
 	done := w.run(cli, "k", stop)
-	defer func() { close(stop); <-done }()
+	var once sync.Once
+	stopWriter := func() { once.Do(func() { close(stop); <-done }) }
+	defer stopWriter()
 	w.acksAfter(t, 20, "puts on the healthy cluster")
 
 	// SIGKILL the leader: the others elect a new one and the client fails
@@ -120,6 +122,7 @@ func TestClusterKeepsWritingThroughLeaderKillAndMove(t *testing.T) {
 		c.MoveLeader(f)
 		w.acksAfter(t, 20, "puts after the leadership moved to "+f.Name)
 	}
+	stopWriter() // every acknowledged put is in w.acked before the check
 	w.everyAckedPutIsThere(t, cli, "k")
 	w.mu.Lock()
 	defer w.mu.Unlock()
