@@ -13,7 +13,9 @@ import (
 
 // Series is a simulation's time series, one sample per engine cycle.
 type Series struct {
-	// T is the sample time (s from the start of the trace).
+	// T is the sample time (s from the first submission, the clock of the
+	// report's Makespan): the last sample is the end of the run, so a
+	// series covers the whole run up to the makespan.
 	T []float64 `json:"t"`
 	// Used is the fleet's allocated accelerators; Utilization the same in
 	// percent of Capacity.
@@ -23,7 +25,7 @@ type Series struct {
 	Queue []int `json:"queue"`
 	// Teams is each team's allocated accelerators against its nominal quota.
 	Teams []TeamSeries `json:"teams"`
-	// Reclaims are the times of decisions that took capacity back for a
+	// Reclaims are the times (as T) of decisions that took capacity back for a
 	// team's nominal quota (shrinks or preemptions with code Reclaim), with
 	// how many jobs each one touched.
 	Reclaims []ReclaimMark `json:"reclaims"`
@@ -59,11 +61,18 @@ func RunSeries(trace []TraceJob, o Options) (*Report, error) {
 		idx[t.Name] = i
 		s.Teams = append(s.Teams, TeamSeries{Team: t.Name, Nominal: nominal})
 	}
+	// Samples are taken from the first submission (Run starts its clock
+	// there), the origin of the report's Makespan.
+	first := math.Inf(1)
+	for _, j := range trace {
+		first = math.Min(first, j.Submit)
+	}
 	prev := o.OnCycle
 	o.OnCycle = func(t float64, d *policy.Decision) {
 		if prev != nil {
 			prev(t, d)
 		}
+		t -= first
 		used := 0
 		per := make([]int, len(s.Teams))
 		for _, a := range d.Allocations {
@@ -111,16 +120,19 @@ func RunSeries(trace []TraceJob, o Options) (*Report, error) {
 	return rep, nil
 }
 
-// thin keeps at most n samples, evenly spaced by index.
+// thin keeps at most n samples, evenly spaced by index, always the first
+// and the last (the end of the run: a run's tail often has few cycles far
+// apart, so dropping its last samples would cut hours off the charts).
 func (s *Series) thin(n int) {
-	if len(s.T) <= n {
+	if len(s.T) <= n || n < 2 {
 		return
 	}
-	step := float64(len(s.T)) / float64(n)
-	var keep []int
-	for i := 0; i < n; i++ {
-		keep = append(keep, int(float64(i)*step))
+	last := len(s.T) - 1
+	keep := make([]int, n)
+	for i := range keep {
+		keep[i] = int(float64(i) * float64(last) / float64(n-1))
 	}
+	keep[n-1] = last
 	pickF := func(v []float64) []float64 {
 		out := make([]float64, len(keep))
 		for i, k := range keep {
