@@ -261,7 +261,9 @@ func startRdzvHost(ctx context.Context, addr string) (*hostProcess, error) {
 	}
 	h := &hostProcess{cmd: cmd, stdin: stdin, done: make(chan struct{})}
 	line := make(chan string, 1)
+	read := make(chan struct{})
 	go func() {
+		defer close(read)
 		sc := bufio.NewScanner(stdout)
 		if sc.Scan() {
 			line <- sc.Text()
@@ -269,7 +271,10 @@ func startRdzvHost(ctx context.Context, addr string) (*hostProcess, error) {
 		close(line)
 		io.Copy(io.Discard, stdout)
 	}()
-	go func() { cmd.Wait(); close(h.done) }()
+	// Wait closes the pipe: only once everything is read, or a host that
+	// prints "in-use" and exits at once could lose its line (os/exec: it
+	// is incorrect to call Wait before all reads from the pipe completed).
+	go func() { <-read; cmd.Wait(); close(h.done) }()
 	t := time.NewTimer(60 * time.Second)
 	defer t.Stop()
 	select {
