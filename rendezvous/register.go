@@ -142,8 +142,13 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 	mk := n.k.Member(n.cfg.NodeID)
 	// A node id still held by a lease is either a second agent with the same
 	// id or this agent's previous incarnation, fenced but not yet expired on
-	// the server; waiting out one TTL tells them apart.
-	busyUntil := time.Now().Add(ttl + time.Second)
+	// the server; waiting out its lease tells them apart. The wait counts
+	// from the first conflict seen, not from the start: an etcd restarted
+	// after an outage gives every old lease a fresh TTL, plus its leader's
+	// election time, plus up to a lessor tick, from when it came back, which
+	// may be after this registration began (it waited out the outage). One
+	// TTL from the start lost a job that way after a 65 s outage.
+	var busyUntil time.Time
 	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
 		tr, err := n.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
@@ -166,6 +171,9 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 			return nil
 		}
 		err = fmt.Errorf("node id %q is already registered at %s (two agents with the same node id?)", n.cfg.NodeID, mk)
+		if busyUntil.IsZero() {
+			busyUntil = time.Now().Add(2*ttl + time.Second)
+		}
 		if time.Now().Before(busyUntil) {
 			return fmt.Errorf("%w: %w", errRetry, err)
 		}

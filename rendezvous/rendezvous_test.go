@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // A round closes at MAX at once (no last-call wait), with a fixed member
@@ -729,5 +732,29 @@ func TestLeftOutAfterShrink(t *testing.T) {
 		if err := n.LeftOut(ctx, first); !errors.Is(err, ErrIncluded) {
 			t.Errorf("node %s in the new round: LeftOut = %v, want ErrIncluded", n.ID(), err)
 		}
+	}
+}
+
+// An etcd restarted after an outage gives the fenced incarnation's lease a
+// fresh TTL from when it came back, which can be later than the new
+// registration began: its member key then outlives "one TTL from the
+// start". The new incarnation must wait it out, not fail the job (a 65 s
+// outage lost a job that way in CI).
+func TestReRegistrationOutwaitsARestoredLease(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := h.cfg("a", 1, 3) // TTL 2 s
+	n := h.node(cfg)
+	old, err := h.cli.Grant(ctx, 4) // restored: 4 s left, more than TTL + 1 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cli.Put(ctx, n.k.Member("a"), `{"addr":"127.0.0.1","lws":1}`, clientv3.WithLease(old.ID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.register(ctx); err != nil {
+		t.Fatalf("re-registering while the previous incarnation's restored lease runs out: %v", err)
 	}
 }
