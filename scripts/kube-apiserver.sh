@@ -13,7 +13,7 @@ ver="${1:-${KUBE_VERSION:-v1.34.2}}"
 minor="v0.${ver#v1.}"
 cache="${KUBE_CACHE:-/var/cache/hyperpodrun}"
 cmd="${KUBE_CMD:-kube-apiserver}"
-case "$cmd" in kube-apiserver|kubectl) ;; *) echo "kube-apiserver.sh: KUBE_CMD must be kube-apiserver or kubectl, not $cmd" >&2; exit 2;; esac
+case "$cmd" in kube-apiserver|kubectl|kubelet) ;; *) echo "kube-apiserver.sh: KUBE_CMD must be kube-apiserver, kubectl or kubelet, not $cmd" >&2; exit 2;; esac
 bin="$cache/$cmd-$ver"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"
