@@ -19,9 +19,10 @@ apt-get update -qq
 # chromium: pages rendered headless; containerd, runc, docker-registry and
 # busybox-static: the containerd runtime's tests (a private containerd per
 # test, a loopback registry, images built from busybox); libc6-dev's static
-# libc links bin/hyperpodrun-static.
+# libc links bin/hyperpodrun-static; containernetworking-plugins: the
+# loopback CNI plugin of the real kubelet's tests (internal/kubetest).
 apt-get install -y -qq --no-install-recommends \
   python3-torch python3-etcd etcd-server util-linux procps ca-certificates curl unzip make git gcc libc6-dev \
-  numactl chromium containerd runc docker-registry busybox-static >/dev/null
+  numactl chromium containerd runc docker-registry busybox-static containernetworking-plugins >/dev/null
 # The packages may start a system containerd, registry and etcd; tests use
 # their own (private root, state, socket and port).
