@@ -33,7 +33,7 @@ var Layers = []Layer{
 	{Name: "foundations: types, devices, processes, wire protocols, etcd plumbing", Prefixes: []string{
 		"api", "devices", "devices/local", "launcher", "c10dstore", "internal/etcdconn", "internal/jsonscan",
 		"internal/syncbuf", "internal/telemetry", "internal/ociimage", "internal/etcdembed", "internal/secretlease",
-		"internal/tcpproxy", "internal/fsutil", "checkpoint/control", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
+		"internal/tcpproxy", "internal/fsutil", "internal/tracestore", "checkpoint/control", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
 	}},
 	{Name: "records and decisions: the etcd layout owner and the pure engine", Prefixes: []string{
 		"internal/fleet", "operator-shim/policy",
@@ -46,7 +46,7 @@ var Layers = []Layer{
 		"agent", "agent/", "operator-shim", "operator-shim/coordinator", "operator-shim/kubernetes",
 	}},
 	{Name: "test support", Prefixes: []string{
-		"internal/etcdtest", "internal/etcdtest/authfleet", "internal/testutil", "internal/testcluster", "internal/ctrdtest", "internal/kubetest",
+		"internal/etcdtest", "internal/etcdtest/authfleet", "internal/testutil", "internal/testcluster", "internal/ctrdtest", "internal/kubetest", "internal/jaegertest",
 	}},
 	{Name: "commands, examples, benchmarks", Prefixes: []string{
 		"cmd/", "examples/", "bench/", "internal/etcdconn/etcdflags", "operator-shim/kubernetes/gen", "operator-shim/kubernetes/gen/", "operator-shim/kubernetes/image",
