@@ -161,6 +161,11 @@ type Job struct {
 	Suspended bool `json:"suspended,omitempty" yaml:"suspended,omitempty"`
 	// SubmitTime orders jobs of equal priority (FIFO).
 	SubmitTime time.Time `json:"submitTime" yaml:"submitTime"`
+	// RequestedBy says who wrote this version of the spec, as the writer
+	// reports it: "etcd user NAME" or "user NAME" from elasticctl,
+	// "ElasticJob NS/NAME (generation N)" from the Kubernetes controller.
+	// Decisions the spec's change caused (a user's resize) name it.
+	RequestedBy string `json:"requestedBy,omitempty" yaml:"requestedBy,omitempty"`
 }
 
 // Allocation is a job's current size and placement, held in the job's
@@ -275,7 +280,7 @@ const (
 	CodeStrictFIFO         ReasonCode = "StrictFIFO"         // waiting behind an earlier job of the team
 	CodeNodeLost           ReasonCode = "NodeLost"           // a node of the allocation is gone or unhealthy
 	CodeDefragment         ReasonCode = "Defragment"         // moved to make room for a team's guaranteed quota
-	CodeSpecChanged        ReasonCode = "SpecChanged"        // the spec no longer matches the allocation
+	CodeSpecChanged        ReasonCode = "SpecChanged"        // the user changed the spec (a resize): the allocation no longer matches it
 	CodeTeamNotFound       ReasonCode = "TeamNotFound"       // the job's team does not exist
 	CodeInvalidSpec        ReasonCode = "InvalidSpec"        // the job spec is invalid
 	CodeSuspended          ReasonCode = "Suspended"          // suspended by the user
@@ -305,6 +310,9 @@ type Reason struct {
 	For []string `json:"for,omitempty" yaml:"for,omitempty"`
 	// ForTeam is the team of For.
 	ForTeam string `json:"forTeam,omitempty" yaml:"forTeam,omitempty"`
+	// RequestedBy is who asked for the change when a user did (a spec
+	// change: code SpecChanged), from the spec's RequestedBy.
+	RequestedBy string `json:"requestedBy,omitempty" yaml:"requestedBy,omitempty"`
 	// Holders lists who holds the capacity a Pending job waits for (largest first).
 	Holders []Holder `json:"holders,omitempty" yaml:"holders,omitempty"`
 }

@@ -51,7 +51,7 @@ func (s *sched) carryOver(allocs []Allocation) {
 			j.release()
 			continue
 		case (a.Flavor != "" && a.Flavor != j.flavor) || (a.AcceleratorsPerNode != 0 && a.AcceleratorsPerNode != j.per):
-			j.setRequeued(CodeSpecChanged, "spec changed (flavor or perNode.accelerators changed)")
+			j.setRequeued(CodeSpecChanged, specChanged(j.spec.RequestedBy)+" (flavor or perNode.accelerators changed)")
 			continue
 		}
 		list = append(list, carried{prio: j.sp.prio, since: a.Since, rank: j.rank, a: a, j: j})
@@ -118,7 +118,7 @@ func (s *sched) carry(j *jobRT, a *Allocation) {
 	// Clamp to the spec (maxNodes lowered, sizes changed).
 	target := j.floorSize(min(want, j.sp.max))
 	if target == 0 {
-		j.setRequeued(CodeSpecChanged, fmt.Sprintf("spec changed (minNodes %d is above the allocated %d nodes)", j.sp.min, want))
+		j.setRequeued(CodeSpecChanged, fmt.Sprintf("%s (minNodes %d is above the allocated %d nodes)", specChanged(j.spec.RequestedBy), j.sp.min, want))
 		s.removeNodes(j, j.size)
 		return
 	}
@@ -126,6 +126,11 @@ func (s *sched) carry(j *jobRT, a *Allocation) {
 		// The spec (the user's resize) cuts the job, whether or not nodes
 		// were lost too: the shrink is the user's, not the nodes'.
 		j.setShrunk(CodeSpecChanged, specShrinkDetail(want, j.sp.min, j.sp.max, lost))
+	} else if !j.exclusive && severalNodes(a.Nodes) {
+		// A multi-node job whose spec now allows one node (maxNodes 1: a
+		// single-node job takes one node, so want is 1): the user's
+		// resize, not lost nodes.
+		j.setShrunk(CodeSpecChanged, specShrinkDetail(j.prevSize, j.sp.min, j.sp.max, lost))
 	}
 	if j.size > target {
 		s.removeNodes(j, j.size-target)
@@ -140,6 +145,20 @@ func (s *sched) carry(j *jobRT, a *Allocation) {
 		// need replacing.
 		j.setShrunk(CodeNodeLost, "")
 	}
+}
+
+// severalNodes reports whether nodes names at least two distinct nodes.
+func severalNodes(nodes []string) bool {
+	return len(nodes) > 1 && slices.ContainsFunc(nodes[1:], func(n string) bool { return n != nodes[0] })
+}
+
+// specChanged words a change of the spec, naming who made it when the
+// spec says (its RequestedBy): "spec changed by etcd user research".
+func specChanged(by string) string {
+	if by == "" {
+		return "spec changed"
+	}
+	return "spec changed by " + by
 }
 
 // specShrinkDetail says why a job's spec shrank it from held nodes to

@@ -101,6 +101,9 @@ func limitStr(l int) string {
 func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
 	o := &j.out
 	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size, Kind: o.kind, Code: o.code, Message: o.msg}
+	if o.code == CodeSpecChanged {
+		r.RequestedBy = j.spec.RequestedBy
+	}
 	if j.tf == nil || o.kind == KindSuspended {
 		// Invalid, suspended, no team or flavor: the message is complete.
 		return r
@@ -156,7 +159,7 @@ func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
 		case CodePriorityPreemption:
 			r.Message = fmt.Sprintf("shrunk from %d to %d nodes for higher-priority %s of the same team %s (this job's priority is %d)", j.prevSize, j.size, strings.Join(o.forJobs, ", "), tf.team.name, j.sp.prio)
 		case CodeSpecChanged:
-			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: spec changed (%s)", j.prevSize, j.size, o.detail)
+			r.Message = fmt.Sprintf("shrunk from %d to %d nodes at the user's request: %s (%s)", j.prevSize, j.size, specChanged(j.spec.RequestedBy), o.detail)
 		default:
 			r.Message = fmt.Sprintf("shrunk from %d to %d nodes: node(s) lost and no replacement free", j.prevSize, j.size)
 		}
