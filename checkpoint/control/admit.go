@@ -36,6 +36,7 @@ func (c *Channel) SetRound(round int64) {
 	}
 	c.announced = 0
 	clear(c.workers)
+	clear(c.beats)
 	close(c.admitted)
 	c.admitted = make(chan struct{})
 }

@@ -108,6 +108,8 @@ type Channel struct {
 	// Admit gives them a rank or ForgetPrewarmed forgets them.
 	prewarm      map[int]struct{}
 	prewarmToken string
+	// beats: the current round's heartbeats, by sender pid (heartbeat.go).
+	beats map[int]*Heartbeat
 
 	closeOnce sync.Once
 	closeErr  error
@@ -301,7 +303,11 @@ func (c *Channel) serve(conn *net.UnixConn) {
 			c.park(conn, r)
 			return
 		}
-		if err == nil {
+		if err == nil && r.Type == ReportHeartbeat {
+			// Progress only: recorded here, never queued behind a
+			// checkpoint commit the handler may be waiting on.
+			c.beat(r)
+		} else if err == nil {
 			err = c.handle(r)
 		}
 		a := ack{OK: err == nil}

@@ -28,6 +28,11 @@ const (
 	// agent's answer carries it (Channel.Release). It is not given to the
 	// handler.
 	ReportReconfigure = "reconfigure"
+	// ReportHeartbeat is a worker's progress (the Python helper sends one
+	// from elastic_event_detected(), at most every HYPERPODRUN_HEARTBEAT_INTERVAL
+	// seconds): the agent's hang detection (--hang-timeout) watches it. The
+	// Channel records it (Heartbeats); it is not given to the handler.
+	ReportHeartbeat = "heartbeat"
 )
 
 // Report is one message from a worker.
@@ -59,6 +64,10 @@ type Report struct {
 	// Token is the sender's HYPERPODRUN_CONTROL_TOKEN; a Channel with
 	// rounds refuses a report without the current round's.
 	Token string `json:"token,omitempty"`
+	// Stacks comes with a ReportHeartbeat: the file the worker's Python
+	// stacks are written to when it gets HYPERPODRUN_STACKS_SIGNAL
+	// (faulthandler), empty when it installed no such dump.
+	Stacks string `json:"stacks,omitempty"`
 	// rankSet: the message named a rank.
 	rankSet bool
 	// Received is when the agent read the message.
