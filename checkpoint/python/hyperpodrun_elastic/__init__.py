@@ -25,6 +25,7 @@ HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
 
 from ._control import report_checkpoint, report_stopping, under_hyperpodrun
 from ._discovery import CheckpointDiscoverySocketClient, CheckpointType, HyperPodIPCException
+from ._heartbeat import heartbeat
 from ._events import (
     Event,
     elastic_event_detected,
@@ -67,6 +68,7 @@ __all__ = [
     "atomic_save",
     "elastic_event_detected",
     "event",
+    "heartbeat",
     "install_signal_handler",
     "latest_checkpoint",
     "parse_signal",

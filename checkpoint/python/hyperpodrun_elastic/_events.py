@@ -262,6 +262,7 @@ def elastic_event_detected(sig=None) -> bool:
             return False
         if asked != elastic_signal():
             return False
+    _heartbeat()
     if _state.agreed:
         return True
     local = local_event_pending()
@@ -280,6 +281,15 @@ def elastic_event_detected(sig=None) -> bool:
                  ev.kind if ev else "unknown", ev.new_world_size if ev else None)
         _report_detected()
     return result
+
+
+def _heartbeat():
+    """Progress for the agent's hang detection (--hang-timeout); never raises."""
+    from ._heartbeat import heartbeat
+    try:
+        heartbeat()
+    except Exception as e:
+        log.warning("hyperpodrun_elastic: heartbeat failed: %s", e)
 
 
 def _report_detected():
