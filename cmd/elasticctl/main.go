@@ -93,7 +93,9 @@ func cmdResize(c *cli.Context, st *query.Store) error {
 			return usageError{fmt.Errorf("resize: --%s must be >= 1 (got %d); to stop the job, use 'elasticctl suspend %s'", f, c.Int(f), c.Args().Get(1))}
 		}
 	}
+	by := requester(c)
 	j, err := st.UpdateJob(ctx, c.Args().Get(1), func(j *fleet.JobSpec) error {
+		j.RequestedBy = by
 		if ns, name, ok := j.KubernetesOwner(); ok {
 			return fmt.Errorf("resize: job %s belongs to ElasticJob %s/%s of Kubernetes, whose controller would put elasticctl's change back: resize it with 'kubectl scale elasticjob %s -n %s --replicas=N' (sets spec.elasticPolicy.maxReplicas) or 'kubectl edit elasticjob %s -n %s'", j.Name, ns, name, name, ns, name, ns)
 		}
@@ -149,11 +151,12 @@ func setSuspended(v bool) action {
 		}
 		ctx, cancel := ctxOf(c)
 		defer cancel()
+		by := requester(c)
 		if _, err := st.UpdateJob(ctx, name, func(j *fleet.JobSpec) error {
 			if ns, ejName, ok := j.KubernetesOwner(); ok {
 				return kubeSuspendRefusal(name, ns, ejName, v)
 			}
-			j.Suspended = v
+			j.Suspended, j.RequestedBy = v, by
 			return nil
 		}); err != nil {
 			return jobErr(name, err)

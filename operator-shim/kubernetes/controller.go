@@ -541,6 +541,7 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 		ej = updated
 	}
 	want, invalid := Translate(ej)
+	want.RequestedBy = RequestedBy(ej)
 	in := StatusInput{Invalid: invalid, Now: c.cfg.Now()}
 	switch {
 	case deleting:
@@ -688,6 +689,7 @@ func (c *Controller) releaseFinalizer(ctx context.Context, ej *v1alpha1.ElasticJ
 // stays as first written).
 func sameSpec(a, b fleet.JobSpec) bool {
 	a.SubmitTime, b.SubmitTime = time.Time{}, time.Time{}
+	a.RequestedBy, b.RequestedBy = "", "" // who changed it is no change
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb) // as stored: an empty list is no list

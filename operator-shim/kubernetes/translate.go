@@ -31,6 +31,13 @@ func Owner(ej *v1alpha1.ElasticJob) string {
 	return ej.Namespace + "/" + ej.Name + "/" + string(ej.UID)
 }
 
+// RequestedBy names ej as the writer of its job spec (the spec's
+// RequestedBy), with the generation of its spec: the coordinator names it
+// in the decisions a change of the spec causes (kubectl scale, an edit).
+func RequestedBy(ej *v1alpha1.ElasticJob) string {
+	return "ElasticJob " + ej.Namespace + "/" + ej.Name + " (generation " + strconv.FormatInt(ej.Generation, 10) + ")"
+}
+
 var pythonName = regexp.MustCompile(`^python[0-9.]*$`)
 
 // Translate turns an ElasticJob into the job spec the coordinator reads.
