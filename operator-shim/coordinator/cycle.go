@@ -246,11 +246,15 @@ func stable(prev, r *policy.Reason) bool {
 // span of that scale event's trace and returns its traceparent, which
 // travels in the desired record to the agents ("" when tracing is off).
 func (c *Coordinator) decisionSpan(now time.Time, r policy.Reason, from, to int) string {
+	attrs := []attribute.KeyValue{attribute.String("job", r.Job), attribute.String("team", r.Team), attribute.String("kind", string(r.Kind)),
+		attribute.String("code", string(r.Code)), attribute.Int("from_size", from), attribute.Int("to_size", to),
+		attribute.String("reason", r.Message)}
+	if r.RequestedBy != "" {
+		// Who asked for the change (a user's resize): the spec's writer.
+		attrs = append(attrs, attribute.String("requested_by", r.RequestedBy))
+	}
 	ctx, span := c.tracer.Start(context.Background(), "coordinator.decision", trace.WithNewRoot(), trace.WithTimestamp(now),
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("job", r.Job), attribute.String("team", r.Team), attribute.String("kind", string(r.Kind)),
-			attribute.String("code", string(r.Code)), attribute.Int("from_size", from), attribute.Int("to_size", to),
-			attribute.String("reason", r.Message)))
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	defer span.End()
 	return telemetry.TraceParent(ctx)
 }
