@@ -1,7 +1,9 @@
 // Package kubetest starts a real kube-apiserver for a test, on a private
 // embedded etcd (which the test may share for the fleet's records under
-// another prefix). No kubelet, scheduler or controller-manager runs: tests
-// play those parts themselves (a pod's phase is whatever the test sets).
+// another prefix). No scheduler or controller-manager runs: tests play
+// those parts themselves. A test may start real kubelets (StartKubelet,
+// each on a private containerd with the CRI plugin); without one, a pod's
+// phase is whatever the test sets.
 //
 // The binary is built from k8s.io/kubernetes at a pinned release by
 // scripts/kube-apiserver.sh and cached outside the repository
@@ -73,16 +75,34 @@ type Server struct {
 	Endpoints []string
 	// Kubeconfig is a kubeconfig file for kubectl, as the admin.
 	Kubeconfig string
+	// NodeTokens authenticate each of Options.Nodes as its kubelet
+	// (system:node:<name> in group system:nodes, which the Node
+	// authorizer limits to that node's pods, secrets and status).
+	NodeTokens map[string]string
 
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *syncBuffer
+	cmd     *exec.Cmd
+	done    chan struct{}
+	log     *syncBuffer
+	certDir string
+}
+
+// Options are StartWith's.
+type Options struct {
+	// Nodes are the names of the kubelets (StartKubelet) that will run
+	// against the server: each gets a token in NodeTokens.
+	Nodes []string
 }
 
 // Start runs a kube-apiserver for the test (and an embedded etcd under it)
 // and stops both when the test ends. It skips the test when the binary is
 // absent.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartWith(t, Options{})
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, o Options) *Server {
 	t.Helper()
 	bin, ok := Binary()
 	if !ok {
@@ -116,19 +136,28 @@ func Start(t testing.TB) *Server {
 	rand.Read(tok)
 	admin := hex.EncodeToString(tok)
 	tokens := filepath.Join(dir, "tokens.csv")
-	if err := os.WriteFile(tokens, []byte(admin+",admin,admin,system:masters\n"), 0o600); err != nil {
+	lines := admin + ",admin,admin,system:masters\n"
+	nodeTokens := map[string]string{}
+	for _, n := range o.Nodes {
+		rand.Read(tok)
+		nodeTokens[n] = hex.EncodeToString(tok)
+		lines += fmt.Sprintf("%s,system:node:%s,system:node:%s,system:nodes\n", nodeTokens[n], n, n)
+	}
+	if err := os.WriteFile(tokens, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	port := testutil.FreePort(t)
 	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(port), AdminToken: admin, Etcd: cli, Endpoints: etcd.Endpoints,
-		done: make(chan struct{}), log: &syncBuffer{}}
+		NodeTokens: nodeTokens, done: make(chan struct{}), log: &syncBuffer{}, certDir: filepath.Join(dir, "certs")}
 	s.cmd = exec.Command(bin,
 		"--etcd-servers="+strings.Join(etcd.Endpoints, ","),
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
-		"--token-auth-file="+tokens, "--authorization-mode=RBAC",
-		"--secure-port="+strconv.Itoa(port), "--bind-address=127.0.0.1", "--cert-dir="+filepath.Join(dir, "certs"),
-		"--service-cluster-ip-range=10.96.0.0/12", "--profiling=false", "--v=0")
+		"--token-auth-file="+tokens, "--authorization-mode=Node,RBAC",
+		"--secure-port="+strconv.Itoa(port), "--bind-address=127.0.0.1", "--cert-dir="+s.certDir,
+		"--service-cluster-ip-range=10.96.0.0/12", "--profiling=false", "--v=0",
+		// A kubelet's (StartKubelet) node name resolves nowhere.
+		"--kubelet-preferred-address-types=InternalIP,Hostname")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -213,8 +242,26 @@ func (s *Server) Clientset(t testing.TB) *kubernetes.Clientset {
 	return cs
 }
 
-// Namespace creates a namespace with its "default" ServiceAccount (no
-// controller-manager creates it here, and pods need it).
+// RootCA creates the namespace's ConfigMap kube-root-ca.crt (the API
+// server's certificate), which the controller-manager would publish: a
+// real kubelet mounts it into every pod with a ServiceAccount token.
+func (s *Server) RootCA(t testing.TB, namespace string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	crt, err := os.ReadFile(filepath.Join(s.certDir, "apiserver.crt"))
+	if err != nil {
+		t.Fatalf("the API server's certificate: %v", err)
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": string(crt)}}
+	if _, err := s.Clientset(t).CoreV1().ConfigMaps(namespace).Create(ctx, cm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// Namespace creates a namespace with its "default" ServiceAccount and its
+// kube-root-ca.crt ConfigMap (no controller-manager creates them here, and
+// pods need them).
 func (s *Server) Namespace(t testing.TB, name string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -226,6 +273,7 @@ func (s *Server) Namespace(t testing.TB, name string) {
 	if _, err := cs.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	s.RootCA(t, name)
 }
 
 // ServiceAccountToken creates ServiceAccount namespace/name (when absent)
