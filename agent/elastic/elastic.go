@@ -408,6 +408,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changes, nextErr := e.superseded(nctx, r)
+	hang := e.watchHang(nctx, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
 	// In process, a worker whose collective broke (a peer died) leaves the
 	// process group and parks; unless a change is under way already, that
@@ -463,6 +464,8 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 			awaitOthers(g, failureGrace)
 			stopAll(o.ShutdownSignal)
 			return e.failed(ctx, g, r)
+		case v := <-hang:
+			return e.hung(ctx, g, r, v)
 		case c := <-changes:
 			return roundEnd{state: workersStopped, next: e.change(ctx, g, r, c)}
 		case err := <-nextErr:
@@ -701,6 +704,7 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 		return &scaleEvent{ectx, span}
 	}
 	if !planned {
+		e.dumpIfStalled(g, r)
 		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
 		sspan.End()

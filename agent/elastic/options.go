@@ -74,6 +74,13 @@ type Options struct {
 	// workers start after the round, as on the restart path).
 	PrewarmTimeout time.Duration
 
+	// HangTimeout (--hang-timeout) is how long a worker that sent a
+	// heartbeat (the Python helper's, from elastic_event_detected()) may go
+	// without the next before it is taken for hung: its stacks are dumped
+	// into the log directory and the node's workers fail (hang.go). Zero:
+	// not watched.
+	HangTimeout time.Duration
+
 	PreTrain  []string // script and args, run once before the first start
 	PostTrain []string // run after the workers succeed
 

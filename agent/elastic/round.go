@@ -203,6 +203,7 @@ func (e *elastic) prepare(ctx, sctx context.Context, r *rendezvous.Round, restar
 	if e.o.InProcessResize {
 		env[envInProcess] = "1"
 	}
+	e.hangEnv(env, restarts)
 
 	lctx, lcancel := context.WithTimeout(ctx, e.opTimeout())
 	// Claim the checkpoint for this round before reading it: a commit of

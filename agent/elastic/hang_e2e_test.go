@@ -1,0 +1,106 @@
+package elastic_test
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hangTimeout is the tests' --hang-timeout.
+const hangTimeout = 5 * time.Second
+
+// runHangJob runs testdata/hang_worker.py on the named nodes (nproc workers
+// each) under --hang-timeout 5: the worker of global rank hangRank sleeps
+// before its all_reduce at step 12 of the first attempt. It checks what a
+// user would notice: the hang is found within the hang timeout (counted
+// from the last step), every node's log names it, the Python stacks in the
+// log directory show the sleeping frame, the job resumes from its
+// checkpoint (one restart) and finishes.
+func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end with PyTorch")
+	}
+	py := torchPython(t)
+	srv, cli := startEtcd(t)
+	logDir, ckpt := t.TempDir(), t.TempDir()
+	n := len(nodes)
+	nn := strconv.Itoa(n)
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py},
+		"--nnodes", nn+":"+nn, "--nproc-per-node", nproc, "--rdzv-backend", "etcd",
+		"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
+		"--max-restarts", "3", "--shutdown-timeout", "3", "--local-addr", "127.0.0.1",
+		"--hang-timeout", "5", "--log-dir", logDir,
+		repoPath("agent/elastic/testdata/hang_worker.py"), hangRank, "12", "30", ckpt)
+	t0 := time.Now()
+	for _, name := range nodes {
+		c.start(name)
+	}
+	hangAt := c.waitStep(120*time.Second, "step 12 (the last before the hang)", t0, func(s stepLine) bool { return s.Step == 12 })
+	for _, name := range nodes {
+		if code := c.wait(name, 120*time.Second); code != 0 {
+			t.Fatalf("node %s exited %d, want 0: the job did not recover from the hang", name, code)
+		}
+	}
+	var detected time.Time
+	for _, l := range c.Lines() {
+		if strings.Contains(l.Text, "workers hung: no heartbeat within --hang-timeout") {
+			detected = l.At
+			break
+		}
+	}
+	if detected.IsZero() {
+		t.Fatal("no node logged the hang")
+	}
+	// The hung rank's last heartbeat is at most an interval (0.5 s) before
+	// step 12's line; detection is then within the timeout plus a poll,
+	// with slack for a loaded machine.
+	if took := detected.Sub(hangAt.At); took > hangTimeout+3*time.Second || took < hangTimeout-time.Second {
+		t.Errorf("hang detected %.1fs after the last step; want about --hang-timeout (%s)", took.Seconds(), hangTimeout)
+	} else {
+		t.Logf("hang detected %.1fs after the last step (--hang-timeout %s)", took.Seconds(), hangTimeout)
+	}
+	var dumps []string
+	named := false
+	filepath.WalkDir(logDir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), "stacks_rank") {
+			b, _ := os.ReadFile(p)
+			dumps = append(dumps, p)
+			named = named || strings.Contains(string(b), "in stuck_before_all_reduce")
+		}
+		return nil
+	})
+	if !named {
+		t.Errorf("no stack dump under the log directory names the sleeping frame stuck_before_all_reduce; dumps: %v", dumps)
+	}
+	if !strings.Contains(c.logText(), "stacks=") || !strings.Contains(c.logText(), filepath.Join(logDir)) {
+		t.Errorf("the hang's log line does not say where the stacks are")
+	}
+	last := 0
+	for _, s := range c.allSteps() {
+		last = max(last, s.Step)
+	}
+	if last != 30 {
+		t.Errorf("the job ended at step %d, want 30", last)
+	}
+	if got := getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts"); got != 1 {
+		t.Errorf("job restarts = %d after one hang, want 1", got)
+	}
+}
+
+// TestHungWorkerInACollectiveIsDetectedDumpedAndRecovered: two nodes of
+// real DDP (gloo); node b's rank sleeps before its all_reduce, node a's
+// waits in it. Without hang detection the job would wait for gloo's
+// 10-minute timeout (the worker's).
+func TestHungWorkerInACollectiveIsDetectedDumpedAndRecovered(t *testing.T) {
+	runHangJob(t, "hang2", []string{"a", "b"}, "1", "1")
+}
+
+// TestHungWorkerOnAOneNodeJob: one node, two ranks, one of them hung.
+func TestHungWorkerOnAOneNodeJob(t *testing.T) {
+	runHangJob(t, "hang1", []string{"a"}, "2", "1")
+}
