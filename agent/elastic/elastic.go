@@ -136,6 +136,8 @@ type elastic struct {
 	prewarmed bool
 	// summary is the failure summary this node printed last (jobfail.go).
 	summary string
+	// ckptFails holds the last round's failed checkpoint (ckptfail.go).
+	ckptFails ckptFailures
 }
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
@@ -240,6 +242,9 @@ func (e *elastic) run(ctx context.Context) (err error) {
 				// A worker saw a planned change (possibly announced on
 				// another node) and exits 0: not the end of training.
 				e.stopping.Store(e.roundNo.Load())
+			}
+			if r.Type == control.ReportCheckpointFailed {
+				e.checkpointFailed(r)
 			}
 			return commit(ctx, r)
 		}))
@@ -443,6 +448,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 				// The workers checkpointed and stopped for a planned change
 				// announced elsewhere; the new round follows.
 				e.log.Info("workers stopped for a planned change", "round", r.Number)
+				e.sayPlannedLoss(ctx, r)
 				ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
 					trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
 				return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
@@ -665,6 +671,7 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 	if rc := res.RootCause; rc != nil {
 		detail = fmt.Sprintf("rank %d exitcode %d", rc.Rank, rc.ExitCode)
 	}
+	detail = e.failureDetail(ctx, r, detail)
 	e.printSummary(res.Summary(e.o.Spec.Entrypoint))
 	n, err := e.node.ReportFailure(ctx, r, detail, e.summary)
 	if err != nil {
@@ -792,4 +799,5 @@ func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *re
 	// The workers' own time (checkpoint and exit) is logged so the agent's
 	// overhead of a planned change can be told apart (bench/elastic).
 	e.log.Info("workers stopped for the change", "round", r.Number, "took_ms", time.Since(signalled).Milliseconds(), "escalated", escalated)
+	e.sayPlannedLoss(ectx, r)
 }

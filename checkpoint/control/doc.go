@@ -35,6 +35,12 @@
 //	{"type":"checkpoint","step":120,"path":"/ckpt/step-120","rank":0,"world_size":3}
 //	{"type":"stopping","step":120,"rank":1,"world_size":3}
 //	{"type":"stopping","detected":true,"step":0,"rank":1,"world_size":3}
+//	{"type":"heartbeat","rank":1,"world_size":3,"stacks":"/logs/.../stacks_rank1_pid42.txt"}
+//	{"type":"checkpoint_failed","step":120,"path":"/ckpt/step-120","rank":0,"error":"OSError: [Errno 28] No space left on device"}
+//
+// A heartbeat (sent only under --hang-timeout, see HYPERPODRUN_HANG_TIMEOUT)
+// is progress for the agent's hang detection; a checkpoint_failed report
+// says a rank could not save a step, which is then not committed.
 //
 // The Python helper sends the "detected" stopping report from every rank as
 // soon as the ranks agree on an event (step unknown), so an agent whose

@@ -33,6 +33,10 @@ const (
 	// seconds): the agent's hang detection (--hang-timeout) watches it. The
 	// Channel records it (Heartbeats); it is not given to the handler.
 	ReportHeartbeat = "heartbeat"
+	// ReportCheckpointFailed means a rank could not save the checkpoint of
+	// Step (Error says why: a full or read-only disk...); the step is not
+	// committed.
+	ReportCheckpointFailed = "checkpoint_failed"
 )
 
 // Report is one message from a worker.
@@ -68,6 +72,8 @@ type Report struct {
 	// stacks are written to when it gets HYPERPODRUN_STACKS_SIGNAL
 	// (faulthandler), empty when it installed no such dump.
 	Stacks string `json:"stacks,omitempty"`
+	// Error comes with a ReportCheckpointFailed: the save's error.
+	Error string `json:"error,omitempty"`
 	// rankSet: the message named a rank.
 	rankSet bool
 	// Received is when the agent read the message.

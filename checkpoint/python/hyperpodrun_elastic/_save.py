@@ -153,6 +153,7 @@ def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Option
         failed = _events.all_reduce_max(dist, failed)
     if failed > 0:
         if error is not None:
+            _report_failed(step, path, rank, world, error)
             raise error
         log.warning("hyperpodrun_elastic: checkpoint of step %d not committed: another rank failed to save", step)
         return False
@@ -163,3 +164,17 @@ def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Option
     if collective:
         ok = _events.all_reduce_max(dist, 1.0 if ok else 0.0) > 0
     return ok
+
+
+def _report_failed(step, path, rank, world, error):
+    """Tell the agent this rank could not save the checkpoint of ``step``:
+    during a planned change the agent then says which steps the change
+    loses (the next round resumes from the last committed checkpoint)."""
+    if not _control.under_hyperpodrun():
+        return
+    msg = {"type": "checkpoint_failed", "step": step, "path": path, "rank": rank, "world_size": world,
+           "error": ("%s: %s" % (type(error).__name__, error))[:1000], "pid": os.getpid()}
+    try:
+        _control.send_message(msg, 5.0)
+    except Exception as e:  # the save's own error is what the caller gets
+        log.warning("hyperpodrun_elastic: could not tell the agent the checkpoint failed: %s", e)
