@@ -150,7 +150,9 @@ class SaveAndCommitTest(unittest.TestCase):
         with clean_env(**self.agent.env()):
             with self.assertRaises(OSError):
                 he.save_and_commit({}, os.path.join(self.tmp.name, "x"), 1, save_fn=broken)
-        self.assertEqual(self.agent.messages, [])
+        # Not reported as a checkpoint: only as a failed one (issue 24).
+        self.assertEqual([m["type"] for m in self.agent.messages], ["checkpoint_failed"])
+        self.assertEqual((self.agent.messages[0]["step"], self.agent.messages[0]["error"]), (1, "OSError: no space"))
 
 
 if __name__ == "__main__":
