@@ -87,7 +87,7 @@ func RunElasticWith(ctx context.Context, o Options, deps ElasticDeps) error {
 	tp := deps.Tracer
 	if tp == nil {
 		var shutdown func(context.Context) error
-		if tp, shutdown, err = telemetry.Setup(ctx, "hyperpodrun"); err != nil {
+		if tp, shutdown, err = telemetry.Setup(ctx, "hyperpodrun", resourceAttrs(cfg.JobID, cfg.NodeID)...); err != nil {
 			log.Warn("tracing disabled", "err", err)
 			tp = noop.NewTracerProvider()
 		} else {
@@ -138,13 +138,9 @@ type elastic struct {
 	summary string
 	// ckptFails holds the last round's failed checkpoint (ckptfail.go).
 	ckptFails ckptFailures
-}
-
-// scaleEvent is the trace of one scaling event, carried from the moment a
-// round is superseded until the workers run at the new size.
-type scaleEvent struct {
-	ctx  context.Context
-	span trace.Span
+	// steps holds the scaling event waiting for its workers' first report
+	// at the new size (tracing.go).
+	steps stepWatch
 }
 
 // workerState is where this node's workers stand, after torch's
@@ -245,6 +241,9 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			}
 			if r.Type == control.ReportCheckpointFailed {
 				e.checkpointFailed(r)
+			}
+			if r.Type != control.ReportStopping {
+				e.firstStep(r) // the scaling event's workers run at the new size
 			}
 			return commit(ctx, r)
 		}))
@@ -449,9 +448,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 				// announced elsewhere; the new round follows.
 				e.log.Info("workers stopped for a planned change", "round", r.Number)
 				e.sayPlannedLoss(ctx, r)
-				ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
-					trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", "peer_event"), attribute.Int64("from_round", r.Number)))
-				return roundEnd{state: workersStopped, next: &scaleEvent{ectx, span}}
+				return roundEnd{state: workersStopped, next: e.peerEvent(ctx, r)}
 			}
 			if res.OK() {
 				e.log.Info("workers succeeded", "round", r.Number)
@@ -553,7 +550,9 @@ func (e *elastic) opTimeout() time.Duration {
 // reason, not "drain".
 func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Round) error {
 	ev := control.Event{Kind: control.Drain, NewWorldSize: e.newWorldSize(ctx, control.Drain, r)}
-	if stop, ok := e.stopRecord(ctx); ok {
+	d := e.desired(ctx)
+	if d != nil && d.Stop != nil {
+		stop := *d.Stop
 		ev = control.Event{Kind: control.EventKind(stop.Kind), Reason: stop.Reason}
 	} else {
 		// Tell every member first: the closer proposes the next round
@@ -562,10 +561,11 @@ func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 		e.tellMembersWeDrain(ctx, r, &ev)
 	}
 	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
-	ectx, span := e.tracer.Start(context.Background(), "scale_event", trace.WithNewRoot(),
-		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(ev.Kind)), attribute.Int64("from_round", r.Number)))
-	defer span.End()
-	e.announceAndWait(ectx, g, r, ev)
+	// Under the coordinator's decision that took this node away.
+	event := e.beginEvent(decisionParent(d, context.Background()), string(ev.Kind), r, d)
+	defer event.span.End()
+	e.announceAndWait(event.ctx, g, r, ev)
+	event.workersStopped()
 	if err := e.node.Leave(detached(ctx)); err != nil {
 		e.log.Warn("leave rendezvous", "err", err)
 	}
@@ -604,16 +604,6 @@ func (e *elastic) desired(ctx context.Context) *fleet.Desired {
 		return nil
 	}
 	return d
-}
-
-// stopRecord is why the coordinator took the job's whole allocation away;
-// ok is false when it did not (a single node drained, or no coordinator).
-func (e *elastic) stopRecord(ctx context.Context) (fleet.Stop, bool) {
-	d := e.desired(ctx)
-	if d == nil || d.Stop == nil {
-		return fleet.Stop{}, false
-	}
-	return *d.Stop, true
 }
 
 // newWorldSize estimates the world size after a planned change whose round
@@ -688,17 +678,19 @@ func (e *elastic) failed(ctx context.Context, g *launcher.Group, r *rendezvous.R
 func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.Round, c rendezvous.Change) *scaleEvent {
 	o := e.o
 	parent := changeTrace(e.cfg.JobID, c.Round, c.ID)
-	if c.Reason == rendezvous.TargetChanged { // under the coordinator's decision span (issue 15)
-		if p, ok := telemetry.FromTraceParent(e.desired(ctx).TraceParentOrEmpty()); ok {
-			parent = p
-		}
+	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
+	var d *fleet.Desired
+	if planned {
+		// Under the coordinator's decision span (issue 15): a new target,
+		// and the node it took away (leaving) or added (waiting), which
+		// may reach this node first.
+		d = e.desired(ctx)
+		parent = decisionParent(d, parent)
 	}
-	ectx, span := e.tracer.Start(parent, "scale_event",
-		trace.WithAttributes(attribute.String("job", e.cfg.JobID), attribute.String("reason", string(c.Reason)),
-			attribute.String("detail", c.Detail), attribute.Int64("from_round", r.Number), attribute.Int64("to_round", c.Round)))
+	event := e.beginEvent(parent, string(c.Reason), r, d, attribute.String("detail", c.Detail), attribute.Int64("to_round", c.Round))
+	ectx := event.ctx
 	_, dspan := e.tracer.Start(ectx, "decision", trace.WithAttributes(attribute.String("reason", string(c.Reason)), attribute.String("detail", c.Detail)))
 	dspan.End()
-	planned := c.Reason == rendezvous.TargetChanged || c.Reason == rendezvous.NodeWaiting || c.Reason == rendezvous.NodeLeaving
 	e.log.Info("round superseded", "round", r.Number, "reason", c.Reason, "detail", c.Detail, "planned", planned)
 	if o.InProcessResize {
 		ev := control.Event{Kind: control.MemberLost, NewWorldSize: c.WorldSize, Reason: c.Detail}
@@ -708,17 +700,20 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 		if e.handOver(ectx, g, r, ev) {
 			e.carry = g
 		}
-		return &scaleEvent{ectx, span}
+		event.workersStopped()
+		return event
 	}
 	if !planned {
 		e.dumpIfStalled(g, r)
 		_, sspan := e.tracer.Start(ectx, "signal", trace.WithAttributes(attribute.String("signal", launcher.SignalName(o.ShutdownSignal))))
 		g.Stop(o.ShutdownSignal, o.ShutdownTimeout)
 		sspan.End()
-		return &scaleEvent{ectx, span}
+		event.workersStopped()
+		return event
 	}
 	e.announceAndWait(ectx, g, r, e.plannedEvent(ctx, c, r))
-	return &scaleEvent{ectx, span}
+	event.workersStopped()
+	return event
 }
 
 // changeTrace returns a context whose remote parent puts every agent's spans
@@ -795,6 +790,7 @@ func (e *elastic) announceAndWait(ectx context.Context, g *launcher.Group, r *re
 		g.Stop(syscall.SIGTERM, o.ShutdownTimeout)
 	}
 	wspan.SetAttributes(attribute.Bool("escalated", escalated))
+	e.traceCheckpoint(context.Background(), ectx, wspan)
 	wspan.End()
 	// The workers' own time (checkpoint and exit) is logged so the agent's
 	// overhead of a planned change can be told apart (bench/elastic).

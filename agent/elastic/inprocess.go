@@ -227,9 +227,7 @@ func (e *elastic) resume(ctx context.Context, r *rendezvous.Round, restarts int,
 		g.Stop(syscall.SIGTERM, e.o.ShutdownTimeout)
 		return nil, nil
 	}
-	if event != nil {
-		event.span.End()
-	}
+	e.awaitFirstStep(event, r) // the event ends at the workers' first report
 	return g, nil
 }
 

@@ -22,6 +22,7 @@ func (e *elastic) loop(ctx context.Context) error {
 		if event != nil {
 			event.span.End()
 		}
+		e.endPending("hyperpodrun left the job")
 	}()
 	s := loopState{job: e.cfg.JobID, maxRestarts: e.o.MaxRestarts}
 	ev := loopEvent{kind: evBegin}
@@ -56,6 +57,7 @@ func (e *elastic) loop(ctx context.Context) error {
 		case actWatch:
 			var end roundEnd
 			end, ev = e.watchRound(ctx, g)
+			e.endPending("the round ended before its workers reported")
 			g, event = nil, end.next
 		case actLeaveOnSignal:
 			return e.leaveOnSignal(ctx, act.sig, act.when)

@@ -168,9 +168,7 @@ func (e *elastic) start(ctx context.Context, r *rendezvous.Round, restarts int, 
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
 	}
-	if event != nil {
-		event.span.End()
-	}
+	e.awaitFirstStep(event, r) // the event ends at the workers' first report
 	return g, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,6 +36,11 @@ step = 0
 while True:
     step += 1
     time.sleep(0.02)
+    if step == 3 and os.environ["RANK"] == "0":
+        # The workers' first report of a round: a committed checkpoint.
+        ok = he.report_checkpoint(step, os.path.join(out, "ckpt"))
+        with open(os.path.join(out, "reported.%s" % os.environ["HYPERPODRUN_ROUND"]), "w") as f:
+            f.write(str(ok))
     if he.elastic_event_detected():
         # Whether the configured elastic signal arrived (not only the file).
         with open(os.path.join(out, "sig.%s.%s" % (os.environ["HYPERPODRUN_ROUND"], os.environ["RANK"])), "w") as f:
@@ -116,6 +122,7 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 		t.Fatal(err)
 	}
 	tpWorker := waitFile("tp.2.0")
+	waitFile("reported.2") // the restarted workers' first report
 	// The first round's workers were woken by the configured signal.
 	for _, rank := range []string{"0", "1"} {
 		if got, want := waitFile("sig.1."+rank), fmt.Sprintf("True %d", int(elasticSig)); got != want {
@@ -168,5 +175,79 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 	}
 	if !strings.Contains(tpWorker, traceID.String()) {
 		t.Errorf("restarted worker's TRACEPARENT %q is not in the scale event's trace %s", tpWorker, traceID)
+	}
+	checkEventAttributes(t, job, spans, events)
+}
+
+// checkEventAttributes: each node's scale_event says who, why and from
+// what size to what; the node that stays has a first_step span and the
+// downtime, and its checkpoint wait names the committed step (issue 29).
+func checkEventAttributes(t *testing.T, job string, spans tracetest.SpanStubs, events []*tracetest.SpanStub) {
+	t.Helper()
+	attrs := func(s *tracetest.SpanStub) map[string]string {
+		m := map[string]string{}
+		for _, a := range s.Attributes {
+			m[string(a.Key)] = a.Value.Emit()
+		}
+		return m
+	}
+	var stayed *tracetest.SpanStub
+	for _, ev := range events {
+		a := attrs(ev)
+		if a["job"] != job || (a["node"] != "n0" && a["node"] != "n1") || a["from_size"] != "2" || a["to_size"] != "1" || a["from_round"] != "1" {
+			t.Errorf("scale_event attributes %v: want job %s, its node, from_size 2, to_size 1, from_round 1", a, job)
+		}
+		if _, ok := a["downtime"]; ok {
+			stayed = ev
+		}
+	}
+	if stayed == nil {
+		t.Fatalf("no scale_event has a downtime: %v / %v", attrs(events[0]), attrs(events[1]))
+	}
+	a := attrs(stayed)
+	if d, err := strconv.ParseFloat(a["downtime"], 64); err != nil || d <= 0 || d > 30 {
+		t.Errorf("downtime %q, want seconds > 0", a["downtime"])
+	}
+	if a["to_round"] != "2" || a["first_step"] != "3" {
+		t.Errorf("the staying node's scale_event %v: want to_round 2 and first_step 3", a)
+	}
+	var first, wait bool
+	for i := range spans {
+		s := &spans[i]
+		if s.Parent.SpanID() != stayed.SpanContext.SpanID() {
+			continue
+		}
+		switch s.Name {
+		case "first_step":
+			first = true
+		case "checkpoint_wait":
+			if _, ok := attrs(s)["checkpoint_step"]; ok {
+				wait = true
+			}
+		}
+	}
+	if !first || !wait {
+		t.Errorf("the staying node's scale_event lacks a first_step span (%v) or a checkpoint_wait with checkpoint_step (%v)", first, wait)
+	}
+}
+
+func TestDowntimeRules(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	for _, tc := range []struct {
+		rule                    string
+		stopped, started, first time.Time
+		want                    float64
+	}{
+		{"from the workers' stop to their first report", at(0), at(2), at(5), 5},
+		{"stop unknown: from the start at the new size", time.Time{}, at(2), at(5), 3},
+		{"a stop after the start (clock step) counts from the start", at(3), at(2), at(5), 3},
+		{"a report before the stop is no downtime", at(5), at(5), at(4), 0},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			if got := downtime(tc.stopped, tc.started, tc.first); got != tc.want {
+				t.Errorf("downtime = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
