@@ -30,6 +30,19 @@ const defaultFenceOpTimeout = 5 * time.Second
 // Barrier is one round's ready barrier (fleet.Keys.Ready): each member
 // arrives once its previous workers are gone, and waits until all of the
 // round's members have.
+//
+// The barrier costs O(members) watch events, not O(members^2): the first
+// member to arrive becomes the round's counter (rdzv/b/<round>/counter,
+// claimed in the same transaction as its arrival); it alone watches the
+// round's ready keys, and once every member has arrived and no node outside
+// the round holds a running marker of an older round (RunningMarker), it
+// writes one pass key (rdzv/b/<round>/pass) that every other member
+// watches. The pass is written in a transaction guarded on the running
+// markers' revisions, so a marker of an older round written after the
+// counter read them holds the pass back until it is read and waited out.
+// A counter that dies before the pass leaves the round to be superseded
+// through the rendezvous (it is a member: its lease goes), as any member
+// that dies before the barrier does.
 type Barrier struct {
 	cli     *clientv3.Client
 	keys    fleet.Keys
@@ -38,6 +51,11 @@ type Barrier struct {
 	size    int
 	node    string
 	timeout time.Duration
+
+	// arrivedRev is the revision of this Barrier's arrival (0: not yet);
+	// counter says it claimed the round's counter.
+	arrivedRev int64
+	counter    bool
 }
 
 // NewBarrier is node's view of round's ready barrier in job, which size
@@ -49,14 +67,47 @@ func NewBarrier(cli *clientv3.Client, prefix, job string, round int64, size int,
 	return &Barrier{cli: cli, keys: fleet.NewKeys(fleet.NormalizePrefix(prefix)), job: job, round: round, size: size, node: node, timeout: timeout}
 }
 
+// barrierBase is the prefix of the counter and pass keys of job's rounds
+// (<job>/rdzv/b/): they sort by round, so every older round's lies before
+// barrierRound(round).
+func barrierBase(k fleet.Keys, job string) string { return k.Rdzv(job).Base + "b/" }
+
+func barrierRound(k fleet.Keys, job string, round int64) string {
+	return barrierBase(k, job) + fleet.Hex16(round) + "/"
+}
+
+// passKey is written once, by the round's counter, when every member has
+// arrived and no older workers run outside the round.
+func passKey(k fleet.Keys, job string, round int64) string {
+	return barrierRound(k, job, round) + "pass"
+}
+
+// counterKey names the round's counter: the first member to arrive.
+func counterKey(k fleet.Keys, job string, round int64) string {
+	return barrierRound(k, job, round) + "counter"
+}
+
 // Arrive marks this node ready for the round: its previous workers are
 // gone. The key is not under a lease: a member that dies after arriving
-// supersedes the round through the rendezvous instead.
+// supersedes the round through the rendezvous instead. The first member
+// to arrive claims the round's counter in the same transaction.
 func (b *Barrier) Arrive(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	if _, err := b.cli.Put(ctx, b.keys.Ready(b.job, b.round, b.node), "1"); err != nil {
+	ck := counterKey(b.keys, b.job, b.round)
+	ready := clientv3.OpPut(b.keys.Ready(b.job, b.round, b.node), "1")
+	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
+		Then(ready, clientv3.OpPut(ck, b.node)).
+		Else(ready, clientv3.OpGet(ck)).Commit()
+	if err != nil {
 		return fmt.Errorf("mark ready for round %d: %w", b.round, err)
+	}
+	b.arrivedRev = resp.Header.Revision
+	b.counter = resp.Succeeded
+	if !resp.Succeeded {
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && string(kvs[0].Value) == b.node {
+			b.counter = true // arrived before, in an earlier Barrier
+		}
 	}
 	return nil
 }
@@ -70,7 +121,11 @@ func (b *Barrier) PruneOlder(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	if _, err := b.cli.Delete(ctx, b.keys.ReadyPrefix(b.job), clientv3.WithRange(b.keys.ReadyRound(b.job, b.round-1))); err != nil {
+	bb := barrierBase(b.keys, b.job)
+	if _, err := b.cli.Txn(ctx).Then(
+		clientv3.OpDelete(b.keys.ReadyPrefix(b.job), clientv3.WithRange(b.keys.ReadyRound(b.job, b.round-1))),
+		clientv3.OpDelete(bb, clientv3.WithRange(barrierRound(b.keys, b.job, b.round-1))),
+	).Commit(); err != nil {
 		return fmt.Errorf("delete the ready barriers before round %d: %w", b.round-1, err)
 	}
 	return nil
@@ -87,22 +142,82 @@ func (b *Barrier) Arrived(ctx context.Context) (n int, rev int64, err error) {
 	return int(resp.Count), resp.Header.Revision, nil
 }
 
-// Wait returns once every member of the round has arrived, or ctx's error.
-// Only the initial read is bounded by the request timeout: the wait itself
-// lasts as long as ctx (the caller cancels it when the round is
-// superseded).
+// Wait returns once every member of the round has arrived and no node
+// outside the round still holds a running marker of an older round, or
+// ctx's error. Only the initial read is bounded by the request timeout:
+// the wait itself lasts as long as ctx (the caller cancels it when the
+// round is superseded).
 func (b *Barrier) Wait(ctx context.Context) error {
-	ready, rev, err := b.Arrived(ctx)
-	if err != nil {
-		return err
+	pk := passKey(b.keys, b.job, b.round)
+	rev := b.arrivedRev
+	if !b.counter {
+		rctx, cancel := context.WithTimeout(ctx, b.timeout)
+		resp, err := b.cli.Txn(rctx).Then(clientv3.OpGet(pk, clientv3.WithCountOnly()), clientv3.OpGet(counterKey(b.keys, b.job, b.round))).Commit()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("round %d barrier: %w", b.round, err)
+		}
+		if resp.Responses[0].GetResponseRange().Count > 0 {
+			return nil
+		}
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && string(kvs[0].Value) == b.node {
+			b.counter = true
+		}
+		rev = resp.Header.Revision
 	}
-	if ready >= b.size {
-		return nil
+	if b.counter {
+		return b.count(ctx)
 	}
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
-	wch := b.cli.Watch(wctx, b.keys.ReadyRound(b.job, b.round), clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
-	for ready < b.size {
+	wch := b.cli.Watch(wctx, pk, clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
+	for {
+		w, ok := <-wch
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !ok || w.Err() != nil {
+			return fmt.Errorf("round %d barrier: watch ended: %v", b.round, w.Err())
+		}
+		if len(w.Events) > 0 {
+			return nil
+		}
+	}
+}
+
+// count is the counter's Wait: it watches the round's ready keys until
+// every member arrived, waits out older workers outside the round, and
+// writes the pass.
+func (b *Barrier) count(ctx context.Context) error {
+	rctx, cancel := context.WithTimeout(ctx, b.timeout)
+	pre := b.keys.ReadyRound(b.job, b.round)
+	resp, err := b.cli.Txn(rctx).Then(clientv3.OpGet(passKey(b.keys, b.job, b.round), clientv3.WithCountOnly()), clientv3.OpGet(pre, clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("round %d barrier: %w", b.round, err)
+	}
+	if resp.Responses[0].GetResponseRange().Count > 0 {
+		return nil // passed already (an earlier Wait of this counter)
+	}
+	arrived := make(map[string]bool, b.size)
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		arrived[strings.TrimPrefix(string(kv.Key), pre)] = true
+	}
+	if len(arrived) < b.size {
+		if err := b.watchArrivals(ctx, pre, resp.Header.Revision, arrived); err != nil {
+			return err
+		}
+	}
+	return b.pass(ctx, arrived)
+}
+
+// watchArrivals adds the members arriving after rev to arrived until all
+// have.
+func (b *Barrier) watchArrivals(ctx context.Context, pre string, rev int64, arrived map[string]bool) error {
+	wctx, wcancel := context.WithCancel(ctx)
+	defer wcancel()
+	wch := b.cli.Watch(wctx, pre, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithFilterDelete())
+	for len(arrived) < b.size {
 		w, ok := <-wch
 		if err := ctx.Err(); err != nil {
 			return err
@@ -111,12 +226,42 @@ func (b *Barrier) Wait(ctx context.Context) error {
 			return fmt.Errorf("round %d barrier: watch ended: %v", b.round, w.Err())
 		}
 		for _, ev := range w.Events {
-			if ev.IsCreate() {
-				ready++
-			}
+			arrived[strings.TrimPrefix(string(ev.Kv.Key), pre)] = true
 		}
 	}
 	return nil
+}
+
+// pass writes the round's pass key once no node outside the round (the
+// members arrived: their workers are gone) holds a running marker of an
+// older round. The write is guarded on the markers' revisions: a marker
+// written after they were read sends the counter back to read them.
+func (b *Barrier) pass(ctx context.Context, arrived map[string]bool) error {
+	m := RunningMarker{cli: b.cli, keys: b.keys, job: b.job, node: b.node, timeout: b.timeout}
+	rp := b.keys.RunningPrefix(b.job)
+	for {
+		older, rev, err := m.older(ctx, b.round, arrived)
+		if err != nil {
+			return err
+		}
+		if len(older) > 0 {
+			if err := m.nextChange(ctx, rev); err != nil {
+				return fmt.Errorf("round %d barrier: %w", b.round, err)
+			}
+			continue
+		}
+		wctx, cancel := context.WithTimeout(ctx, b.timeout)
+		resp, err := b.cli.Txn(wctx).
+			If(clientv3.Compare(clientv3.ModRevision(rp), "<", rev+1).WithRange(clientv3.GetPrefixRangeEnd(rp))).
+			Then(clientv3.OpPut(passKey(b.keys, b.job, b.round), b.node)).Commit()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("round %d barrier: write the pass: %w", b.round, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+	}
 }
 
 // RunningMarker is a node's running-workers marker (fleet.Keys.Running):
@@ -172,6 +317,11 @@ func (m *RunningMarker) Clear(ctx context.Context) error {
 // before round may still be alive (a marker that does not parse counts as
 // older), with the revision read.
 func (m *RunningMarker) Older(ctx context.Context, round int64) ([]string, int64, error) {
+	return m.older(ctx, round, map[string]bool{m.node: true})
+}
+
+// older is Older leaving out the nodes in skip.
+func (m *RunningMarker) older(ctx context.Context, round int64, skip map[string]bool) ([]string, int64, error) {
 	p := m.keys.RunningPrefix(m.job)
 	ctx, cancel := context.WithTimeout(ctx, m.timeout)
 	defer cancel()
@@ -182,7 +332,7 @@ func (m *RunningMarker) Older(ctx context.Context, round int64) ([]string, int64
 	var older []string
 	for _, kv := range resp.Kvs {
 		node, ok := strings.CutPrefix(string(kv.Key), p)
-		if !ok || node == m.node || strings.Contains(node, "/") {
+		if !ok || skip[node] || strings.Contains(node, "/") {
 			continue // ours are gone: the caller is past its workers
 		}
 		if r, ok := fleet.ParseRound(string(kv.Value)); !ok || r < round {
@@ -194,8 +344,19 @@ func (m *RunningMarker) Older(ctx context.Context, round int64) ([]string, int64
 
 // WaitOlderGone returns once no node other than this one holds a marker
 // of a round before round, or ctx's error. waiting, when set, is told the
-// nodes each time some are still running older workers.
+// nodes each time some are still running older workers. Once round's
+// ready barrier has passed (Barrier.Wait), its counter has waited them out
+// for every member: one read of the pass key answers.
 func (m *RunningMarker) WaitOlderGone(ctx context.Context, round int64, waiting func(nodes []string)) error {
+	rctx, cancel := context.WithTimeout(ctx, m.timeout)
+	resp, err := m.cli.Get(rctx, passKey(m.keys, m.job, round), clientv3.WithCountOnly())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("round %d: read the ready barrier's pass: %w", round, err)
+	}
+	if resp.Count > 0 {
+		return nil
+	}
 	for {
 		older, rev, err := m.Older(ctx, round)
 		if err != nil {

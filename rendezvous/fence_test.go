@@ -3,10 +3,12 @@ package rendezvous
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -184,4 +186,103 @@ func TestRunningMarkerGoesWithItsLease(t *testing.T) {
 	if err := NewRunningMarker(h.cli, "", h.job, "none", 0, 0).Mark(ctx, 3); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Mark without a lease = %v, want ErrLeaseLost", err)
 	}
+}
+
+func TestBarrierPassesOnlyAfterOlderWorkersOutsideTheRoundAreGone(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	keys := fleet.NewKeys(fleet.DefaultPrefix)
+	// A node that left the job (not in round 5) still checkpoints with its
+	// workers of round 4; a member's own stale marker does not count.
+	old := NewRunningMarker(h.cli, "", h.job, "old", h.lease(30), 0)
+	if err := old.Mark(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := NewRunningMarker(h.cli, "", h.job, "b", h.lease(30), 0).Mark(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	a := NewBarrier(h.cli, "", h.job, 5, 2, "a", 0)
+	b := NewBarrier(h.cli, "", h.job, 5, 2, "b", 0)
+	for _, m := range []*Barrier{a, b} {
+		if err := m.Arrive(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := waitErr(func() error { return b.Wait(ctx) })
+	doneA := waitErr(func() error { return a.Wait(ctx) })
+	if err := old.Clear(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := h.cli.Get(ctx, keys.Running(h.job, "old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleared := resp.Header.Revision
+	for _, ch := range []<-chan error{done, doneA} {
+		if err := recvWithin(t, ch, 10*time.Second, "Wait after the older workers stopped"); err != nil {
+			t.Fatalf("Wait = %v", err)
+		}
+	}
+	// The barrier passed after the old node's workers were gone, not before.
+	p, err := h.cli.Get(ctx, passKey(keys, h.job, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Kvs) != 1 || p.Kvs[0].CreateRevision <= cleared {
+		t.Fatalf("round 5 passed at %v, want once, after the old node's marker was cleared at revision %d", p.Kvs, cleared)
+	}
+	// Past the barrier, a member's marker check is one read.
+	if err := NewRunningMarker(h.cli, "", h.job, "a", h.lease(30), 0).WaitOlderGone(ctx, 5, nil); err != nil {
+		t.Fatalf("WaitOlderGone after the barrier = %v", err)
+	}
+}
+
+// TestBarrierCostsLinearWatchEvents: a barrier of n members costs O(n)
+// watch events (the counter's and one pass per member), not every member
+// watching every other member's arrival (O(n^2): issue 27's 10,000 nodes).
+func TestBarrierCostsLinearWatchEvents(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 300
+	bs := make([]*Barrier, n)
+	for i := range bs {
+		bs[i] = NewBarrier(h.cli, "", h.job, 1, n, fmt.Sprintf("n%03d", i), 0)
+	}
+	before := watchEventsDelivered(t)
+	errs := make(chan error, n)
+	for _, b := range bs {
+		go func() {
+			if err := b.Arrive(ctx); err != nil {
+				errs <- err
+				return
+			}
+			errs <- b.Wait(ctx)
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := watchEventsDelivered(t) - before; got > 3*n {
+		t.Fatalf("a barrier of %d members delivered %d watch events, want at most %d (linear)", n, got, 3*n)
+	}
+}
+
+// watchEventsDelivered is how many watch events the embedded etcd has
+// delivered to watchers so far (etcd_debugging_mvcc_events_total).
+func watchEventsDelivered(t *testing.T) int {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "etcd_debugging_mvcc_events_total" {
+			return int(mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	t.Fatal("etcd_debugging_mvcc_events_total not registered")
+	return 0
 }

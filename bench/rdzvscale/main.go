@@ -1,13 +1,20 @@
 // Command rdzvscale measures the etcd rendezvous at scale: N in-process
 // participants, each its own rendezvous.Node with its own lease (sharing a
 // small pool of etcd clients), against one embedded etcd, timed from the
-// first Join until every participant holds the closed round.
+// first Join until every participant holds the closed round, and (-ready)
+// until every participant has also passed the round's ready barrier
+// (rendezvous.Barrier) and holds its running marker
+// (rendezvous.RunningMarker): the path a real job takes before its
+// workers may start, as agent/elastic walks it.
 //
 //	go run ./bench/rdzvscale -n 1000,10000
+//	go run ./bench/rdzvscale -ready -n 1000,10000,20000 -events-at 10000
 //
 // It prints one line per size, e.g.
 //
 //	BENCH rdzv_close_1000_nodes 0.42 s anchor=torch-etcd-256-nodes:97s target=1
+//	BENCH rdzv_ready_10000_nodes 1.9 s target=2
+//	BENCH rdzv_ready_10000_nodes_watch_events 30012 events
 package main
 
 import (
@@ -33,6 +40,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -48,6 +56,8 @@ func benchMain() int {
 	flag.StringVar(&goroutineDump, "goroutines", "", "dump every goroutine here once all participants joined")
 	gogc := flag.Int("gogc", 400, "GC percent of this process (0: Go's default, or $GOGC); the simulation keeps every participant's heap and etcd's in one process, which no deployment does")
 	authAt := flag.Int("auth-at", 1000, "also run this size with etcd auth on (the job's own user, as the coordinator mints it) and print it beside the same run's figure without; 0: skip")
+	ready := flag.Bool("ready", false, "measure to every participant past the ready barrier and holding its running marker (rdzv_ready_*), not to the closed round (rdzv_close_*)")
+	eventsAt := flag.Int("events-at", 0, "with -ready: also print the watch events etcd delivered (all watchers, summed) for this size; 0: skip")
 	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
 	flag.Parse()
 
@@ -84,6 +94,24 @@ func benchMain() int {
 	failed := false
 	baseline := runtime.NumGoroutine()
 	for _, n := range ns {
+		if *ready {
+			events0 := watchEvents()
+			secs, err := runReady(n, *clients, *ttl, *nproc, logger)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes to ready: %v\n", n, err)
+				failed = true
+				continue
+			}
+			target := ""
+			if n == 10000 {
+				target = " target=2"
+			}
+			fmt.Printf("BENCH rdzv_ready_%d_nodes %.2f s%s\n", n, secs, target)
+			if n == *eventsAt {
+				fmt.Printf("BENCH rdzv_ready_%d_nodes_watch_events %d events\n", n, watchEvents()-events0)
+			}
+			continue
+		}
 		secs, err := run(n, *clients, *ttl, *nproc, false, logger)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes: %v\n", n, err)
@@ -92,7 +120,7 @@ func benchMain() int {
 		}
 		fmt.Printf("BENCH rdzv_close_%d_nodes %.2f s anchor=torch-etcd-256-nodes:97s target=%s\n", n, secs, strconv.FormatFloat(float64(n)/1000, 'f', -1, 64))
 	}
-	if n := *authAt; n > 0 {
+	if n := *authAt; n > 0 && !*ready {
 		// Auth off and on back to back, after the runs above warmed the
 		// process (the first run of a size pays for the heap's growth).
 		off, err := run(n, *clients, *ttl, *nproc, false, logger)
@@ -139,11 +167,23 @@ func fatalf(format string, args ...any) {
 	os.Exit(2)
 }
 
-// run measures one size and frees everything it started.
+// run measures one size to the closed round and frees everything it
+// started.
+func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.Logger) (float64, error) {
+	return measure(n, nclients, ttl, nproc, auth, false, logger)
+}
+
+// runReady measures one size to every participant past the ready barrier
+// and holding its running marker.
+func runReady(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (float64, error) {
+	return measure(n, nclients, ttl, nproc, false, true, logger)
+}
+
+// measure times one size and frees everything it started.
 // With auth, etcd auth is on and every participant connects as the job's
 // own user (etcdauth.Mint), as hyperpodrun does under a coordinator that
 // mints credentials: etcd checks that user's permission on every request.
-func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.Logger) (secs float64, err error) {
+func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, logger *slog.Logger) (secs float64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	srv, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
@@ -194,6 +234,9 @@ func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.
 		go func() {
 			defer wg.Done()
 			rounds[i], errs[i] = nd.Join(ctx)
+			if errs[i] == nil && ready {
+				errs[i] = startWorkers(ctx, clis[i%len(clis)], job, nd, rounds[i])
+			}
 			joined.Add(1)
 		}()
 	}
@@ -235,6 +278,51 @@ func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.
 		seen[r.Rank] = true
 	}
 	return elapsed.Seconds(), nil
+}
+
+// startWorkers walks what agent/elastic does between a closed round and
+// its workers' start (round.go's barrier and markRunning): arrive at the
+// round's ready barrier (rank 0 prunes older barriers), wait for every
+// member, wait for older workers of other nodes to be gone, and mark this
+// node's workers running under its lease.
+func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *rendezvous.Node, r *rendezvous.Round) error {
+	b := rendezvous.NewBarrier(cli, "", job, r.Number, r.NumNodes, nd.ID(), 0)
+	if err := b.Arrive(ctx); err != nil {
+		return err
+	}
+	if r.Rank == 0 {
+		if err := b.PruneOlder(ctx); err != nil {
+			return err
+		}
+	}
+	if err := b.Wait(ctx); err != nil {
+		return err
+	}
+	m := rendezvous.NewRunningMarker(cli, "", job, nd.ID(), nd.Lease(), 0)
+	if err := m.WaitOlderGone(ctx, r.Number, nil); err != nil {
+		return err
+	}
+	return m.Mark(ctx, r.Number)
+}
+
+// watchEvents is the number of watch events this process's embedded etcd
+// servers have delivered to watchers so far (all watchers, summed: etcd's
+// etcd_debugging_mvcc_events_total).
+func watchEvents() int64 {
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		return -1
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "etcd_debugging_mvcc_events_total" {
+			var sum float64
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			return int64(sum)
+		}
+	}
+	return -1
 }
 
 // cpuTime is the process's user+system CPU time so far.
