@@ -189,16 +189,16 @@ func TestGeneratedManifestsOnRealKubelets(t *testing.T) {
 	if txt := eventsText(t, cs, e2eJob); !strings.Contains(txt, "Drained") {
 		t.Errorf("no Drained event:\n%s", txt)
 	}
-	waitFor(t, time.Minute, "the remaining worker training at world size 1", func() (bool, string) {
+	waitFor(t, time.Minute, "the remaining worker resumed from the checkpoint, training at world size 1", func() (bool, string) {
 		for _, p := range after {
 			out, _ := s.Kubectl(t, "logs", "-n", "ml", p, "-c", "trainer")
-			return worldSize(out) == "1", lastLines(out, 5)
+			return worldSize(out) == "1" && strings.Contains(out, "resumed at step"), lastLines(out, 5)
 		}
 		return false, "no pod"
 	})
 	for _, p := range after {
 		out, _ := s.Kubectl(t, "logs", "-n", "ml", p, "-c", "trainer")
-		t.Logf("shrunk to 1 at %s; %s's log ends:\n%s", time.Since(start).Round(time.Second), p, lastLines(out, 4))
+		t.Logf("shrunk to 1 at %s; %s's log ends:\n%s", time.Since(start).Round(time.Second), p, lastLines(out, 6))
 	}
 
 	// kubectl delete leaves nothing.
