@@ -138,6 +138,8 @@ type elastic struct {
 	summary string
 	// ckptFails holds the last round's failed checkpoint (ckptfail.go).
 	ckptFails ckptFailures
+	// wipe is what the wipe guard remembers of etcd and the job (wipe.go).
+	wipe wipeMemory
 	// steps holds the scaling event waiting for its workers' first report
 	// at the new size (tracing.go).
 	steps stepWatch
@@ -245,7 +247,11 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			if r.Type != control.ReportStopping {
 				e.firstStep(r) // the scaling event's workers run at the new size
 			}
-			return commit(ctx, r)
+			if err := commit(ctx, r); err != nil {
+				return err
+			}
+			e.sawCommit(ctx, r)
+			return nil
 		}))
 	if err != nil {
 		return &ExitError{1, fmt.Errorf("control channel: %w", err)}

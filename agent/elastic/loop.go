@@ -100,6 +100,9 @@ func exitError(err error) error {
 // joinRound waits for the next round including this node and reads the
 // job's restart count.
 func (e *elastic) joinRound(ctx context.Context, event *scaleEvent) loopEvent {
+	if err := e.wipeGuard(ctx, nil); err != nil {
+		return loopEvent{kind: evFailed, err: err}
+	}
 	round, sig, err := e.join(ctx, event)
 	var jf *rendezvous.JobFailedError
 	switch {
@@ -109,6 +112,9 @@ func (e *elastic) joinRound(ctx context.Context, event *scaleEvent) loopEvent {
 		return loopEvent{kind: evFailed, err: e.jobFailedElsewhere(jf)}
 	case err != nil:
 		return failure(err)
+	}
+	if err := e.wipeGuard(ctx, round); err != nil {
+		return loopEvent{kind: evFailed, err: err}
 	}
 	e.round = round
 	e.roundNo.Store(round.Number)
