@@ -308,6 +308,14 @@ func (c *closer) apply(ev *clientv3.Event) {
 		}
 		c.members[id] = &cand{id: id, rec: rec, createRev: ev.Kv.CreateRevision}
 		if _, ok := c.inRound[id]; ok && !c.lostSet[id] {
+			if c.headRev > 0 && ev.Kv.CreateRevision > c.headRev {
+				// Registered again since the round was written: a new
+				// incarnation (its lease was lost, its workers fenced), as
+				// a closer's snapshot after an etcd outage finds it.
+				c.lostSet[id] = true
+				c.lost = append(c.lost, id)
+				return
+			}
 			c.present++
 		}
 	case strings.HasPrefix(key, c.k.Acks):
@@ -408,8 +416,15 @@ func (c *closer) view() view {
 		minNodes: c.cfg.MinNodes, maxNodes: c.cfg.MaxNodes,
 		sizes: c.cfg.Sizes, step: c.cfg.Step,
 		lastCallTimeout: c.cfg.LastCallTimeout, ackTimeout: c.cfg.AckTimeout,
+		regroupTimeout: regroupTimeout(c.cfg.LeaseTTL),
 	}
 }
+
+// regroupTimeout is how long a closer waits for the members of a round
+// that lost them all (an etcd outage) to register again: as long as a
+// re-registering node may wait out its previous incarnation's member key
+// (writeMember), two lease TTLs and a second.
+func regroupTimeout(ttl time.Duration) time.Duration { return 2*ttl + time.Second }
 
 // evaluate acts on the current state until nothing more is to be done now
 // (each write may enable the next, e.g. a proposal that needs no

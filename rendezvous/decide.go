@@ -52,6 +52,9 @@ type view struct {
 	sizes                       []int
 	step                        int
 	lastCallTimeout, ackTimeout time.Duration
+	// regroupTimeout bounds the wait for the lost members of a round that
+	// lost every member (see decide: an etcd outage fences a whole job).
+	regroupTimeout time.Duration
 }
 
 // actionKind is what the closer does next.
@@ -126,7 +129,12 @@ type action struct {
 // and missing ones after AckTimeout leave their nodes out. In a closed
 // round, a failure or a lost or draining member means a new round at once,
 // a lower target shrinks at once, and waiting nodes grow the round: at once
-// when enough wait, else after the last call from the first of them.
+// when enough wait, else after the last call from the first of them. A
+// closed round that lost every member (present == 0: the whole job was
+// fenced, as an etcd outage longer than the lease does) is re-formed by its
+// members together: the closer waits for the lost members to register
+// again, up to regroupTimeout, instead of forming a smaller round with the
+// first to come back and growing it again (every node restarting twice).
 func decide(v view, now time.Time) action {
 	lc := v.lastCall
 	done := func(a action) action {
@@ -192,6 +200,15 @@ func decide(v view, now time.Time) action {
 		size := len(v.round)
 		waiting := avail - v.present
 		leaving := v.leavingInRound()
+		if v.present == 0 && len(v.lost) > 0 && !v.finish && len(v.away()) > 0 {
+			// Regroup: wait for the round's members to come back.
+			if lc.IsZero() {
+				lc = now.Add(v.regroupTimeout)
+			}
+			if now.Before(lc) {
+				return done(action{kind: actWake, wake: lc})
+			}
+		}
 		switch {
 		case v.failure != nil && len(v.lost) > 0:
 			// A member is gone too: its death broke the others' collectives.
@@ -316,6 +333,18 @@ func (v view) headTarget() int {
 		return v.capacity()
 	}
 	return 0
+}
+
+// away lists the lost members of the round that have not registered again
+// (a member fenced by an etcd outage registers again with a fresh lease).
+func (v view) away() []string {
+	var out []string
+	for _, id := range v.lost {
+		if v.members[id] == nil {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // leavingInRound lists the members of the current round that are draining.

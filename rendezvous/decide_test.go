@@ -13,6 +13,7 @@ var t0 = time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 const (
 	testLastCall = 5 * time.Second
 	testAck      = time.Second
+	testRegroup  = 7 * time.Second
 )
 
 // mkView builds the closer's view of a job with --nnodes min:max. Members of
@@ -21,6 +22,7 @@ func mkView(minN, maxN int, opts ...func(*view)) view {
 	v := view{
 		members: map[string]*cand{}, acked: map[string]ackRec{},
 		minNodes: minN, maxNodes: maxN, lastCallTimeout: testLastCall, ackTimeout: testAck,
+		regroupTimeout: testRegroup,
 	}
 	for _, o := range opts {
 		o(&v)
@@ -409,4 +411,45 @@ func TestFit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refenced marks registered members of the round as new incarnations (they
+// lost their lease and registered again, as after an etcd outage): lost,
+// though registered, as the closer counts them.
+func refenced(v view, ids ...string) view {
+	for _, id := range ids {
+		v.present--
+		v.lost = append(v.lost, id)
+	}
+	return v
+}
+
+// Issue 24: after an etcd outage longer than the lease every member of the
+// round is fenced and registers again; the first one back must not form a
+// round of one that the others then grow (every node restarting twice).
+func TestDecideRegroupAfterOutage(t *testing.T) {
+	deadline := t0.Add(testRegroup)
+	runDecide(t, []decideCase{
+		{"every member fenced, one back: wait for the others",
+			refenced(mkView(1, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a")), "a"), t0,
+			wakeAt(deadline, deadline)},
+		{"every member fenced, two back: still wait for the third",
+			refenced(mkView(1, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a", "b"), lastCallAt(deadline)), "a", "b"), t0.Add(time.Second),
+			wakeAt(deadline, deadline)},
+		{"every member back: the round re-forms at once at its size",
+			refenced(mkView(1, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a", "b", "c"), lastCallAt(deadline)), "a", "b", "c"), t0.Add(time.Second),
+			outcome{kind: actPropose, reason: MemberLost, round: 5, nodes: []string{"a", "b", "c"}, ackAll: true, lastCall: deadline}},
+		{"regroup timeout: go on with the members back",
+			refenced(mkView(1, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a", "b"), lastCallAt(deadline)), "a", "b"), deadline,
+			outcome{kind: actPropose, reason: MemberLost, round: 5, nodes: []string{"a", "b"}, ackAll: true, lastCall: deadline}},
+		{"regroup timeout with too few back: the round is recorded open",
+			refenced(mkView(2, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a"), lastCallAt(deadline)), "a"), deadline,
+			outcome{kind: actPropose, reason: MemberLost, round: 5, lastCall: deadline}},
+		{"a member survived: no regroup, the others go on at once",
+			mkView(1, 3, head(stateClosed, 4, 0, "a", "b", "c"), joined("a")), t0,
+			outcome{kind: actPropose, reason: MemberLost, round: 5, nodes: []string{"a"}, ackAll: true}},
+		{"every member lost after they finished: nothing restarts",
+			mkView(1, 3, head(stateClosed, 4, 0, "a", "b"), finished), t0,
+			outcome{kind: actFinish}},
+	})
 }

@@ -106,7 +106,12 @@ func (n *Node) onHead(ctx context.Context, kv *mvccpb.KeyValue) {
 	if a.round != 0 {
 		n.assigned = a
 	}
-	if h.State == stateClosed && a.in {
+	// A round written before this node registered names an earlier
+	// incarnation of it (fenced: its lease was lost, e.g. in an etcd
+	// outage), not this one: the closer replaces it, and joining it would
+	// start workers that the next round restarts at once.
+	current := kv.ModRevision > n.memberRev
+	if h.State == stateClosed && a.in && current {
 		n.joined = &Round{
 			Number: h.Round, Members: a.members, Self: a.self, Rank: a.self.GroupRank,
 			NumNodes: h.Nodes, WorldSize: h.World, MasterAddr: h.MasterAddr, MasterPort: h.MasterPort,
@@ -116,7 +121,7 @@ func (n *Node) onHead(ctx context.Context, kv *mvccpb.KeyValue) {
 	}
 	n.broadcastLocked()
 	n.mu.Unlock()
-	if h.State == stateProposed && a.in && (h.AckAll || a.self.GroupRank == 0) {
+	if h.State == stateProposed && a.in && current && (h.AckAll || a.self.GroupRank == 0) {
 		n.acknowledge(ctx, h, a)
 	}
 }
