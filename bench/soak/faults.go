@@ -107,6 +107,9 @@ var errNoTarget = errors.New("no target")
 // is nothing to inject it on right now.
 func (s *soak) inject(ctx context.Context, f *injected) error {
 	pick := func(n int) int { return int(f.pick % uint64(n)) }
+	if handled, err := s.inject24(ctx, f); handled {
+		return err
+	}
 	switch f.kind {
 	case faultWorkerKill, faultHyperpodrunKill, faultHyperpodrunStop:
 		var cands []proc

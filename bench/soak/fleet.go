@@ -228,6 +228,7 @@ func (s *soak) submit(ctx context.Context, kind string) error {
 		// Beside the mark (without it the soak would not see the DDP
 		// job's processes at all).
 		spec.Run.Env["OMP_NUM_THREADS"] = "1"
+		hangTimeoutEnv(spec.Run.Env)
 		spec.Run.Args = []string{"--steps", strconv.Itoa(steps), "--step-time", "0.1", "--ckpt-every", "10",
 			"--ckpt-dir", ckpt, "--backend", "gloo", "--dist-timeout", "60"}
 	} else {
