@@ -7,6 +7,10 @@
 // else $JAEGER_CACHE or /var/cache/hyperpodrun). When it is absent, the tests
 // that need it skip with a message saying how to build it, unless $CI is set:
 // there they fail, since .ci/run builds it.
+//
+// With $JAEGERTEST_DUMP set to a directory, each Jaeger writes every
+// service's traces there (the query API's JSON) before it stops: real
+// traces for internal/tracestore's picture (docs/images/resize-trace.svg).
 package jaegertest
 
 import (
@@ -14,11 +18,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -114,10 +121,28 @@ func Start(t testing.TB) *Jaeger {
 		}
 		t.Skipf("no jaeger at %s: build it with scripts/jaeger.sh (a few minutes; .ci/run does it), or set JAEGER", bin)
 	}
+	dir := t.TempDir()
+	var err error
+	for try := 1; ; try++ {
+		// A free port can be taken by another process before Jaeger
+		// binds it: then Jaeger exits at once, and another set is tried.
+		var j *Jaeger
+		if j, err = start(t, bin, dir); err == nil {
+			return j
+		}
+		if try == 3 || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
+	}
+}
+
+// start runs one Jaeger on fresh free ports and waits until it is ready;
+// on failure it is stopped.
+func start(t testing.TB, bin, dir string) (*Jaeger, error) {
 	queryHTTP, queryGRPC, otlpGRPC, otlpHTTP := testutil.FreePort(t), testutil.FreePort(t), testutil.FreePort(t), testutil.FreePort(t)
-	cfg := filepath.Join(t.TempDir(), "jaeger.yaml")
+	cfg := filepath.Join(dir, "jaeger.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, config, queryHTTP, queryGRPC, otlpGRPC, otlpHTTP), 0o600); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	j := &Jaeger{
 		OTLPHTTP: "http://127.0.0.1:" + strconv.Itoa(otlpHTTP),
@@ -126,17 +151,37 @@ func Start(t testing.TB) *Jaeger {
 		done:     make(chan struct{}), log: &syncBuffer{},
 	}
 	j.cmd = exec.Command(bin, "--config", "file:"+cfg)
+	j.cmd.Env = quietEnv(os.Environ())
 	j.cmd.Stdout, j.cmd.Stderr = j.log, j.log
 	j.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := j.cmd.Start(); err != nil {
-		t.Fatalf("start jaeger: %v", err)
+		return nil, fmt.Errorf("start jaeger: %w", err)
 	}
 	go func() { j.cmd.Wait(); close(j.done) }()
-	t.Cleanup(func() { j.stop(t) })
 	if err := j.waitReady(60 * time.Second); err != nil {
-		t.Fatalf("jaeger not ready: %v\n%s", err, j.log.tail(4000))
+		j.stop(t)
+		return nil, fmt.Errorf("jaeger not ready: %w\n%s", err, j.log.tail(4000))
 	}
-	return j
+	t.Cleanup(func() {
+		if dir := os.Getenv("JAEGERTEST_DUMP"); dir != "" {
+			j.dump(t, dir)
+		}
+		j.stop(t)
+	})
+	return j, nil
+}
+
+// quietEnv is env without the OTel SDK's settings, which Jaeger's own
+// telemetry would follow (exporting its spans to the test's collector, or
+// to localhost:4317), and with that telemetry off.
+func quietEnv(env []string) []string {
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "OTEL_") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, "OTEL_SDK_DISABLED=true", "OTEL_TRACES_EXPORTER=none")
 }
 
 // Traces returns every trace the store holds a span of service in (up to
@@ -148,14 +193,55 @@ func (j *Jaeger) Traces(ctx context.Context, service string) ([]tracestore.Trace
 // Log is Jaeger's output so far (its last n bytes).
 func (j *Jaeger) Log(n int) string { return j.log.tail(n) }
 
-func (j *Jaeger) stop(t testing.TB) {
-	j.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-j.done:
-	case <-time.After(15 * time.Second):
-		j.cmd.Process.Kill()
-		<-j.done
+// dump writes, before Jaeger stops, the query API's answer for every
+// service's traces to dir/<test>.<service>.json ($JAEGERTEST_DUMP): real
+// traces to render pictures from (internal/tracestore's picture test).
+func (j *Jaeger) dump(t testing.TB, dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	svcs, err := tracestore.NewClient(j.Query).Services(ctx)
+	if err != nil {
+		t.Errorf("JAEGERTEST_DUMP: %v", err)
+		return
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Errorf("JAEGERTEST_DUMP: %v", err)
+		return
+	}
+	for _, svc := range svcs {
+		body, err := get(ctx, j.Query+"/api/traces?limit=1000&service="+url.QueryEscape(svc))
+		if err == nil {
+			name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "." + svc + ".json"
+			err = os.WriteFile(filepath.Join(dir, name), body, 0o644)
+		}
+		if err != nil {
+			t.Errorf("JAEGERTEST_DUMP %s: %v", svc, err)
+		}
+	}
+}
+
+func get(ctx context.Context, u string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", u, resp.Status)
+	}
+	return body, err
+}
+
+func (j *Jaeger) stop(t testing.TB) {
+	// Killed: its storage is memory, and after SIGTERM it waits 10 s for
+	// its query server's connections to close.
+	j.cmd.Process.Kill()
+	<-j.done
 	if err := syscall.Kill(j.cmd.Process.Pid, 0); err == nil {
 		t.Errorf("jaeger (pid %d) still alive after stop", j.cmd.Process.Pid)
 	}

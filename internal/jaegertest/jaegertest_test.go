@@ -3,6 +3,8 @@ package jaegertest
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -82,5 +84,39 @@ func TestExportedSpansReadBackByService(t *testing.T) {
 	}
 	if svcs, err := cl.Services(ctx); err != nil || len(svcs) != 1 || svcs[0] != "jaegertest-svc" {
 		t.Errorf("services %v, %v", svcs, err)
+	}
+}
+
+// With $JAEGERTEST_DUMP, a test's Jaeger leaves its traces in that
+// directory as the query API's JSON, which tracestore parses back.
+func TestDumpLeavesTheTraces(t *testing.T) {
+	dir := t.TempDir()
+	t.Run("traced", func(t *testing.T) {
+		t.Setenv("JAEGERTEST_DUMP", dir)
+		j := Start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		exp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(j.OTLPHTTP+"/v1/traces"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp), sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("dumped"))))
+		_, s := tp.Tracer("t").Start(ctx, "dumped.op")
+		s.End()
+		if err := tp.Shutdown(ctx); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 10*time.Second, "the span in jaeger", func() (bool, string) {
+			ts, err := j.Traces(ctx, "dumped")
+			return err == nil && len(ts) == 1, fmt.Sprint(ts, err)
+		})
+	})
+	body, err := os.ReadFile(filepath.Join(dir, "TestDumpLeavesTheTraces_traced.dumped.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := tracestore.ParseTraces(body)
+	if err != nil || len(ts) != 1 || ts[0].Spans[0].Operation != "dumped.op" {
+		t.Errorf("dumped traces %+v, %v", ts, err)
 	}
 }
