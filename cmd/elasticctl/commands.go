@@ -68,10 +68,14 @@ func commands() []*cli.Command {
 			Name: "describe", Usage: "explain a job, team or node", ArgsUsage: "job|team|node NAME",
 			Description: "For a job: its spec, state and the coordinator's reason, who holds the capacity it waits\n" +
 				"for, its place in its team's and cohort's queues, an estimated wait, and its history\n" +
-				"(repeated decisions counted: \"x5 over 3m\").\n\n" +
-				examples("elasticctl describe job sweep", "elasticctl describe team research", "elasticctl describe node gpu-7 -o yaml"),
-			Flags:  []cli.Flag{outputFlag("table, json or yaml")},
-			Action: withStore(checkDescribe, cmdDescribe),
+				"(repeated decisions counted: \"x5 over 3m\").\n" +
+				"--trace adds the job's last scale events as waterfalls of their traces (the coordinator's\n" +
+				"decision, the node agents' and hyperpodruns' spans), read from Jaeger's query API\n" +
+				"(--trace-query or $HYPERPOD_TRACE_QUERY); --svg FILE draws them too.\n\n" +
+				examples("elasticctl describe job sweep", "elasticctl describe team research", "elasticctl describe node gpu-7 -o yaml",
+					"elasticctl describe job sweep --trace --trace-query http://jaeger:16686"),
+			Flags:  append([]cli.Flag{outputFlag("table, json or yaml")}, traceFlags()...),
+			Action: withStore(checkDescribeTrace, cmdDescribe),
 		},
 		{
 			Name: "resize", Usage: "change an elastic job's size bounds", ArgsUsage: "job NAME",

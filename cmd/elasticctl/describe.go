@@ -113,13 +113,27 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *query.Store, name s
 		if queue != nil {
 			out["queue"] = queue
 		}
+		if c.Bool("trace") {
+			ts, err := jobTraces(ctx, c.String("trace-query"), name, c.Int("trace-limit"))
+			if err != nil {
+				return err
+			}
+			out["traces"] = nonNil(ts)
+		}
 		if o == "json" {
 			return writeJSON(c.App.Writer, out)
 		}
 		return writeYAML(c.App.Writer, out)
 	}
 	describeJob(c.App.Writer, v, history, queue)
-	return nil
+	if !c.Bool("trace") {
+		return nil
+	}
+	ts, err := jobTraces(ctx, c.String("trace-query"), name, c.Int("trace-limit"))
+	if err != nil {
+		return err
+	}
+	return writeTraces(c.App.Writer, name, c.String("trace-query"), ts, c.String("svg"))
 }
 
 // queuePlace finds a pending job's place in its team's and cohort's
