@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -53,9 +54,11 @@ type Barrier struct {
 	timeout time.Duration
 
 	// arrivedRev is the revision of this Barrier's arrival (0: not yet);
-	// counter says it claimed the round's counter.
+	// counter says it claimed the round's counter; passed that the round
+	// had passed at arrivedRev.
 	arrivedRev int64
 	counter    bool
+	passed     bool
 }
 
 // NewBarrier is node's view of round's ready barrier in job, which size
@@ -96,13 +99,15 @@ func (b *Barrier) Arrive(ctx context.Context) error {
 	defer cancel()
 	ck := counterKey(b.keys, b.job, b.round)
 	ready := clientv3.OpPut(b.keys.Ready(b.job, b.round, b.node), "1")
+	passed := clientv3.OpGet(passKey(b.keys, b.job, b.round), clientv3.WithCountOnly())
 	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-		Then(ready, clientv3.OpPut(ck, b.node)).
-		Else(ready, clientv3.OpGet(ck)).Commit()
+		Then(ready, clientv3.OpPut(ck, b.node), passed).
+		Else(ready, clientv3.OpGet(ck), passed).Commit()
 	if err != nil {
 		return fmt.Errorf("mark ready for round %d: %w", b.round, err)
 	}
 	b.arrivedRev = resp.Header.Revision
+	b.passed = resp.Responses[2].GetResponseRange().Count > 0
 	b.counter = resp.Succeeded
 	if !resp.Succeeded {
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && string(kvs[0].Value) == b.node {
@@ -110,6 +115,15 @@ func (b *Barrier) Arrive(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// passedRounds remembers, per job (by its barrier prefix), the latest round
+// whose pass this process has seen: RunningMarker.WaitOlderGone for that
+// round needs no read then.
+var passedRounds sync.Map // string -> int64
+
+func (b *Barrier) sawPass() {
+	passedRounds.Store(barrierBase(b.keys, b.job), b.round)
 }
 
 // PruneOlder deletes the barriers of the rounds before the previous one:
@@ -150,7 +164,13 @@ func (b *Barrier) Arrived(ctx context.Context) (n int, rev int64, err error) {
 func (b *Barrier) Wait(ctx context.Context) error {
 	pk := passKey(b.keys, b.job, b.round)
 	rev := b.arrivedRev
-	if !b.counter {
+	if b.passed {
+		b.sawPass()
+		return nil
+	}
+	// After this Barrier's arrival, the pass key is watched from there:
+	// the arrival's transaction read it (and the counter key) already.
+	if !b.counter && rev == 0 {
 		rctx, cancel := context.WithTimeout(ctx, b.timeout)
 		resp, err := b.cli.Txn(rctx).Then(clientv3.OpGet(pk, clientv3.WithCountOnly()), clientv3.OpGet(counterKey(b.keys, b.job, b.round))).Commit()
 		cancel()
@@ -158,6 +178,7 @@ func (b *Barrier) Wait(ctx context.Context) error {
 			return fmt.Errorf("round %d barrier: %w", b.round, err)
 		}
 		if resp.Responses[0].GetResponseRange().Count > 0 {
+			b.sawPass()
 			return nil
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && string(kvs[0].Value) == b.node {
@@ -166,7 +187,11 @@ func (b *Barrier) Wait(ctx context.Context) error {
 		rev = resp.Header.Revision
 	}
 	if b.counter {
-		return b.count(ctx)
+		if err := b.count(ctx); err != nil {
+			return err
+		}
+		b.sawPass()
+		return nil
 	}
 	wctx, wcancel := context.WithCancel(ctx)
 	defer wcancel()
@@ -180,6 +205,7 @@ func (b *Barrier) Wait(ctx context.Context) error {
 			return fmt.Errorf("round %d barrier: watch ended: %v", b.round, w.Err())
 		}
 		if len(w.Events) > 0 {
+			b.sawPass()
 			return nil
 		}
 	}
@@ -348,6 +374,9 @@ func (m *RunningMarker) older(ctx context.Context, round int64, skip map[string]
 // ready barrier has passed (Barrier.Wait), its counter has waited them out
 // for every member: one read of the pass key answers.
 func (m *RunningMarker) WaitOlderGone(ctx context.Context, round int64, waiting func(nodes []string)) error {
+	if r, ok := passedRounds.Load(barrierBase(m.keys, m.job)); ok && r.(int64) == round {
+		return nil // this process saw the pass
+	}
 	rctx, cancel := context.WithTimeout(ctx, m.timeout)
 	resp, err := m.cli.Get(rctx, passKey(m.keys, m.job, round), clientv3.WithCountOnly())
 	cancel()
