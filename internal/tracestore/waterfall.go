@@ -86,8 +86,9 @@ func (l Layout) row(s Span, depth int) Row {
 }
 
 // Highlights are the attributes of a span that answer "why, who and how
-// long", briefly, in a fixed order: sizes (2→1), the reason code, who
-// asked, node, round, checkpoint step, signal and downtime.
+// long", briefly, in a fixed order: sizes (2→1), the reason code (or a
+// one-word reason), who asked, node, round, checkpoint step, signal and
+// downtime.
 func Highlights(s Span) []string {
 	a := s.Attributes
 	var out []string
@@ -110,6 +111,11 @@ func Highlights(s Span) []string {
 	}
 	pair("from_size", "to_size", "")
 	one("code", "")
+	if r := a["reason"]; r != "" && len(r) <= 32 && !strings.ContainsAny(r, " \t") && a["code"] == "" {
+		// A reason code (the agents'); the coordinator's is a sentence,
+		// shown in the header, beside its code.
+		out = append(out, r)
+	}
 	one("requested_by", "by ")
 	one("node", "node=")
 	pair("from_round", "to_round", "round ")

@@ -82,6 +82,9 @@ func TestHighlights(t *testing.T) {
 			attrs: []string{"downtime_ms", "812", "signal", "SIGUSR1", "resume_step", "120", "from_round", "3", "to_round", "4", "node", "n1", "downtime", "0.8s"},
 			want:  "node=n1 round 3→4 step=120 signal=SIGUSR1 downtime=0.8s downtime_ms=812"},
 		{rule: "nothing known, nothing shown", attrs: []string{"job", "tj", "team", "a"}, want: ""},
+		{rule: "a one-word reason is a code", attrs: []string{"reason", "TargetChanged", "node", "n1"}, want: "TargetChanged node=n1"},
+		{rule: "a sentence of a reason is not shown", attrs: []string{"reason", "shrunk from 2 to 1 nodes"}, want: ""},
+		{rule: "beside a code, the reason is not shown", attrs: []string{"code", "SpecChanged", "reason", "x"}, want: "SpecChanged"},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			if got := strings.Join(Highlights(sp("s", "", "x", "y", 0, 0, tc.attrs...)), " "); got != tc.want {
