@@ -101,7 +101,7 @@ func limitStr(l int) string {
 func (s *sched) reason(j *jobRT, cache map[*flavorRT]*holders) Reason {
 	o := &j.out
 	r := Reason{Job: j.name, Team: j.spec.Team, FromSize: j.prevSize, ToSize: j.size, Kind: o.kind, Code: o.code, Message: o.msg}
-	if o.code == CodeSpecChanged {
+	if o.code == CodeSpecChanged || o.code == CodeSuspended {
 		r.RequestedBy = j.spec.RequestedBy
 	}
 	if j.tf == nil || o.kind == KindSuspended {

@@ -41,7 +41,11 @@ func (j *jobRT) setInvalid(err error) {
 
 // setSuspended records that the user suspended the job (build).
 func (j *jobRT) setSuspended() {
-	j.out = outcome{kind: KindSuspended, code: CodeSuspended, msg: "suspended"}
+	msg := "suspended"
+	if by := j.spec.RequestedBy; by != "" {
+		msg += " by " + by
+	}
+	j.out = outcome{kind: KindSuspended, code: CodeSuspended, msg: msg}
 }
 
 // setPending records that the job waits. With a message, the cause is known
