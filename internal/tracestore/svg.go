@@ -6,6 +6,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"time"
 )
 
 // palette colors a waterfall's bars by service, in order of first
@@ -14,13 +15,13 @@ var palette = []string{"#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#
 
 // SVG geometry, in pixels.
 const (
-	svgWidth   = 1280
+	svgWidth   = 1440
 	svgLabelW  = 430 // service + indented operation
 	svgBarX    = 440
 	svgBarW    = 470
 	svgNoteX   = svgBarX + svgBarW + 10
 	svgRowH    = 22
-	svgHeadH   = 46
+	svgHeadH   = 62
 	svgGap     = 18
 	svgIndentW = 14
 )
@@ -76,6 +77,16 @@ func svgTrace(b *strings.Builder, l Layout, colors map[string]string, y int) int
 	}
 	y += svgHeadH
 	fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="#f4f4f4"/>`+"\n", svgBarX, y, svgBarW, len(l.Rows)*svgRowH)
+	for i := 0; i <= 4; i++ {
+		// A time axis: the trace's extent in quarters.
+		x := svgBarX + i*svgBarW/4
+		anchor := map[int]string{0: "start", 4: "end"}[i]
+		if anchor == "" {
+			anchor = "middle"
+		}
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#d0d0d0"/><text x="%d" y="%d" fill="#666666" font-size="11" text-anchor="%s">%s</text>`+"\n",
+			x, y, x, y+len(l.Rows)*svgRowH, x, y-5, anchor, esc(FormatDuration(l.Total*time.Duration(i)/4)))
+	}
 	for i, r := range l.Rows {
 		ry := y + i*svgRowH
 		if i%2 == 1 {
@@ -95,7 +106,7 @@ func svgTrace(b *strings.Builder, l Layout, colors map[string]string, y int) int
 		if h := Highlights(r.Span); len(h) > 0 {
 			note += "  " + strings.Join(h, " ")
 		}
-		fmt.Fprintf(b, `<text x="%d" y="%d">%s</text></g>`+"\n", svgNoteX, ry+15, esc(clip(note, 56)))
+		fmt.Fprintf(b, `<text x="%d" y="%d">%s</text></g>`+"\n", svgNoteX, ry+15, esc(clip(note, 72)))
 	}
 	b.WriteString("</g>\n")
 	return y + len(l.Rows)*svgRowH + svgGap

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Row is one span of a waterfall: how deep it sits under its trace's root
@@ -143,6 +144,8 @@ func Highlights(s Span) []string {
 // 2m05s.
 func FormatDuration(d time.Duration) string {
 	switch {
+	case d == 0:
+		return "0"
 	case d < time.Millisecond:
 		return fmt.Sprintf("%dµs", d.Microseconds())
 	case d < time.Second:
@@ -186,15 +189,14 @@ func WriteText(w io.Writer, l Layout, barWidth int) error {
 			fmt.Fprintf(&b, "  reason: %s\n", r)
 		}
 	}
-	svcW, opW := 0, 0
+	nameW := 0
+	name := func(r Row) string { return strings.Repeat("  ", r.Depth) + r.Span.Service + " " + r.Span.Operation }
 	for _, r := range l.Rows {
-		svcW = max(svcW, len(r.Span.Service))
-		opW = max(opW, 2*r.Depth+len(r.Span.Operation))
+		nameW = max(nameW, utf8.RuneCountInString(name(r)))
 	}
 	for _, r := range l.Rows {
-		op := strings.Repeat("  ", r.Depth) + r.Span.Operation
-		line := fmt.Sprintf("  |%s| %8s  %-*s  %-*s  %s", bar(r, barWidth), FormatDuration(r.Span.Duration),
-			svcW, r.Span.Service, opW, op, strings.Join(Highlights(r.Span), " "))
+		line := fmt.Sprintf("  |%s| %8s  %-*s  %s", bar(r, barWidth), FormatDuration(r.Span.Duration),
+			nameW, name(r), strings.Join(Highlights(r.Span), " "))
 		b.WriteString(strings.TrimRight(line, " ") + "\n")
 	}
 	_, err := io.WriteString(w, b.String())

@@ -96,7 +96,7 @@ func TestHighlights(t *testing.T) {
 
 func TestFormatDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
-		850 * time.Microsecond: "850µs", 12300 * time.Microsecond: "12.3ms", 4200 * time.Millisecond: "4.20s", 125 * time.Second: "2m05s",
+		0: "0", 850 * time.Microsecond: "850µs", 12300 * time.Microsecond: "12.3ms", 4200 * time.Millisecond: "4.20s", 125 * time.Second: "2m05s",
 	} {
 		if got := FormatDuration(d); got != want {
 			t.Errorf("%s: %q, want %q", d, got, want)
@@ -121,9 +121,9 @@ func TestWriteText(t *testing.T) {
 	}
 	want := `trace abc  2026-11-25T12:00:00Z  1.00s
   reason: shrunk from 2 to 1 nodes: alice asked
-  |#.........|   10.0ms  hyperpod-coordinator  coordinator.decision     2→1 UserResize by alice
-  |.###......|  300.0ms  hyperpod-agent          agent.stop             node=n2
-  |..########|  800.0ms  hyperpodrun               hyperpodrun.restart  step=40 downtime=0.7s
+  |#.........|   10.0ms  hyperpod-coordinator coordinator.decision  2→1 UserResize by alice
+  |.###......|  300.0ms    hyperpod-agent agent.stop                node=n2
+  |..########|  800.0ms      hyperpodrun hyperpodrun.restart        step=40 downtime=0.7s
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
