@@ -62,22 +62,33 @@ func (s *sched) growStep(j *jobRT) bool {
 		j.blockGrowth(CodeAtMax)
 		return false
 	}
-	d := nx - j.size
+	code, ok := s.growCheck(j)
+	if !ok {
+		j.blockGrowth(code)
+		return false
+	}
 	tf := j.tf
-	acc := d * j.per
-	if c := s.quotaCheck(tf, acc, d*j.vcpu, int64(d)*j.mem, false); c != "" {
-		j.blockGrowth(c)
-		return false
-	}
-	nodes := s.findNodes(j, d)
-	if nodes == nil {
-		j.blockGrowth(CodeNoCapacity)
-		return false
-	}
-	for _, n := range nodes {
+	for _, n := range s.scratch {
 		s.attach(j, n)
 	}
 	j.setGrown(tf.used > tf.nominal)
 	j.lastResize = s.now
 	return true
+}
+
+// growCheck reports whether j may grow by one step now (then s.scratch
+// holds the nodes), else why not.
+func (s *sched) growCheck(j *jobRT) (ReasonCode, bool) {
+	nx := j.nextSize(j.size)
+	if nx == 0 {
+		return CodeAtMax, false
+	}
+	d := nx - j.size
+	if c := s.quotaCheck(j.tf, d*j.per, d*j.vcpu, int64(d)*j.mem, false); c != "" {
+		return c, false
+	}
+	if s.findNodes(j, d) == nil {
+		return CodeNoCapacity, false
+	}
+	return "", true
 }

@@ -6,6 +6,14 @@ package policy
 // each lives in its own file and records the outcome of the jobs it decides
 // (outcome.go), which decide renders into the Decision.
 func Schedule(st State) Decision {
+	s, d := schedule(st)
+	putJobs(s.jobs)
+	return d
+}
+
+// schedule runs the cycle and returns its runtime records with the
+// Decision (Engine keeps them).
+func schedule(st State) (*sched, Decision) {
 	s := &sched{
 		now:    st.Now,
 		cfg:    st.Config,
@@ -27,8 +35,7 @@ func Schedule(st State) Decision {
 		}
 	}
 	d := s.decide() // decision.go, explain.go
-	putJobs(s.jobs)
-	return d
+	return s, d
 }
 
 // flavor returns the runtime record of flavor name, creating it.

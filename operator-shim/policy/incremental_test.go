@@ -1,0 +1,223 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// randomFleet is a seeded fleet: nodes of two shapes (one flavor, a second
+// on some seeds), teams in cohorts with nominal quotas, borrowing and
+// lending limits and both preemption policies, and a mix of fractional,
+// whole-node, elastic and suspended jobs of several priorities.
+func randomFleet(rng *rand.Rand) State {
+	st := State{Now: t0}
+	flavors := []string{h100}
+	if rng.IntN(3) == 0 {
+		flavors = append(flavors, "trn2")
+	}
+	nodes := 4 + rng.IntN(40)
+	for i := 0; i < nodes; i++ {
+		n := Node{Name: fmt.Sprintf("node-%03d", i), Flavor: flavors[rng.IntN(len(flavors))], Accelerators: []int{8, 8, 4}[rng.IntN(3)],
+			VCPUs: 96, Memory: 1 << 40}
+		if rng.IntN(20) == 0 {
+			n.UnhealthyAccelerators = 1
+		}
+		st.Nodes = append(st.Nodes, n)
+	}
+	teams := 2 + rng.IntN(8)
+	for i := 0; i < teams; i++ {
+		t := Team{Name: fmt.Sprintf("team-%d", i), Cohort: fmt.Sprintf("c%d", rng.IntN(3)), Weight: float64(1 + rng.IntN(3))}
+		for _, f := range flavors {
+			q := FlavorQuota{Flavor: f, Nominal: rng.IntN(nodes*8/teams + 8)}
+			if rng.IntN(3) == 0 {
+				q.BorrowingLimit = ip(rng.IntN(32))
+			}
+			if rng.IntN(3) == 0 {
+				q.LendingLimit = ip(rng.IntN(q.Nominal + 1))
+			}
+			t.Quotas = append(t.Quotas, q)
+		}
+		if rng.IntN(2) == 0 {
+			t.Preemption = PreemptLowerPriority
+		}
+		st.Teams = append(st.Teams, t)
+	}
+	jobs := rng.IntN(nodes * 3)
+	for i := 0; i < jobs; i++ {
+		st.Jobs = append(st.Jobs, randomJob(rng, fmt.Sprintf("job-%03d", i), teams, flavors, st.Now.Add(-time.Duration(jobs-i)*time.Second)))
+	}
+	return st
+}
+
+// randomJob is one job of randomFleet's mix.
+func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time.Time) Job {
+	j := Job{Name: name, Team: fmt.Sprintf("team-%d", rng.IntN(teams)), Priority: ip(rng.IntN(4) * 10), SubmitTime: at}
+	if len(flavors) > 1 {
+		j.Flavor = flavors[rng.IntN(len(flavors))]
+	}
+	switch rng.IntN(4) {
+	case 0, 1:
+		j.PerNode.Accelerators = []int{1, 2, 4}[rng.IntN(3)]
+	case 2:
+		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes = 8, 1+rng.IntN(3), 0
+		j.MaxNodes = j.MinNodes
+	default:
+		j.PerNode.Accelerators, j.MinNodes, j.Elastic = 8, 1+rng.IntN(2), true
+		j.MaxNodes = j.MinNodes + rng.IntN(4)
+	}
+	if rng.IntN(30) == 0 {
+		j.Suspended = true
+	}
+	return j
+}
+
+// TestAdmitFastPathMakesTheFullCyclesDecision is the fast path's property:
+// on seeded random fleets brought to a fixed point, the jobs submitted next
+// (one to three at a time, twice in a row) are decided by Engine.Admit
+// exactly as a full cycle (Schedule) decides them: the same allocations,
+// every job's reason (kind, code, sizes, message) and every team's usage.
+// Where Admit declines, the full cycle decides. It must take the fast
+// path often enough to mean something.
+func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
+	fast, tried := 0, 0
+	for seed := uint64(1); seed <= 1500; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 27))
+		st := randomFleet(rng)
+		if rng.IntN(4) == 0 {
+			st.Config.MinStablePeriod = -1
+		}
+		if rng.IntN(6) == 0 {
+			st.Config.Queueing = StrictFIFO
+		}
+		var e Engine
+		var d Decision
+		for i := 0; i < 12 && (i == 0 || !e.fix); i++ {
+			d = e.Schedule(st)
+			st.Allocations = d.Allocations
+			st.Now = st.Now.Add(time.Second)
+		}
+		if !e.fix {
+			continue
+		}
+		teams := len(st.Teams)
+		var flavors []string
+		for _, q := range st.Teams[0].Quotas {
+			flavors = append(flavors, q.Flavor)
+		}
+		next := len(st.Jobs)
+		for round := 0; round < 2; round++ {
+			var names []string
+			for k := 0; k < 1+rng.IntN(3); k++ {
+				// Mostly what the fast path may take: small fixed-size jobs.
+				j := randomJob(rng, fmt.Sprintf("new-%03d", next), teams, flavors, st.Now)
+				if x := rng.IntN(10); x < 6 {
+					j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic, j.Suspended = 1+rng.IntN(2), 0, 0, false, false
+				} else if x < 8 {
+					j.PerNode.Accelerators, j.MinNodes, j.Elastic, j.Suspended = 8, 1+rng.IntN(2), false, false
+					j.MaxNodes = j.MinNodes
+				}
+				next++
+				st.Jobs = append(st.Jobs, j)
+				names = append(names, j.Name)
+			}
+			st.Now = st.Now.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
+			tried++
+			full := Schedule(st)
+			got, ok := e.Admit(st, names)
+			if !ok {
+				break
+			}
+			fast++
+			if !reflect.DeepEqual(got.Allocations, full.Allocations) {
+				t.Fatalf("seed %d round %d: the fast path's allocations differ from the full cycle's:\nfast %+v\nfull %+v", seed, round, got.Allocations, full.Allocations)
+			}
+			if len(got.Reasons) != len(full.Reasons) {
+				t.Fatalf("seed %d round %d: %d reasons, the full cycle %d", seed, round, len(got.Reasons), len(full.Reasons))
+			}
+			for i := range full.Reasons {
+				if !reflect.DeepEqual(got.Reasons[i], full.Reasons[i]) {
+					t.Fatalf("seed %d round %d: job %s:\nfast %+v\nfull %+v", seed, round, full.Reasons[i].Job, got.Reasons[i], full.Reasons[i])
+				}
+			}
+			if !reflect.DeepEqual(got.Teams, full.Teams) {
+				t.Fatalf("seed %d round %d: team usage differs:\nfast %+v\nfull %+v", seed, round, got.Teams, full.Teams)
+			}
+			st.Allocations = got.Allocations
+		}
+	}
+	t.Logf("fast path taken in %d of %d submits", fast, tried)
+	if fast < 200 {
+		t.Fatalf("the fast path was taken in only %d of %d submits", fast, tried)
+	}
+}
+
+// TestAdmitDeclines names what the fast path leaves to the full cycle.
+func TestAdmitDeclines(t *testing.T) {
+	nodes := mkNodes("n", 2, 8)
+	base := func() (*Engine, State) {
+		st := State{Now: t0, Nodes: nodes, Teams: []Team{mkTeam("a", 8), mkTeam("b", 8)},
+			Jobs: []Job{frac("a1", "a", 0, 4)}}
+		var e Engine
+		d := e.Schedule(st)
+		st.Allocations = d.Allocations
+		st.Now = st.Now.Add(time.Second)
+		e.Schedule(st)
+		return &e, st
+	}
+	for _, tc := range []struct {
+		rule string
+		edit func(st *State) []string
+	}{
+		{"over the nominal quota (borrowing) goes to the full cycle", func(st *State) []string {
+			st.Jobs = append(st.Jobs, frac("a2", "a", 0, 8))
+			return []string{"a2"}
+		}},
+		{"an elastic job (growth) goes to the full cycle", func(st *State) []string {
+			j := job("b1", "b", 0, 1, 2, true)
+			st.Jobs = append(st.Jobs, j)
+			return []string{"b1"}
+		}},
+		{"submits beyond the nominal quota together go to the full cycle", func(st *State) []string {
+			st.Jobs = append(st.Jobs, frac("b1", "b", 0, 8), frac("b2", "b", 0, 8), frac("b3", "b", 0, 8))
+			return []string{"b1", "b2", "b3"}
+		}},
+		{"an unknown team goes to the full cycle", func(st *State) []string {
+			st.Jobs = append(st.Jobs, frac("z1", "z", 0, 1))
+			return []string{"z1"}
+		}},
+		{"a changed config goes to the full cycle", func(st *State) []string {
+			st.Config.DisableGrowth = true
+			st.Jobs = append(st.Jobs, frac("b1", "b", 0, 1))
+			return []string{"b1"}
+		}},
+		{"a job already known goes to the full cycle", func(st *State) []string {
+			st.Jobs = append(st.Jobs, frac("a1", "a", 0, 1))
+			return []string{"a1"}
+		}},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			e, st := base()
+			names := tc.edit(&st)
+			if _, ok := e.Admit(st, names); ok {
+				t.Fatal("the fast path decided it")
+			}
+			if e.s != nil {
+				t.Fatal("the engine kept its records after declining")
+			}
+		})
+	}
+	t.Run("a job within quota on free nodes is decided on the fast path", func(t *testing.T) {
+		e, st := base()
+		st.Jobs = append(st.Jobs, frac("b1", "b", 0, 2))
+		d, ok := e.Admit(st, []string{"b1"})
+		if !ok || size(d, "b1") != 1 {
+			t.Fatalf("ok %v, b1 size %d", ok, size(d, "b1"))
+		}
+		if !reflect.DeepEqual(d.Allocations, Schedule(st).Allocations) {
+			t.Fatal("not the full cycle's allocations")
+		}
+	})
+}
