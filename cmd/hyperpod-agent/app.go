@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
 	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn/etcdflags"
+	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 )
 
 // Exit statuses.
@@ -103,6 +105,9 @@ func newApp(stdout, stderr io.Writer, sig <-chan os.Signal) *cli.App {
 					&cli.StringSliceFlag{Name: "insecure-registry", Usage: "registries (host:port) pulled over plain HTTP; loopback always is"},
 					&cli.StringFlag{Name: "job-etcd-cert", Usage: "client certificate the jobs' hyperpodrun present to etcd (with --job-etcd-key); the agent's own --etcd-cert never reaches a job"},
 					&cli.StringFlag{Name: "job-etcd-key", Usage: "client key for --job-etcd-cert"},
+					&cli.StringFlag{Name: "job-otlp-endpoint", Usage: "OTLP endpoint the jobs' hyperpodrun (and workers) export traces to, e.g. http://collector:4318; set in each job's environment as OTEL_EXPORTER_OTLP_ENDPOINT with OTEL_SERVICE_NAME=hyperpodrun and OTEL_RESOURCE_ATTRIBUTES naming node, job and team (the agent's own OTEL_* variables never reach a job); empty: jobs export nothing"},
+					&cli.StringFlag{Name: "job-otlp-protocol", Usage: "OTLP protocol of --job-otlp-endpoint: http/protobuf (default) or grpc"},
+					&cli.StringFlag{Name: "job-otlp-headers-file", Usage: "file of OTLP headers for the jobs' exports (OTEL_EXPORTER_OTLP_HEADERS format: key=value, comma- or newline-separated, values URL-encoded; e.g. authorization=Bearer%20<token>): copied into each run's own directory, readable by the job's uid alone, never on a command line or in an environment"},
 					&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error"},
 					&cli.StringFlag{Name: "log-format", Value: "text", Usage: "text or json"},
 				}, append(append(etcdflags.Set{}.Flags(), enrollFlags()...), discoveryFlags...)...),
@@ -219,6 +224,20 @@ func runAgent(c *cli.Context, sig <-chan os.Signal) error {
 		return err
 	}
 	defer etcdCli.Close()
+	// The agent's own spans (OTEL_* of its environment, which no job
+	// inherits), under the coordinator's decisions.
+	if telemetry.Enabled() {
+		tp, shutdown, err := telemetry.Setup(ctx, "hyperpod-agent", attribute.String(telemetry.NodeAttr, nodeName))
+		if err != nil {
+			return usagef("tracing: %v", err)
+		}
+		defer func() {
+			sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer scancel()
+			shutdown(sctx)
+		}()
+		f.tracer = tp
+	}
 	cfg := nodeagent.Config{
 		NodeName:        nodeName,
 		Prefix:          f.prefix,

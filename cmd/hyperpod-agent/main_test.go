@@ -248,3 +248,30 @@ func TestRunDirBaseIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// The jobs' tracing flags are checked before anything starts, and a bad
+// headers file's text is never repeated (it may hold a token).
+func TestJobTracingFlagsChecked(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "headers")
+	if err := os.WriteFile(bad, []byte("Bearer-s3cret-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--job-otlp-protocol", "grpc"}, "need --job-otlp-endpoint"},
+		{[]string{"--job-otlp-endpoint", "collector:4318"}, "--job-otlp-endpoint \"collector:4318\": want http(s)://host:port"},
+		{[]string{"--job-otlp-endpoint", "http://c:4318", "--job-otlp-protocol", "carrier-pigeon"}, "--job-otlp-protocol \"carrier-pigeon\""},
+		{[]string{"--job-otlp-endpoint", "http://c:4318", "--job-otlp-headers-file", "/no/such/headers"}, "--job-otlp-headers-file: open /no/such/headers"},
+		{[]string{"--job-otlp-endpoint", "http://c:4318", "--job-otlp-headers-file", bad}, "is not key=value"},
+	} {
+		code, _, errs := runCLI(append([]string{"run", "--etcd-endpoints", "http://x:2379"}, c.args...)...)
+		if code != exitUsage || !strings.Contains(errs, c.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 and %q", c.args, code, errs, c.want)
+		}
+		if strings.Contains(errs, "s3cret") {
+			t.Errorf("%q: stderr repeats the headers file: %q", c.args, errs)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/agent/node/jobrunner"
@@ -29,6 +30,10 @@ type runFlags struct {
 	prefix       string
 	jobUser      jobrunner.JobUser
 	uidRange     jobrunner.UIDRange
+	// jobTracing is where the jobs export traces (--job-otlp-*); tracer
+	// traces the agent's own actions (nil: OTEL_* asks for nothing).
+	jobTracing jobrunner.JobTracing
+	tracer     trace.TracerProvider
 }
 
 // parseRunFlags reads and checks run's flags; its errors are usage errors.
@@ -66,6 +71,10 @@ func parseRunFlags(c *cli.Context) (runFlags, error) {
 	}
 	if (c.String("job-etcd-cert") == "") != (c.String("job-etcd-key") == "") {
 		return f, usagef("--job-etcd-cert and --job-etcd-key go together")
+	}
+	f.jobTracing = jobrunner.JobTracing{Endpoint: c.String("job-otlp-endpoint"), Protocol: c.String("job-otlp-protocol"), HeadersFile: c.String("job-otlp-headers-file")}
+	if err := f.jobTracing.Check(); err != nil {
+		return f, usagef("%v", err)
 	}
 	return f, nil
 }
@@ -172,6 +181,7 @@ func newJobRunner(c *cli.Context, f runFlags, h jobHost, endpoints []string) *jo
 	return jobrunner.New(jobrunner.Config{Hyperpodrun: c.String("hyperpodrun"), Endpoints: endpoints,
 		RdzvConf: strings.Join(conf, ","), LogDir: c.String("job-log-dir"), TempDir: h.runDir, Logger: f.log,
 		JobUser: f.jobUser, UIDRange: f.uidRange, AllowRootJobs: c.Bool("allow-root-jobs"), AllowEnv: c.StringSlice("allow-job-env"),
+		Tracer: f.tracer, JobTracing: f.jobTracing,
 		Containers: h.ctrd, ContainerHyperpodrun: h.ctrHyperpodrun,
 		// The agent reads a job's own keys (its restart count, its
 		// rendezvous) as the job: the same TLS as the jobs get, the job's

@@ -159,6 +159,11 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		jobMounts = append(jobMounts, containers.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	env = append(env, "HYPERPODRUN_NODE_ID="+r.node.Name)
+	tenv, err := r.jobTracingEnv(spec, runDir, containers.RunDir, id)
+	if err != nil {
+		return containers.Spec{}, err
+	}
+	env = append(env, tenv...)
 	if spec.Run.Python != "" {
 		env = append(env, "PYTHON_EXEC="+spec.Run.Python)
 	}

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/utils/clock"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
@@ -102,6 +103,10 @@ type Config struct {
 	// Clock times the restart backoff (default: the real clock); tests
 	// step a fake one past it.
 	Clock clock.WithDelayedExecution
+	// Tracer traces the runner's actions (tracing.go); nil: not traced.
+	Tracer trace.TracerProvider
+	// JobTracing is where the jobs export their traces (tracing.go).
+	JobTracing JobTracing
 }
 
 // Runner implements nodeagent.Workloads.
@@ -169,6 +174,8 @@ type proc struct {
 	// healthy clears a crash loop's problem record once the run has
 	// lasted HealthyAfter.
 	healthy *time.Timer
+	// drainedAt is when the run was first told to drain (its trace).
+	drainedAt time.Time
 }
 
 // drain asks the run's hyperpodrun to checkpoint and leave (SIGUSR2) and
@@ -176,6 +183,9 @@ type proc struct {
 // caller holds r.mu.
 func (p *proc) drain(log *slog.Logger, job string) {
 	p.draining = true
+	if p.drainedAt.IsZero() {
+		p.drainedAt = time.Now()
+	}
 	if p.signal == nil {
 		return // a container still starting: killed once up
 	}
@@ -546,7 +556,8 @@ func credsConf(conf string, creds *fleet.JobCreds, dir string, id Identity) (str
 // or runs already. Each run has its own TMPDIR and containment; when
 // hyperpodrun exits, every process of the run is killed and both are
 // removed before the exit is judged (exited).
-func (r *Runner) start(ctx context.Context, job string) error {
+func (r *Runner) start(ctx context.Context, job string) (err error) {
+	defer r.traceStart(ctx, job)(&err)
 	l, err := r.prepare(ctx, job)
 	if err != nil || l == nil {
 		return err
@@ -657,7 +668,14 @@ func (r *Runner) startProcess(job string, l *launch) error {
 		os.RemoveAll(tmp)
 		return err
 	}
+	tenv, err := r.jobTracingEnv(spec, tmp, tmp, id)
+	if err != nil {
+		b.abandon()
+		os.RemoveAll(tmp)
+		return err
+	}
 	cmd := r.hyperpodrunCmd(l, Args(*spec, r.cfg.Endpoints, r.st.Keys.Prefix(), rdzvConf, logDir), tmp, b.marker)
+	cmd.Env = append(cmd.Env, tenv...)
 	b.apply(cmd.SysProcAttr)
 	// A pipe of our own, not an io.Writer: Wait then returns when
 	// hyperpodrun exits even while a descendant still holds the pipe.
@@ -767,6 +785,9 @@ func (r *Runner) watchRun(job string, p *proc, pr *os.File, tmp string) {
 			err = &runError{err: err, output: lastLine}
 		}
 		draining := r.release(job, p, err != nil)
+		if draining {
+			r.traceDrain(job, p.drainedAt, err)
+		}
 		r.exited(job, err, draining, ran, p.maxRestarts)
 	}()
 }
