@@ -159,11 +159,6 @@ func (r *Runner) containerSpec(spec *fleet.JobSpec, env []string, creds *fleet.J
 		jobMounts = append(jobMounts, containers.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
 	}
 	env = append(env, "HYPERPODRUN_NODE_ID="+r.node.Name)
-	tenv, err := r.jobTracingEnv(spec, runDir, containers.RunDir, id)
-	if err != nil {
-		return containers.Spec{}, err
-	}
-	env = append(env, tenv...)
 	if spec.Run.Python != "" {
 		env = append(env, "PYTHON_EXEC="+spec.Run.Python)
 	}
@@ -236,7 +231,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 	r.jobs[job] = p
 	r.wg.Add(1)
 	r.mu.Unlock()
-	cs, err := r.containerSpec(spec, env, creds, runDir, r.gens[job], id)
+	cs, err := r.tracedContainerSpec(spec, env, creds, runDir, r.gens[job], id)
 	go func() {
 		defer r.wg.Done()
 		var task *containers.Task

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/hyperpodrun/hyperpodrun/agent/node/containers"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/telemetry"
 )
@@ -140,6 +141,16 @@ func (r *Runner) jobTracingEnv(spec *fleet.JobSpec, runDir, seenDir string, id I
 		path = seenDir + "/" + headersFileName
 	}
 	return tracingEnv(t, r.node.Name, spec.Name, spec.Team, path, spec.Run.Env), nil
+}
+
+// tracedContainerSpec is containerSpec with the run's tracing environment
+// (its headers file in runDir, seen at containers.RunDir).
+func (r *Runner) tracedContainerSpec(spec *fleet.JobSpec, env []string, creds *fleet.JobCreds, runDir string, gen int64, id Identity) (containers.Spec, error) {
+	tenv, err := r.jobTracingEnv(spec, runDir, containers.RunDir, id)
+	if err != nil {
+		return containers.Spec{}, err
+	}
+	return r.containerSpec(spec, append(env, tenv...), creds, runDir, gen, id)
 }
 
 // decisionContext is the context of the coordinator's decision about job
