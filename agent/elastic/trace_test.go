@@ -187,7 +187,7 @@ func checkEventAttributes(t *testing.T, job string, spans tracetest.SpanStubs, e
 	attrs := func(s *tracetest.SpanStub) map[string]string {
 		m := map[string]string{}
 		for _, a := range s.Attributes {
-			m[string(a.Key)] = a.Value.Emit()
+			m[string(a.Key)] = a.Value.String()
 		}
 		return m
 	}

@@ -104,7 +104,7 @@ func TestResourceFromProgramAndEnvironment(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, kv := range res.Attributes() {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	host, _ := os.Hostname()
 	for k, want := range map[string]string{"service.name": "hyperpodrun", NodeAttr: "node-a", JobAttr: "j", "host.name": host} {
@@ -120,7 +120,7 @@ func TestResourceFromProgramAndEnvironment(t *testing.T) {
 	}
 	got = map[string]string{}
 	for _, kv := range res.Attributes() {
-		got[string(kv.Key)] = kv.Value.Emit()
+		got[string(kv.Key)] = kv.Value.String()
 	}
 	for k, want := range map[string]string{"service.name": "trainer", NodeAttr: "node-b", "team": "t1"} {
 		if got[k] != want {
