@@ -165,7 +165,7 @@ func (k *Kubelet) startContainerd() error {
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return err
 	}
-	cmd, done, err := startLogged(k.containerdLog, "containerd", "--config", confPath)
+	cmd, done, err := startLogged(k.containerdLog, nil, "containerd", "--config", confPath)
 	if err != nil {
 		return fmt.Errorf("start containerd: %w", err)
 	}
@@ -187,14 +187,15 @@ func (k *Kubelet) startContainerd() error {
 	}
 }
 
-// startLogged starts a daemon with its output in logFile; done closes when
-// it exits.
-func startLogged(logFile, name string, args ...string) (*exec.Cmd, chan struct{}, error) {
+// startLogged starts a daemon with its output in logFile (env nil: the
+// test's); done closes when it exits.
+func startLogged(logFile string, env []string, name string, args ...string) (*exec.Cmd, chan struct{}, error) {
 	f, err := os.Create(logFile)
 	if err != nil {
 		return nil, nil, err
 	}
 	cmd := exec.Command(name, args...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -319,7 +320,21 @@ current-context: test
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return err
 	}
-	cmd, done, err := startLogged(k.kubeletLog, bin, "--config="+confPath, "--kubeconfig="+kcPath, "--root-dir="+root,
+	// The kubelet installs iptables rules on the host (a KUBE-FIREWALL
+	// chain dropping non-loopback traffic to 127.0.0.0/8, in INPUT and
+	// OUTPUT) whenever it finds iptables, and they would outlive the test:
+	// it finds stand-ins that fail, and goes on without (it needs none).
+	hide := filepath.Join(k.Dir, "bin")
+	if err := os.MkdirAll(hide, 0o755); err != nil {
+		return err
+	}
+	for _, b := range []string{"iptables", "ip6tables"} {
+		if err := os.WriteFile(filepath.Join(hide, b), []byte("#!/bin/sh\necho \"iptables is hidden from the test's kubelet\" >&2\nexit 2\n"), 0o755); err != nil {
+			return err
+		}
+	}
+	env := append(os.Environ(), "PATH="+hide+":"+os.Getenv("PATH"))
+	cmd, done, err := startLogged(k.kubeletLog, env, bin, "--config="+confPath, "--kubeconfig="+kcPath, "--root-dir="+root,
 		"--hostname-override="+k.Name, "--node-ip="+ip, "--v=1")
 	if err != nil {
 		return fmt.Errorf("start kubelet: %w", err)
