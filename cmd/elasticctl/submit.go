@@ -70,9 +70,11 @@ func cmdSubmit(c *cli.Context, st *query.Store) error {
 		return err
 	}
 	now := timeNow().UTC()
+	by := requester(c)
 	jobs := make([]fleet.JobSpec, len(loaded))
 	for i, j := range loaded {
 		jobs[i] = j.spec
+		jobs[i].RequestedBy = by // who submits, whatever the file says
 		if jobs[i].SubmitTime.IsZero() {
 			jobs[i].SubmitTime = now
 		}

@@ -31,19 +31,27 @@ func TestUserResizeIsExplainedAsTheUsers(t *testing.T) {
 	if strings.Contains(out, "node(s) lost") {
 		t.Errorf("describe job sweep blames lost nodes:\n%s", out)
 	}
+	// The decision's record names who asked (the status moves on to
+	// Running at the next cycle; the history keeps the shrink).
 	var d struct {
-		Job struct {
-			Status struct {
-				Code        string `json:"code"`
-				RequestedBy string `json:"requestedBy"`
-			} `json:"status"`
-		} `json:"job"`
+		History []struct {
+			Kind, Code, RequestedBy string
+		} `json:"history"`
 	}
 	js := mustCtl(t, ep, "describe", "job", "sweep", "-o", "json")
 	if err := json.Unmarshal([]byte(js), &d); err != nil {
 		t.Fatalf("describe -o json: %v\n%s", err, js)
 	}
-	if d.Job.Status.Code != "SpecChanged" || d.Job.Status.RequestedBy != who {
-		t.Errorf("describe -o json: status code %q, requestedBy %q; want SpecChanged by %q\n%s", d.Job.Status.Code, d.Job.Status.RequestedBy, who, js)
+	found := false
+	for _, h := range d.History {
+		if h.Kind == "Shrunk" {
+			found = true
+			if h.Code != "SpecChanged" || h.RequestedBy != who {
+				t.Errorf("describe -o json: the shrink's code %q, requestedBy %q; want SpecChanged by %q", h.Code, h.RequestedBy, who)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("describe -o json: no Shrunk event in the history\n%s", js)
 	}
 }
