@@ -13,12 +13,31 @@ import (
 
 // Fencing. etcd renews a lease to "now + TTL" when it handles a keepalive,
 // and the server handles it after we sent it, so a keepalive sent at time
-// s and answered with TTL t proves the lease alive until at least s + t
-// (the leader only ever extends leases when leadership changes). clientv3's
+// s and answered with TTL t proves the lease alive until at least s + t.
+// Nothing else ends a lease early: only the leader expires leases, a new
+// leader first renews every lease to a full TTL (etcd's lessor Promote),
+// and a member that forwards a keepalive does so to the leader. clientv3's
 // KeepAlive does not say when the request behind a response was sent, so
 // the rendezvous runs its own keepalive stream that remembers the send time
 // of every request, and each node fires LeaseLost at s + t - FenceMargin for
-// its latest confirmed s, unless a newer keepalive is confirmed first.
+// its latest confirmed s (fenceAfter), unless a newer keepalive is
+// confirmed first. That stays the rule whatever the cluster does.
+//
+// A leader change costs nothing because the proof never goes stale by more
+// than one keepalive interval: keepalives go every TTL/6 (keepaliveInterval),
+// and a keepalive sent while the cluster elects a leader is held by the
+// member that got it and answered, with its own send time, as soon as there
+// is a leader. What a leader change must not do is leave the keepalives on
+// a dead path: a stream that breaks (the member it was on was killed) is
+// replaced at once, and a stream whose oldest keepalive stays unanswered
+// for stuckAfter (a frozen member, one cut from the others) is dropped for
+// a fresh one, which the client's balancer puts on another member; the
+// wait doubles with each drop that brought no answer, so a slow but live
+// leader is never abandoned for good (streamVerdict). A leader elected
+// within TTL - FenceMargin - TTL/6 of the old one's death (etcd elects one
+// within two election timeouts, 2 s by default) therefore never fences,
+// while a node cut from every member gets no answer and still fences at
+// s + t - FenceMargin, before its lease can expire.
 //
 // Like clientv3's lessor, one stream per client carries the keepalives of
 // every lease on that client (many nodes may share a client in one
@@ -26,10 +45,47 @@ import (
 // one lease match its sends first-in, first-out.
 
 const (
-	keepaliveRetry = 200 * time.Millisecond
-	keepaliveTick  = 50 * time.Millisecond
-	maxInFlight    = 3 // keepalives of one lease awaiting an answer
+	keepaliveTick = 50 * time.Millisecond
+	maxInFlight   = 3 // keepalives of one lease awaiting an answer
+	maxProbes     = 2 // probe streams at once (kaMux.probe)
+	// minStuckAfter is the shortest wait for a stream's oldest keepalive
+	// before the stream is replaced.
+	minStuckAfter = 250 * time.Millisecond
 )
+
+// keepaliveInterval is how often a lease granted with ttl is renewed:
+// TTL/6, at least every 100ms, so the proof is never older than TTL/6 when
+// the leader goes and TTL - FenceMargin - TTL/6 is left for the election.
+func keepaliveInterval(ttl time.Duration) time.Duration {
+	return max(ttl/6, 100*time.Millisecond)
+}
+
+// fenceAfter is when a node must fire LeaseLost once a keepalive proved
+// its lease alive until expiry (its send time plus the TTL etcd answered),
+// given the fence it had (prev): expiry - margin, never earlier than prev
+// (an answer to an older keepalive proves less). An answer with no TTL
+// left is not a proof: the lease is gone and the node fences at once
+// (receive).
+func fenceAfter(prev, expiry time.Time, margin time.Duration) time.Time {
+	if at := expiry.Add(-margin); at.After(prev) {
+		return at
+	}
+	return prev
+}
+
+// streamVerdict says whether the keepalive stream must be replaced: when
+// its oldest unanswered keepalive (zero when none) was sent stuckAfter or
+// longer before now.
+func streamVerdict(now, oldestUnanswered time.Time, stuckAfter time.Duration) (replace bool) {
+	return !oldestUnanswered.IsZero() && now.Sub(oldestUnanswered) >= stuckAfter
+}
+
+// nextStuckAfter is the wait for the next stream after one was replaced
+// with wait: doubled (a slow leader that answers keepalives late is waited
+// for longer each time), at most maxWait.
+func nextStuckAfter(wait, maxWait time.Duration) time.Duration {
+	return min(2*wait, max(maxWait, minStuckAfter))
+}
 
 type kaLease struct {
 	n        *Node
@@ -47,6 +103,16 @@ type kaMux struct {
 
 	mu     sync.Mutex
 	leases map[clientv3.LeaseID]*kaLease
+	// stuckAfter: how long the stream's oldest keepalive may go
+	// unanswered before the stream is replaced (3 x the latest round
+	// trip, at least minStuckAfter; doubled on each replacement).
+	stuckAfter time.Duration
+	probing    int       // probes in flight
+	nextProbe  time.Time // the earliest next probe
+	// gen counts the streams: an answer that arrives on a dropped
+	// stream (its receiver not yet stopped) matches no send of the
+	// current one and is ignored.
+	gen int
 }
 
 var (
@@ -62,14 +128,14 @@ func (n *Node) startKeepAlive(id clientv3.LeaseID, ttl time.Duration, sent time.
 	if m == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		m = &kaMux{cli: n.cli, cancel: cancel, done: make(chan struct{}), wake: make(chan struct{}, 1),
-			leases: map[clientv3.LeaseID]*kaLease{}}
+			leases: map[clientv3.LeaseID]*kaLease{}, stuckAfter: minStuckAfter}
 		muxes[n.cli] = m
 		go func() {
 			defer close(m.done)
 			pprof.Do(ctx, pprof.Labels("rdzv-task", "keepalive"), m.run)
 		}()
 	}
-	interval := max(ttl/3, 100*time.Millisecond)
+	interval := keepaliveInterval(ttl)
 	m.mu.Lock()
 	m.leases[id] = &kaLease{n: n, interval: interval, next: sent.Add(interval)}
 	m.mu.Unlock()
@@ -107,15 +173,19 @@ func (m *kaMux) run(ctx context.Context) {
 		recv    sync.WaitGroup
 	)
 	defer func() { scancel(); recv.Wait() }()
+	// reset drops the stream; the next tick opens a fresh one (on the
+	// next member the client's balancer picks) and sends every lease's
+	// keepalive on it at once.
 	reset := func(err error) {
 		scancel()
 		stream, broken = nil, nil
 		now := time.Now()
 		m.mu.Lock()
+		m.gen++
 		nodes := make([]*Node, 0, len(m.leases))
 		for _, l := range m.leases {
 			l.sent = l.sent[:0]
-			l.next = now.Add(keepaliveRetry)
+			l.next = now
 			nodes = append(nodes, l.n)
 		}
 		m.mu.Unlock()
@@ -144,12 +214,33 @@ func (m *kaMux) run(ctx context.Context) {
 				continue
 			}
 			stream, scancel, broken = s, cancel, make(chan error, 1)
+			m.mu.Lock()
+			gen := m.gen
+			m.mu.Unlock()
 			recv.Add(1)
-			go func() { defer recv.Done(); m.receive(s, broken) }()
+			go func(broken chan<- error) { defer recv.Done(); m.receive(s, broken, gen) }(broken)
 		}
 		now := time.Now()
 		batch = batch[:0]
 		m.mu.Lock()
+		oldest := m.oldestUnansweredLocked()
+		if streamVerdict(now, oldest, minStuckAfter) && m.probing < maxProbes && !now.Before(m.nextProbe) {
+			m.probing++
+			m.nextProbe = now.Add(minStuckAfter)
+			ids := make([]clientv3.LeaseID, 0, len(m.leases))
+			for id := range m.leases {
+				ids = append(ids, id)
+			}
+			timeout := maxProbes * minStuckAfter // a new probe goes as the oldest one gives up
+			recv.Add(1)
+			go func() { defer recv.Done(); m.probe(ctx, ids, timeout) }()
+		}
+		if wait := m.stuckAfter; streamVerdict(now, oldest, wait) {
+			m.stuckAfter = nextStuckAfter(wait, m.maxStuckAfterLocked())
+			m.mu.Unlock()
+			reset(fmt.Errorf("no keepalive answered on the stream for %s: trying another etcd member", wait))
+			continue
+		}
 		for id, l := range m.leases {
 			if !now.Before(l.next) && len(l.sent) < maxInFlight {
 				l.next = now.Add(l.interval)
@@ -169,8 +260,32 @@ func (m *kaMux) run(ctx context.Context) {
 	}
 }
 
+// oldestUnansweredLocked is the send time of the oldest keepalive on the
+// stream still awaiting its answer, zero when none.
+func (m *kaMux) oldestUnansweredLocked() time.Time {
+	var oldest time.Time
+	for _, l := range m.leases {
+		if len(l.sent) > 0 && (oldest.IsZero() || l.sent[0].Before(oldest)) {
+			oldest = l.sent[0]
+		}
+	}
+	return oldest
+}
+
+// maxStuckAfterLocked bounds the wait for a stream's answer: two of the
+// shortest keepalive intervals of the stream's leases.
+func (m *kaMux) maxStuckAfterLocked() time.Duration {
+	var least time.Duration
+	for _, l := range m.leases {
+		if least == 0 || l.interval < least {
+			least = l.interval
+		}
+	}
+	return 2 * least
+}
+
 // receive matches answers to sends until the stream breaks.
-func (m *kaMux) receive(s pb.Lease_LeaseKeepAliveClient, broken chan<- error) {
+func (m *kaMux) receive(s pb.Lease_LeaseKeepAliveClient, broken chan<- error, gen int) {
 	for {
 		resp, err := s.Recv()
 		if err != nil {
@@ -179,30 +294,84 @@ func (m *kaMux) receive(s pb.Lease_LeaseKeepAliveClient, broken chan<- error) {
 		}
 		id := clientv3.LeaseID(resp.ID)
 		m.mu.Lock()
+		if m.gen != gen {
+			m.mu.Unlock()
+			continue
+		}
 		l := m.leases[id]
 		var sent time.Time
 		if l != nil && len(l.sent) > 0 {
 			sent = l.sent[0]
 			l.sent = l.sent[1:]
+			m.stuckAfter = min(max(minStuckAfter, 3*time.Since(sent)), max(m.maxStuckAfterLocked(), minStuckAfter))
 		}
 		m.mu.Unlock()
 		if l == nil || sent.IsZero() {
 			continue
 		}
-		n := l.n
-		n.mu.Lock()
-		if resp.TTL <= 0 {
-			n.fenceLocked(fmt.Errorf("%w: job %q node %q: etcd reports lease %x expired or revoked (keys of this node are gone)",
-				ErrLeaseLost, n.cfg.JobID, n.cfg.NodeID, int64(id)))
-		} else {
-			if n.kaErr != nil {
-				n.log.Info("rendezvous: keepalive recovered", "after", time.Since(n.kaErrAt).Round(time.Millisecond))
-				n.kaErr = nil
-			}
-			n.renewedLocked(sent.Add(time.Duration(resp.TTL) * time.Second))
-		}
-		n.mu.Unlock()
+		l.n.keepaliveAnswered(id, resp.TTL, sent)
 	}
+}
+
+// probe sends one keepalive of each of ids on a stream of its own (the
+// client's balancer puts it on the next member) while the main stream's
+// keepalives go unanswered: a member that holds a keepalive while the
+// cluster has no leader answers it only after waiting a whole election
+// timeout, but a fresh request to a member that knows the new leader is
+// forwarded at once. Every answer proves the lease from the probe's send
+// time, like the main stream's.
+func (m *kaMux) probe(ctx context.Context, ids []clientv3.LeaseID, timeout time.Duration) {
+	defer func() {
+		m.mu.Lock()
+		m.probing--
+		m.mu.Unlock()
+	}()
+	pctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+	defer cancel()
+	s, err := pb.NewLeaseClient(m.cli.ActiveConnection()).LeaseKeepAlive(pctx)
+	if err != nil {
+		return
+	}
+	sent := time.Now()
+	for _, id := range ids {
+		if s.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}) != nil {
+			return
+		}
+	}
+	for range ids {
+		resp, err := s.Recv()
+		if err != nil {
+			return
+		}
+		m.mu.Lock()
+		l := m.leases[clientv3.LeaseID(resp.ID)]
+		m.mu.Unlock()
+		if l != nil {
+			l.n.keepaliveAnswered(clientv3.LeaseID(resp.ID), resp.TTL, sent)
+		}
+	}
+}
+
+// keepaliveAnswered records etcd's answer (ttl seconds left) to a
+// keepalive of lease id sent at sent.
+func (n *Node) keepaliveAnswered(id clientv3.LeaseID, ttl int64, sent time.Time) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id != n.lease {
+		return
+	}
+	if ttl <= 0 {
+		n.fenceLocked(fmt.Errorf("%w: job %q node %q: etcd reports lease %x expired or revoked (keys of this node are gone)",
+			ErrLeaseLost, n.cfg.JobID, n.cfg.NodeID, int64(id)))
+		return
+	}
+	expiry := sent.Add(time.Duration(ttl) * time.Second)
+	if n.kaErr != nil {
+		n.log.Info("rendezvous: keepalive recovered", "after", time.Since(n.kaErrAt).Round(time.Millisecond),
+			"fence_in", time.Until(expiry.Add(-n.cfg.FenceMargin)).Round(time.Millisecond))
+		n.kaErr = nil
+	}
+	n.renewedLocked(expiry)
 }
 
 func (n *Node) keepaliveFailed(err error) {
@@ -218,12 +387,14 @@ func (n *Node) keepaliveFailed(err error) {
 	n.kaErr = err
 }
 
-// renewedLocked records that the lease is alive until expiry.
+// renewedLocked records that the lease is alive until expiry (the send
+// time of the confirmed keepalive or grant plus the TTL it was answered
+// with).
 func (n *Node) renewedLocked(expiry time.Time) {
 	if n.lostErr != nil {
 		return
 	}
-	at := expiry.Add(-n.cfg.FenceMargin)
+	at := fenceAfter(n.fenceAt, expiry, n.cfg.FenceMargin)
 	if at.After(n.fenceAt) {
 		n.fenceAt = at
 		if n.cfg.OnRenew != nil {

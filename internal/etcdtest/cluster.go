@@ -26,6 +26,7 @@ import (
 type Cluster struct {
 	t       testing.TB
 	bin     string
+	args    []string // every member's extra flags
 	Members []*Member
 }
 
@@ -47,6 +48,13 @@ type Member struct {
 // member answers and a leader is elected.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartClusterArgs(t, n)
+}
+
+// StartClusterArgs is StartCluster with extra flags for every member,
+// e.g. "--heartbeat-interval", "50", "--election-timeout", "500".
+func StartClusterArgs(t testing.TB, n int, args ...string) *Cluster {
+	t.Helper()
 	bin, ok := DebianEtcd()
 	if !ok {
 		t.Skipf("no etcd binary at %s (apt-get install etcd-server, or set HYPERPODRUN_ETCD_BINARY)", bin)
@@ -54,7 +62,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	if n < 1 {
 		t.Fatalf("StartCluster: %d members", n)
 	}
-	c := &Cluster{t: t, bin: bin}
+	c := &Cluster{t: t, bin: bin, args: args}
 	var initial []string
 	for i := 1; i <= n; i++ {
 		m := &Member{Name: fmt.Sprintf("m%d", i), c: c, dir: t.TempDir(),
@@ -156,6 +164,40 @@ func (c *Cluster) leaderNow() (*Member, string) {
 	return leader, strings.Join(seen, "; ")
 }
 
+// Settled waits (up to 30 s) until the running members agree on a leader
+// and every one of them has applied the leader's log as it was when the
+// wait began: a restarted member has caught up, so the next leader
+// change is a routine one (a member that lags cannot win the election,
+// which then takes several rounds). It returns the leader.
+func (c *Cluster) Settled() *Member {
+	c.t.Helper()
+	l := c.Leader()
+	st, err := l.status()
+	for err != nil {
+		l = c.Leader()
+		st, err = l.status()
+	}
+	target := st.Header.Revision
+	testutil.Eventually(c.t, 30*time.Second, "every etcd member caught up with the leader", func() (bool, string) {
+		var lag []string
+		for _, m := range c.Members {
+			if !m.Running() {
+				continue
+			}
+			ms, err := m.status()
+			if err != nil {
+				lag = append(lag, err.Error())
+				continue
+			}
+			if ms.Header.Revision < target || ms.RaftAppliedIndex < ms.RaftIndex {
+				lag = append(lag, fmt.Sprintf("%s: revision %d of %d, applied %d of %d", m.Name, ms.Header.Revision, target, ms.RaftAppliedIndex, ms.RaftIndex))
+			}
+		}
+		return len(lag) == 0, strings.Join(lag, "; ")
+	})
+	return c.Leader()
+}
+
 // Followers are the running members other than the leader.
 func (c *Cluster) Followers() []*Member {
 	c.t.Helper()
@@ -200,13 +242,13 @@ func (c *Cluster) MoveLeader(to *Member) {
 // spawn starts the member's process (initial is the --initial-cluster
 // value; a restarted member finds its cluster in its data directory).
 func (m *Member) spawn(initial string) error {
-	cmd := exec.Command(m.c.bin,
+	cmd := exec.Command(m.c.bin, append([]string{
 		"--name", m.Name, "--data-dir", filepath.Join(m.dir, "data"),
 		"--listen-client-urls", m.URL, "--advertise-client-urls", m.URL,
 		"--listen-peer-urls", m.peer, "--initial-advertise-peer-urls", m.peer,
 		"--initial-cluster", initial, "--initial-cluster-state", "new",
 		"--logger", "zap", "--log-level", "error",
-	)
+	}, m.c.args...)...)
 	logf, err := os.OpenFile(m.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("etcd member %s's log: %w", m.Name, err)
@@ -232,6 +274,16 @@ func (m *Member) waitReady() {
 		_, err := m.status()
 		return err == nil, fmt.Sprintf("%v (log: %s)", err, m.LogPath())
 	})
+}
+
+// ID is the member's id in hex, as etcdctl move-leader takes it.
+func (m *Member) ID() string {
+	m.c.t.Helper()
+	st, err := m.status()
+	if err != nil {
+		m.c.t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", st.Header.MemberId)
 }
 
 // LogPath is the member's log file.
@@ -270,12 +322,32 @@ func (m *Member) signal(sig syscall.Signal) {
 	if cmd == nil {
 		return
 	}
+	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused member could not act on sig
 	_ = cmd.Process.Signal(sig)
 	select {
 	case <-waited:
 	case <-time.After(10 * time.Second):
 		_ = cmd.Process.Kill()
 		<-waited
+	}
+}
+
+// Pause SIGSTOPs the member: its connections stay open and nothing
+// answers on them, as with a frozen host or a silent partition. Resume
+// undoes it; the test's end does too.
+func (m *Member) Pause() {
+	m.c.t.Helper()
+	if pid := m.Pid(); pid != 0 {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			m.c.t.Fatalf("pause etcd member %s: %v", m.Name, err)
+		}
+	}
+}
+
+// Resume SIGCONTs a paused member.
+func (m *Member) Resume() {
+	if pid := m.Pid(); pid != 0 {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
 	}
 }
 

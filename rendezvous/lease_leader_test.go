@@ -1,0 +1,267 @@
+package rendezvous
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
+)
+
+func TestKeepaliveRules(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := time.Second
+	t.Run("fenceAfter", func(t *testing.T) {
+		for _, tc := range []struct {
+			rule         string
+			prev, expiry time.Time
+			margin       time.Duration
+			want         time.Time
+		}{
+			{"a confirmed keepalive moves the fence to its send time + TTL - margin", t0.Add(2 * s), t0.Add(4 * s), s, t0.Add(3 * s)},
+			{"the answer to an older keepalive never moves the fence back", t0.Add(3 * s), t0.Add(3 * s), s, t0.Add(3 * s)},
+			{"the first proof sets the fence", time.Time{}, t0.Add(3 * s), 750 * time.Millisecond, t0.Add(2250 * time.Millisecond)},
+			{"an equal proof keeps the fence", t0.Add(2 * s), t0.Add(3 * s), s, t0.Add(2 * s)},
+		} {
+			if got := fenceAfter(tc.prev, tc.expiry, tc.margin); !got.Equal(tc.want) {
+				t.Errorf("%s: fenceAfter(%v, %v, %s) = %v, want %v", tc.rule, tc.prev, tc.expiry, tc.margin, got, tc.want)
+			}
+		}
+	})
+	t.Run("streamVerdict", func(t *testing.T) {
+		for _, tc := range []struct {
+			rule        string
+			oldest      time.Time
+			now         time.Time
+			stuck       time.Duration
+			wantReplace bool
+		}{
+			{"a stream with nothing awaiting an answer is kept", time.Time{}, t0.Add(time.Hour), 250 * time.Millisecond, false},
+			{"a keepalive younger than the wait keeps the stream", t0, t0.Add(249 * time.Millisecond), 250 * time.Millisecond, false},
+			{"a keepalive unanswered for the wait replaces the stream", t0, t0.Add(250 * time.Millisecond), 250 * time.Millisecond, true},
+			{"a longer wait (slow leader) keeps the stream longer", t0, t0.Add(400 * time.Millisecond), 500 * time.Millisecond, false},
+		} {
+			if got := streamVerdict(tc.now, tc.oldest, tc.stuck); got != tc.wantReplace {
+				t.Errorf("%s: streamVerdict = %v, want %v", tc.rule, got, tc.wantReplace)
+			}
+		}
+	})
+	t.Run("nextStuckAfter", func(t *testing.T) {
+		for _, tc := range []struct {
+			rule          string
+			wait, maxWait time.Duration
+			want          time.Duration
+		}{
+			{"each replacement without an answer doubles the wait", 250 * time.Millisecond, time.Second, 500 * time.Millisecond},
+			{"the wait stops at two keepalive intervals", 800 * time.Millisecond, time.Second, time.Second},
+			{"the cap is never below the shortest wait", 250 * time.Millisecond, 100 * time.Millisecond, minStuckAfter},
+		} {
+			if got := nextStuckAfter(tc.wait, tc.maxWait); got != tc.want {
+				t.Errorf("%s: nextStuckAfter(%s, %s) = %s, want %s", tc.rule, tc.wait, tc.maxWait, got, tc.want)
+			}
+		}
+	})
+	t.Run("keepaliveInterval", func(t *testing.T) {
+		for _, tc := range []struct {
+			rule string
+			ttl  time.Duration
+			want time.Duration
+		}{
+			{"a lease is renewed six times per TTL", 3 * s, 500 * time.Millisecond},
+			{"a long TTL is renewed six times per TTL too", 60 * s, 10 * s},
+			{"never more often than every 100ms", 300 * time.Millisecond, 100 * time.Millisecond},
+		} {
+			if got := keepaliveInterval(tc.ttl); got != tc.want {
+				t.Errorf("%s: keepaliveInterval(%s) = %s, want %s", tc.rule, tc.ttl, got, tc.want)
+			}
+		}
+	})
+}
+
+// clusterJob is a two-node job's rendezvous on a 3-member etcd cluster,
+// each node on its own client to every member (as hyperpodrun connects),
+// with the time each renewal left before the node would have fenced.
+type clusterJob struct {
+	t     *testing.T
+	c     *etcdtest.Cluster
+	nodes []*Node
+	logs  *syncBuffer
+
+	mu       sync.Mutex
+	minSlack time.Duration // least time left before the fence when a renewal came
+	lastFor  map[string]Renewal
+}
+
+func startClusterJob(t *testing.T, ttl time.Duration, etcdArgs ...string) *clusterJob {
+	t.Helper()
+	c := etcdtest.StartClusterArgs(t, 3, etcdArgs...)
+	j := &clusterJob{t: t, c: c, logs: &syncBuffer{}, minSlack: time.Hour, lastFor: map[string]Renewal{}}
+	job := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), jobSeq.Add(1))
+	for _, id := range []string{"a", "b"} {
+		cli, err := NewClient(c.Endpoints(), ClientOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cli.Close() })
+		cfg := Config{
+			JobID: job, NodeID: id, Addr: "127.0.0.1", LocalWorldSize: 1, MinNodes: 2, MaxNodes: 2,
+			LeaseTTL: ttl, LastCallTimeout: 300 * time.Millisecond, AckTimeout: 500 * time.Millisecond, JoinTimeout: 30 * time.Second,
+			Logger: slog.New(slog.NewTextHandler(j.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("t", id),
+		}
+		cfg.OnRenew = func(r Renewal) {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			if prev, ok := j.lastFor[id]; ok {
+				j.minSlack = min(j.minSlack, time.Until(prev.FenceAt))
+			}
+			j.lastFor[id] = r
+		}
+		n, err := New(cli, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = n.Close() })
+		j.nodes = append(j.nodes, n)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", j.logs.String())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	mustJoinAll(t, ctx, j.nodes...)
+	return j
+}
+
+// fenced names the nodes that fired LeaseLost.
+func (j *clusterJob) fenced() []string {
+	var out []string
+	for _, n := range j.nodes {
+		select {
+		case <-n.LeaseLost():
+			out = append(out, n.ID())
+		default:
+		}
+	}
+	return out
+}
+
+// slack is the least time a renewal came before its node's fence.
+func (j *clusterJob) slack() time.Duration {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.minSlack
+}
+
+// renewedSince waits until every node renewed its lease after t0.
+func (j *clusterJob) renewedSince(t0 time.Time, what string) {
+	j.t.Helper()
+	testutil.Eventually(j.t, 20*time.Second, what, func() (bool, string) {
+		if f := j.fenced(); len(f) > 0 {
+			j.t.Fatalf("%s: nodes %v fenced", what, f)
+		}
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		for _, n := range j.nodes {
+			if r := j.lastFor[n.ID()]; !r.Expiry.After(t0.Add(n.ttl)) {
+				return false, fmt.Sprintf("node %s's lease proven until %s", n.ID(), r.Expiry.Format("15:04:05.000"))
+			}
+		}
+		return true, ""
+	})
+}
+
+// fastElection is etcd tuned for a LAN (heartbeat 50 ms, election
+// timeout 500 ms): a new leader within 0.5 to 1 s of the old one's death.
+// A leader change never fences when the election ends within TTL -
+// FenceMargin - TTL/6 (lease.go): with the default TTL (3 s) that is 1.75
+// s, which etcd's default election timeout (1 s: elections of 1 to 2 s,
+// 2.7 s seen on a loaded machine) does not always leave.
+var fastElection = []string{"--heartbeat-interval", "50", "--election-timeout", "500"}
+
+// An etcd leader SIGKILLed 20 times under a job with the default lease
+// TTL: no node ever fences. Renewing every TTL/3, retrying a broken
+// stream after 200ms and leaving a keepalive with the member that held it
+// (which answers it a whole election timeout after the new leader is
+// elected), the nodes fenced after a few kills.
+func TestLeaderKillNeverFences(t *testing.T) {
+	j := startClusterJob(t, DefaultLeaseTTL, fastElection...)
+	for i := 0; i < 20; i++ {
+		old := j.c.Leader()
+		killed := time.Now()
+		old.Kill()
+		j.c.Leader()
+		elected := time.Since(killed)
+		j.renewedSince(killed, fmt.Sprintf("both nodes' leases renewed after leader kill %d", i+1))
+		t.Logf("kill %d: leader seen after %s, renewed after %s, slack %s", i+1, elected.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond), j.slack().Round(time.Millisecond))
+		if f := j.fenced(); len(f) > 0 {
+			t.Fatalf("leader kill %d (%s): nodes %v fenced", i+1, old.Name, f)
+		}
+		old.Restart()
+		j.c.Settled()
+	}
+	if f := j.fenced(); len(f) > 0 {
+		t.Fatalf("nodes %v fenced", f)
+	}
+	t.Logf("20 leader kills, no fence; least time left before a fence when a renewal came: %s", j.slack().Round(time.Millisecond))
+}
+
+// The leadership moved 20 times (etcdctl move-leader's call) under a job:
+// no node ever fences.
+func TestLeaderMoveNeverFences(t *testing.T) {
+	j := startClusterJob(t, DefaultLeaseTTL, fastElection...)
+	for i := 0; i < 20; i++ {
+		fs := j.c.Followers()
+		moved := time.Now()
+		j.c.MoveLeader(fs[i%len(fs)])
+		j.renewedSince(moved, fmt.Sprintf("both nodes' leases renewed after leader move %d", i+1))
+		if f := j.fenced(); len(f) > 0 {
+			t.Fatalf("leader move %d: nodes %v fenced", i+1, f)
+		}
+	}
+	t.Logf("20 leader moves, no fence; least time left before a fence when a renewal came: %s", j.slack().Round(time.Millisecond))
+}
+
+// A node that no member answers (every member frozen: its connections
+// stay open) still fences before its lease can expire: LeaseLost fires
+// before the last proven expiry.
+func TestEveryMemberSilentStillFences(t *testing.T) {
+	j := startClusterJob(t, 3*time.Second)
+	time.Sleep(time.Second) // a few renewals on the healthy cluster
+	fencedAt := make([]chan time.Time, len(j.nodes))
+	for i, n := range j.nodes {
+		fencedAt[i] = make(chan time.Time, 1)
+		go func() { <-n.LeaseLost(); fencedAt[i] <- time.Now() }()
+	}
+	for _, m := range j.c.Members {
+		m.Pause()
+	}
+	paused := time.Now()
+	defer func() {
+		for _, m := range j.c.Members {
+			m.Resume()
+		}
+	}()
+	for i, n := range j.nodes {
+		var lostAt time.Time
+		select {
+		case lostAt = <-fencedAt[i]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("node %s did not fence within 10 s of every member going silent", n.ID())
+		}
+		j.mu.Lock()
+		r := j.lastFor[n.ID()]
+		j.mu.Unlock()
+		if !lostAt.Before(r.Expiry) {
+			t.Errorf("node %s fenced at %s, not before its lease could expire (%s)", n.ID(), lostAt.Format("15:04:05.000"), r.Expiry.Format("15:04:05.000"))
+		}
+		t.Logf("node %s fenced %s after the members froze, %s before its lease could expire", n.ID(),
+			lostAt.Sub(paused).Round(time.Millisecond), r.Expiry.Sub(lostAt).Round(time.Millisecond))
+	}
+}
