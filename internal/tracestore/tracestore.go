@@ -32,6 +32,22 @@ type Span struct {
 	Duration                                          time.Duration
 	// Attributes are the span's tags, each value as text.
 	Attributes map[string]string
+	// Resource is the attributes of the process that made the span (its
+	// OTel resource, Jaeger's process tags), such as hyperpodrun.node.
+	Resource map[string]string
+}
+
+// nodeResource is the resource attribute naming the fleet node
+// (internal/telemetry.NodeAttr).
+const nodeResource = "hyperpodrun.node"
+
+// Node is the fleet node the span is about: its node attribute, else its
+// process's.
+func (s Span) Node() string {
+	if n := s.Attributes["node"]; n != "" {
+		return n
+	}
+	return s.Resource[nodeResource]
 }
 
 // Root returns the trace's root span (the earliest span without a parent
@@ -174,7 +190,8 @@ type (
 		Value json.RawMessage `json:"value"`
 	}
 	apiProcess struct {
-		ServiceName string `json:"serviceName"`
+		ServiceName string   `json:"serviceName"`
+		Tags        []apiTag `json:"tags"`
 	}
 )
 
@@ -254,6 +271,12 @@ func convertTrace(at apiTrace) (Trace, error) {
 		s.ParentSpanID = parentOf(as.References)
 		if p, ok := at.Processes[as.ProcessID]; ok {
 			s.Service = p.ServiceName
+			if len(p.Tags) > 0 {
+				s.Resource = make(map[string]string, len(p.Tags))
+				for _, tag := range p.Tags {
+					s.Resource[tag.Key] = tagText(tag.Value)
+				}
+			}
 		}
 		for _, tag := range as.Tags {
 			s.Attributes[tag.Key] = tagText(tag.Value)

@@ -17,7 +17,7 @@ const fixture = `{"data":[{"traceID":"t1","spans":[
   "startTime":1700000000200000,"duration":300000,"tags":[{"key":"node","type":"string","value":"n1"}],"processID":"p2"},
  {"traceID":"t1","spanID":"a","operationName":"coordinator.decision","references":[],
   "startTime":1700000000000000,"duration":1000,"tags":[{"key":"job","type":"string","value":"tj"},{"key":"to_size","type":"int64","value":1},{"key":"ok","type":"bool","value":true}],"processID":"p1"}],
- "processes":{"p1":{"serviceName":"hyperpod-coordinator","tags":[]},"p2":{"serviceName":"hyperpod-agent"}},"warnings":null}],
+ "processes":{"p1":{"serviceName":"hyperpod-coordinator","tags":[]},"p2":{"serviceName":"hyperpod-agent","tags":[{"key":"hyperpodrun.node","type":"string","value":"n9"}]}},"warnings":null}],
  "total":0,"limit":0,"offset":0,"errors":null}`
 
 func TestParseTraces(t *testing.T) {
@@ -36,6 +36,9 @@ func TestParseTraces(t *testing.T) {
 			}
 			if a.Service != "hyperpod-coordinator" || b.Service != "hyperpod-agent" {
 				t.Errorf("services %q %q", a.Service, b.Service)
+			}
+			if b.Resource["hyperpodrun.node"] != "n9" || a.Resource != nil {
+				t.Errorf("resources %v %v", a.Resource, b.Resource)
 			}
 			if a.Attributes["job"] != "tj" || a.Attributes["to_size"] != "1" || a.Attributes["ok"] != "true" {
 				t.Errorf("attributes %v", a.Attributes)

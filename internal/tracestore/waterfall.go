@@ -3,7 +3,9 @@ package tracestore
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -88,8 +90,9 @@ func (l Layout) row(s Span, depth int) Row {
 
 // Highlights are the attributes of a span that answer "why, who and how
 // long", briefly, in a fixed order: sizes (2→1), the reason code (or a
-// one-word reason), who asked, node, round, checkpoint step, signal and
-// downtime.
+// one-word reason), who asked, downtime, node, round, world size, the
+// committed checkpoint's step, the step resumed from, the step reached,
+// and the signal.
 func Highlights(s Span) []string {
 	a := s.Attributes
 	var out []string
@@ -118,15 +121,6 @@ func Highlights(s Span) []string {
 		out = append(out, r)
 	}
 	one("requested_by", "by ")
-	one("node", "node=")
-	pair("from_round", "to_round", "round ")
-	one("round", "round=")
-	one("world_size", "world=")
-	one("new_world_size", "world=")
-	for _, k := range []string{"checkpoint_step", "resume_step", "step"} {
-		one(k, "step=")
-	}
-	one("signal", "signal=")
 	var down []string
 	for k := range a {
 		if strings.HasPrefix(k, "downtime") {
@@ -135,9 +129,37 @@ func Highlights(s Span) []string {
 	}
 	sort.Strings(down)
 	for _, k := range down {
-		out = append(out, k+"="+a[k])
+		out = append(out, k+"="+durationText(k, a[k]))
 	}
+	if n := s.Node(); n != "" {
+		out = append(out, "node="+n)
+	}
+	pair("from_round", "to_round", "round ")
+	one("round", "round=")
+	if _, ok := a["world_size"]; ok {
+		one("world_size", "world=")
+	} else {
+		one("new_world_size", "world=")
+	}
+	one("checkpoint_step", "checkpoint=")
+	one("resume_step", "resume=")
+	one("step", "step=")
+	one("signal", "signal=")
 	return out
+}
+
+// durationText renders a duration attribute: a bare number is seconds
+// (milliseconds for a key ending in _ms), anything else is shown as is.
+func durationText(key, v string) string {
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) || f < 0 || f > 1e9 {
+		return v
+	}
+	unit := time.Second
+	if strings.HasSuffix(key, "_ms") {
+		unit = time.Millisecond
+	}
+	return FormatDuration(time.Duration(f * float64(unit)))
 }
 
 // FormatDuration renders d briefly for a waterfall: 850µs, 12.3ms, 4.20s,

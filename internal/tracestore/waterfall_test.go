@@ -78,9 +78,17 @@ func TestHighlights(t *testing.T) {
 			attrs: []string{"to_size", "1", "from_size", "2", "code", "UserResize", "requested_by", "alice", "job", "tj"},
 			want:  "2→1 UserResize by alice"},
 		{rule: "a lone target size", attrs: []string{"to_size", "3"}, want: "→3"},
-		{rule: "node, rounds, step, signal and every downtime attribute",
+		{rule: "the world size, else the new one; each step by its meaning",
+			attrs: []string{"new_world_size", "2", "world_size", "1", "step", "9", "checkpoint_step", "8", "resume_step", "8"},
+			want:  "world=1 checkpoint=8 resume=8 step=9"},
+		{rule: "the new world size alone", attrs: []string{"new_world_size", "2"}, want: "world=2"},
+		{rule: "every downtime attribute, then node, rounds, steps and signal",
 			attrs: []string{"downtime_ms", "812", "signal", "SIGUSR1", "resume_step", "120", "from_round", "3", "to_round", "4", "node", "n1", "downtime", "0.8s"},
-			want:  "node=n1 round 3→4 step=120 signal=SIGUSR1 downtime=0.8s downtime_ms=812"},
+			want:  "downtime=0.8s downtime_ms=812.0ms node=n1 round 3→4 resume=120 signal=SIGUSR1"},
+		{rule: "a downtime in seconds (a bare number) reads as a duration",
+			attrs: []string{"downtime", "0.522732133"}, want: "downtime=522.7ms"},
+		{rule: "a downtime that is not a number is shown as is",
+			attrs: []string{"downtime", "NaN"}, want: "downtime=NaN"},
 		{rule: "nothing known, nothing shown", attrs: []string{"job", "tj", "team", "a"}, want: ""},
 		{rule: "a one-word reason is a code", attrs: []string{"reason", "TargetChanged", "node", "n1"}, want: "TargetChanged node=n1"},
 		{rule: "a sentence of a reason is not shown", attrs: []string{"reason", "shrunk from 2 to 1 nodes"}, want: ""},
@@ -91,6 +99,19 @@ func TestHighlights(t *testing.T) {
 				t.Errorf("%q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// The node of a span without a node attribute is its process's.
+func TestHighlightsNodeFromTheResource(t *testing.T) {
+	s := sp("s", "", "hyperpodrun", "restart", 0, 0, "round", "2")
+	s.Resource = map[string]string{"hyperpodrun.node": "node-a"}
+	if got := strings.Join(Highlights(s), " "); got != "node=node-a round=2" {
+		t.Errorf("%q", got)
+	}
+	s.Attributes["node"] = "node-b"
+	if got := s.Node(); got != "node-b" {
+		t.Errorf("the span's own node attribute: %q", got)
 	}
 }
 
@@ -123,7 +144,7 @@ func TestWriteText(t *testing.T) {
   reason: shrunk from 2 to 1 nodes: alice asked
   |#.........|   10.0ms  hyperpod-coordinator coordinator.decision  2→1 UserResize by alice
   |.###......|  300.0ms    hyperpod-agent agent.stop                node=n2
-  |..########|  800.0ms      hyperpodrun hyperpodrun.restart        step=40 downtime=0.7s
+  |..########|  800.0ms      hyperpodrun hyperpodrun.restart        downtime=0.7s resume=40
 `
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
