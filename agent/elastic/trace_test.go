@@ -117,6 +117,7 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 	}
 	waitFile("tp.1.0")
 	waitFile("tp.1.1")
+	waitFile("reported.1") // a committed checkpoint before the change
 	// A planned change: the job's target goes from 2 nodes to 1.
 	if err := fleet.New(cli, "").SetTarget(ctx, job, 1); err != nil {
 		t.Fatal(err)
