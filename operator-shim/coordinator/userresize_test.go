@@ -42,7 +42,7 @@ func TestUserResizeDecisionSpanNamesWhoAsked(t *testing.T) {
 		for _, s := range rec.Ended() {
 			attrs := map[string]string{}
 			for _, a := range s.Attributes() {
-				attrs[string(a.Key)] = a.Value.Emit()
+				attrs[string(a.Key)] = a.Value.String()
 			}
 			if s.Name() == "coordinator.decision" && attrs["job"] == "tj" {
 				spans[attrs["to_size"]] = attrs
