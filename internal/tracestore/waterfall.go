@@ -186,7 +186,7 @@ func bar(r Row, width int) string {
 		width = 1
 	}
 	from := int(r.Offset * float64(width))
-	n := int(r.Length*float64(width) + 0.5)
+	n := int(math.Round((r.Offset+r.Length)*float64(width))) - from // the end rounded, not the length
 	if n < 1 {
 		n = 1
 	}

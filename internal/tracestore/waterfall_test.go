@@ -187,3 +187,20 @@ func TestWriteSVG(t *testing.T) {
 		}
 	}
 }
+
+func TestBar(t *testing.T) {
+	for _, tc := range []struct {
+		rule           string
+		offset, length float64
+		want           string
+	}{
+		{"a span to the trace's end reaches the last cell", 0.145, 0.855, ".#########"},
+		{"a span shorter than a cell gets one", 0.5, 0.001, ".....#...."},
+		{"the whole trace fills the bar", 0, 1, "##########"},
+		{"a span at the very end still shows", 1, 0, ".........#"},
+	} {
+		if got := bar(Row{Offset: tc.offset, Length: tc.length}, 10); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.rule, got, tc.want)
+		}
+	}
+}
