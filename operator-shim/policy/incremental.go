@@ -27,6 +27,19 @@ type Engine struct {
 	// admitted are the jobs the last Admit admitted: the next full cycle
 	// carries them over (rule 1), and so does the next Admit.
 	admitted []*jobRT
+	// declined is why the last Admit declined ("" when it decided).
+	declined string
+}
+
+// Declined says why the last Admit left the decision to a full cycle (""
+// when it decided).
+func (e *Engine) Declined() string { return e.declined }
+
+// decline drops the kept records and records why.
+func (e *Engine) decline(why string) (Decision, bool) {
+	e.drop()
+	e.declined = why
+	return Decision{}, false
 }
 
 // Schedule runs a full engine cycle (the package's Schedule) and keeps its
@@ -50,12 +63,20 @@ func (e *Engine) Schedule(st State) Decision {
 	if s.stable > 0 {
 		for i := range s.jobs {
 			j := &s.jobs[i]
-			if t := j.lastResize.Add(s.stable); j.size > 0 && t.After(s.now) && (e.wake.IsZero() || t.Before(e.wake)) {
+			if t := j.lastResize.Add(s.stable); timed(j) && t.After(s.now) && (e.wake.IsZero() || t.Before(e.wake)) {
 				e.wake = t
 			}
 		}
 	}
 	return d
+}
+
+// timed reports whether the end of j's stable period may change what a
+// cycle decides: an elastic whole-node job may grow then (rule 7), a job
+// moved or resized before may be moved again (movable). Any other job
+// (never resized or moved since its admission) is movable already.
+func timed(j *jobRT) bool {
+	return j.size > 0 && ((j.spec.Elastic && j.exclusive) || !j.since.Equal(j.lastResize))
 }
 
 // drop forgets the kept records.
@@ -71,9 +92,11 @@ func (e *Engine) drop() {
 // cycle, when it can show that the full cycle (Schedule(st)) would decide
 // exactly the same: every job fits its team's nominal quota and free
 // nodes as they are (rule 2 admits it where rule 2 of the full cycle would),
-// its team has no other job waiting, it is not elastic, and after it is
-// placed no elastic job could grow (rule 7); the later rules only take
-// capacity or quota that the admission left smaller. The kept cycle must
+// no job of its team of a higher priority waits (rule 6 could preempt it),
+// it is not elastic, the reservations rule 4 makes after it are no smaller
+// than before, and after it is placed no elastic job could grow (rule 7);
+// the later rules only take capacity or quota that the admission left
+// smaller. The kept cycle must
 // have changed no allocation (a fixed point), and no stable period may have
 // ended since. ok false: run Schedule; the Engine then keeps nothing until
 // it does.
@@ -83,17 +106,24 @@ func (e *Engine) drop() {
 // of its elastic jobs that did not grow, rendered from the same end state.
 func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	s := e.s
-	if s == nil || !e.fix || !reflect.DeepEqual(st.Config, e.cfg) || len(st.Jobs) != e.jobs+len(submitted) || len(submitted) == 0 ||
-		st.Now.Before(s.now) || (!e.wake.IsZero() && !st.Now.Before(e.wake)) {
-		e.drop()
-		return Decision{}, false
+	e.declined = ""
+	switch {
+	case s == nil:
+		return e.decline("no cycle kept")
+	case !e.fix:
+		return e.decline("the last cycle changed allocations")
+	case !reflect.DeepEqual(st.Config, e.cfg):
+		return e.decline("the configuration changed")
+	case len(submitted) == 0 || len(st.Jobs) != e.jobs+len(submitted):
+		return e.decline("not only the submitted jobs are new")
+	case st.Now.Before(s.now) || (!e.wake.IsZero() && !st.Now.Before(e.wake)):
+		return e.decline("a stable period ended")
 	}
 	var fresh []*jobRT
 	for _, name := range submitted {
 		j := e.newJob(st, name)
 		if j == nil {
-			e.drop()
-			return Decision{}, false
+			return e.decline("job " + name + ": elastic, suspended, invalid, known already or without a team quota")
 		}
 		fresh = append(fresh, j)
 	}
@@ -106,15 +136,15 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 		j.prevSize, j.prevNodes = j.size, nodeNames(j)
 		j.setCarried()
 	}
-	for _, j := range fresh {
-		if !e.admitFresh(j) {
-			e.drop()
-			return Decision{}, false
+	if j := fresh[0]; len(fresh) == 1 && j.tf.used+j.per*j.sp.min > j.tf.nominal {
+		if why := e.borrowFresh(j); why != "" {
+			return e.decline("job " + j.name + ": " + why)
 		}
+	} else if why := e.admitWithin(fresh); why != "" {
+		return e.decline(why)
 	}
 	if !e.noGrowth(fresh) {
-		e.drop()
-		return Decision{}, false
+		return e.decline("an elastic job could grow")
 	}
 	e.d = e.render(fresh, carried)
 	e.jobs += len(fresh)
@@ -122,11 +152,105 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	return e.d, true
 }
 
+// admitWithin admits fresh as rule 2 of the full cycle would, each within
+// its team's nominal quota, and makes the reservations again as rule 4
+// would after them; or says why it cannot.
+func (e *Engine) admitWithin(fresh []*jobRT) string {
+	s := e.s
+	// Rule 2 of the full cycle runs before any reservation (rule 4):
+	// they are undone, and made again after the admissions as rule 4
+	// makes them.
+	flavors := flavorsOf(fresh)
+	reserved := make([]int, len(flavors))
+	for i, f := range flavors {
+		reserved[i] = f.reservedPhys
+		for _, j := range f.pending {
+			s.unreserve(j)
+		}
+	}
+	for _, j := range fresh {
+		if why := e.admitFresh(j); why != "" {
+			return "job " + j.name + ": " + why
+		}
+	}
+	for i, f := range flavors {
+		s.reserve(f)
+		if f.reservedPhys < reserved[i] {
+			// Capacity reserved before is not now: rule 5 might admit
+			// a borrower into it.
+			return "a reservation was given up"
+		}
+	}
+	return ""
+}
+
+// borrowFresh admits j, beyond its team's nominal quota, as rule 5 of the
+// full cycle would, or says why it cannot. Rules 2 to 4 pass j by (it is
+// beyond the nominal quota, so not stuck and reserved nothing): rule 5
+// meets the state the kept cycle left, reservations included, and the
+// jobs it tries before j fail as they did. No job within its nominal
+// quota may wait on the flavor: once j borrows, rule 3 of the next cycle
+// might reclaim from it, and the decision would be no fixed point.
+func (e *Engine) borrowFresh(j *jobRT) string {
+	s, tf := e.s, j.tf
+	if why := e.ownWaiting(j); why != "" {
+		return why
+	}
+	for _, p := range j.fl.pending {
+		if p.size == 0 && p.stuck && p.tf.used+p.per*p.sp.min <= p.tf.nominal {
+			return "a job within its team's nominal quota waits (rule 3 might reclaim)"
+		}
+	}
+	acc := j.per * j.sp.min
+	if c := s.quotaCheck(tf, acc, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), false); c != "" {
+		return "quota: " + string(c)
+	}
+	nodes := s.findNodes(j, j.sp.min)
+	if nodes == nil {
+		return "no free nodes"
+	}
+	e.attachFresh(j, nodes, CodeBorrowing)
+	return ""
+}
+
+// ownWaiting says why a job of j's team that waits keeps j off the fast
+// path: under StrictFIFO j may not pass it, and one of a higher priority
+// might preempt j (rule 6).
+func (e *Engine) ownWaiting(j *jobRT) string {
+	for _, o := range j.tf.jobs {
+		if o.size > 0 || !o.valid || o.spec.Suspended {
+			continue
+		}
+		if e.s.strict {
+			return "its team has jobs waiting (StrictFIFO)"
+		}
+		if o.sp.prio > j.sp.prio {
+			return "its team has a job of higher priority waiting"
+		}
+	}
+	return ""
+}
+
+// attachFresh indexes the new job j and admits it on nodes.
+func (e *Engine) attachFresh(j *jobRT, nodes []*nodeRT, code ReasonCode) {
+	s, tf := e.s, j.tf
+	s.jobByName[j.name] = j
+	at, _ := slices.BinarySearchFunc(tf.jobs, j.name, byJobName)
+	tf.jobs = slices.Insert(tf.jobs, at, j)
+	at, _ = slices.BinarySearchFunc(j.fl.jobs, j.name, byJobName)
+	j.fl.jobs = slices.Insert(j.fl.jobs, at, j)
+	s.admit(j, nodes, code)
+}
+
 // newJob builds the runtime record of submitted job name as buildJobs and
 // resolve would, or nil when it is not one Admit decides.
 func (e *Engine) newJob(st State, name string) *jobRT {
 	s := e.s
-	i := slices.IndexFunc(st.Jobs, func(j Job) bool { return j.Name == name })
+	// The coordinator keeps its jobs in name order: a search, else a scan.
+	i, found := slices.BinarySearchFunc(st.Jobs, name, func(j Job, name string) int { return strings.Compare(j.Name, name) })
+	if !found {
+		i = slices.IndexFunc(st.Jobs, func(j Job) bool { return j.Name == name })
+	}
 	if i < 0 || s.jobByName[name] != nil {
 		return nil
 	}
@@ -160,40 +284,30 @@ func (e *Engine) newJob(st State, name string) *jobRT {
 	return j
 }
 
-// admitFresh admits j as rule 2 of the full cycle would, or reports false.
-// Its team has no job waiting and no reservation (so j heads its queue and
-// no pending job of its team is affected), and j fits the nominal quota.
-func (e *Engine) admitFresh(j *jobRT) bool {
+// admitFresh admits j as rule 2 of the full cycle would, or says why not:
+// no job of its team of a higher priority waits (none at all under
+// StrictFIFO), and j fits the nominal quota and free nodes.
+func (e *Engine) admitFresh(j *jobRT) (why string) {
 	s, tf := e.s, j.tf
-	if tf.reserved != 0 {
-		return false
-	}
-	for _, o := range tf.jobs {
-		if o.size == 0 && o.valid && !o.spec.Suspended {
-			return false
-		}
+	if why := e.ownWaiting(j); why != "" {
+		return why
 	}
 	acc := j.per * j.sp.min
 	if tf.used+acc > tf.nominal {
-		return false
+		return "beyond its team's nominal quota"
 	}
 	// The kept state holds the other teams' reservations, which rule 2 of
 	// the full cycle does not see yet: they only make the pool check
 	// stricter.
-	if s.quotaCheck(tf, acc, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), true) != "" {
-		return false
+	if c := s.quotaCheck(tf, acc, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), true); c != "" {
+		return "quota: " + string(c)
 	}
 	nodes := s.findNodes(j, j.sp.min)
 	if nodes == nil {
-		return false
+		return "no free nodes"
 	}
-	s.jobByName[j.name] = j
-	at, _ := slices.BinarySearchFunc(tf.jobs, j.name, byJobName)
-	tf.jobs = slices.Insert(tf.jobs, at, j)
-	at, _ = slices.BinarySearchFunc(j.fl.jobs, j.name, byJobName)
-	j.fl.jobs = slices.Insert(j.fl.jobs, at, j)
-	s.admit(j, nodes, CodeWithinQuota)
-	return true
+	e.attachFresh(j, nodes, CodeWithinQuota)
+	return ""
 }
 
 // byJobName orders job records by name.
@@ -248,13 +362,9 @@ func (e *Engine) render(fresh, carried []*jobRT) Decision {
 	for _, j := range fresh {
 		tfs[j.tf] = true
 	}
+	// The texts the kept cycle cached may name what changed.
+	s.runningTexts, s.usageTexts, s.holderTexts, s.exhaustedTexts = nil, nil, nil, nil
 	for tf := range tfs {
-		for k := range s.runningTexts {
-			if k.tf == tf {
-				delete(s.runningTexts, k)
-			}
-		}
-		delete(s.usageTexts, tf)
 		for _, j := range tf.jobs {
 			redo[j.name] = j
 		}

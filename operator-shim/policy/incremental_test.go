@@ -78,7 +78,8 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 // on seeded random fleets brought to a fixed point, the jobs submitted next
 // (one to three at a time, twice in a row) are decided by Engine.Admit
 // exactly as a full cycle (Schedule) decides them: the same allocations,
-// every job's reason (kind, code, sizes, message) and every team's usage.
+// every job's reason (kind, code, sizes, message) and every team's usage;
+// and the next full cycle keeps them (no follow-up is needed).
 // Where Admit declines, the full cycle decides. It must take the fast
 // path often enough to mean something.
 func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
@@ -86,8 +87,12 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 	for seed := uint64(1); seed <= 1500; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 27))
 		st := randomFleet(rng)
-		if rng.IntN(4) == 0 {
+		switch rng.IntN(4) {
+		case 0:
 			st.Config.MinStablePeriod = -1
+		case 1:
+			// Stable periods end between the cycles.
+			st.Config.MinStablePeriod = time.Duration(1+rng.IntN(3)) * time.Second
 		}
 		if rng.IntN(6) == 0 {
 			st.Config.Queueing = StrictFIFO
@@ -146,6 +151,14 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 				t.Fatalf("seed %d round %d: team usage differs:\nfast %+v\nfull %+v", seed, round, got.Teams, full.Teams)
 			}
 			st.Allocations = got.Allocations
+			// A fixed point: the next full cycle on it changes nothing
+			// (the coordinator runs no follow-up after the fast path).
+			next := st
+			next.Now = next.Now.Add(time.Millisecond)
+			again := Schedule(next)
+			if !reflect.DeepEqual(again.Allocations, got.Allocations) {
+				t.Fatalf("seed %d round %d: the next full cycle changes the fast path's allocations", seed, round)
+			}
 		}
 	}
 	t.Logf("fast path taken in %d of %d submits", fast, tried)
@@ -171,9 +184,9 @@ func TestAdmitDeclines(t *testing.T) {
 		rule string
 		edit func(st *State) []string
 	}{
-		{"over the nominal quota (borrowing) goes to the full cycle", func(st *State) []string {
-			st.Jobs = append(st.Jobs, frac("a2", "a", 0, 8))
-			return []string{"a2"}
+		{"a job no free nodes fit goes to the full cycle", func(st *State) []string {
+			st.Jobs = append(st.Jobs, job("b1", "b", 0, 2, 2, false))
+			return []string{"b1"}
 		}},
 		{"an elastic job (growth) goes to the full cycle", func(st *State) []string {
 			j := job("b1", "b", 0, 1, 2, true)
