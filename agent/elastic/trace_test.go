@@ -64,7 +64,26 @@ func TestScaleEventIsOneTraceWithWorkersTraceparent(t *testing.T) {
 }
 
 func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
+	scaleEventTraceWith(t, py, elasticSig, 0)
+}
+
+// TestScaleEventEndsAtTheFirstHeartbeat: under --hang-timeout the workers'
+// heartbeats (one per elastic_event_detected() call) are their progress,
+// and the first one at the new size ends the scaling event.
+func TestScaleEventEndsAtTheFirstHeartbeat(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3")
+	}
+	scaleEventTraceWith(t, py, syscall.SIGUSR1, time.Minute)
+}
+
+// scaleEventTraceWith runs the planned change with --hang-timeout hang.
+func scaleEventTraceWith(t *testing.T, py string, elasticSig syscall.Signal, hang time.Duration) {
 	job := "traced-" + strings.ToLower(launcher.SignalName(elasticSig))
+	if hang > 0 {
+		job += "-hb"
+	}
 	_, file, _, _ := runtime.Caller(0)
 	pyPath := filepath.Join(filepath.Dir(file), "..", "..", "checkpoint", "python")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -89,7 +108,7 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 				Stdout: io.Discard, Stderr: io.Discard},
 			MinNodes: 1, MaxNodes: 2, RdzvID: job, RdzvConf: "last_call_timeout=0.5", LocalAddr: "127.0.0.1",
 			ShutdownSignal: syscall.SIGTERM, ShutdownTimeout: 5 * time.Second, GracefulTimeout: 10 * time.Second,
-			ElasticSignal: elasticSig, Signals: sigs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			ElasticSignal: elasticSig, Signals: sigs, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), HangTimeout: hang,
 		}
 		os.MkdirAll(o.Spec.LogDir, 0o755)
 		done := make(chan error, 1)
@@ -177,13 +196,17 @@ func scaleEventTrace(t *testing.T, py string, elasticSig syscall.Signal) {
 	if !strings.Contains(tpWorker, traceID.String()) {
 		t.Errorf("restarted worker's TRACEPARENT %q is not in the scale event's trace %s", tpWorker, traceID)
 	}
-	checkEventAttributes(t, job, spans, events)
+	first := "checkpoint"
+	if hang > 0 {
+		first = "heartbeat"
+	}
+	checkEventAttributes(t, job, first, spans, events)
 }
 
 // checkEventAttributes: each node's scale_event says who, why and from
 // what size to what; the node that stays has a first_step span and the
 // downtime, and its checkpoint wait names the committed step (issue 29).
-func checkEventAttributes(t *testing.T, job string, spans tracetest.SpanStubs, events []*tracetest.SpanStub) {
+func checkEventAttributes(t *testing.T, job, firstReport string, spans tracetest.SpanStubs, events []*tracetest.SpanStub) {
 	t.Helper()
 	attrs := func(s *tracetest.SpanStub) map[string]string {
 		m := map[string]string{}
@@ -209,8 +232,8 @@ func checkEventAttributes(t *testing.T, job string, spans tracetest.SpanStubs, e
 	if d, err := strconv.ParseFloat(a["downtime"], 64); err != nil || d <= 0 || d > 30 {
 		t.Errorf("downtime %q, want seconds > 0", a["downtime"])
 	}
-	if a["to_round"] != "2" || a["first_step"] != "3" {
-		t.Errorf("the staying node's scale_event %v: want to_round 2 and first_step 3", a)
+	if a["to_round"] != "2" || a["first_report"] != firstReport || (firstReport == "checkpoint" && a["first_step"] != "3") {
+		t.Errorf("the staying node's scale_event %v: want to_round 2 and first_report %s (a checkpoint: first_step 3)", a, firstReport)
 	}
 	var first, wait bool
 	for i := range spans {

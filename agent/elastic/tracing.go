@@ -23,7 +23,8 @@ import (
 // reconfigure) and first_step. scale_event carries job, team, node, from
 // and to size and round, reason, generation, the committed checkpoint
 // step, and downtime: the seconds from this node's workers stopping (or
-// parking) to the first report of the workers at the new size.
+// parking) to the first progress of the workers at the new size (their
+// first heartbeat, or report: a committed checkpoint, ...).
 
 // scaleEvent is the trace of one scaling event, carried from the moment a
 // round is superseded until the workers run at the new size.
@@ -46,7 +47,13 @@ type pendingStep struct {
 	round   int64
 	started time.Time
 	timer   *time.Timer
+	// done ends the watch of the workers' heartbeats.
+	done chan struct{}
 }
+
+// heartbeatPoll is how often a pending scaling event looks for the new
+// workers' first heartbeat (their progress under --hang-timeout).
+const heartbeatPoll = 200 * time.Millisecond
 
 // stepWatch holds the scaling event waiting for its first step.
 type stepWatch struct {
@@ -154,31 +161,93 @@ func (e *elastic) awaitFirstStep(ev *scaleEvent, r *rendezvous.Round) {
 	}
 	ev.span.SetAttributes(attribute.Int64("to_round", r.Number), attribute.Int("to_size", r.NumNodes), attribute.Int("world_size", r.WorldSize))
 	e.endPending("the next scaling event began")
-	p := &pendingStep{event: ev, round: r.Number, started: time.Now()}
+	p := &pendingStep{event: ev, round: r.Number, started: time.Now(), done: make(chan struct{})}
 	p.timer = time.AfterFunc(firstStepWait, func() { e.endPending("no report from the workers within " + firstStepWait.String()) })
 	e.steps.mu.Lock()
 	e.steps.pending = p
 	e.steps.mu.Unlock()
+	if ev.span.IsRecording() {
+		go e.watchHeartbeats(p)
+	}
+}
+
+// watchHeartbeats ends p at the new workers' first heartbeat (the Python
+// helper's progress from elastic_event_detected(), which the control
+// channel keeps apart from the reports), unless a report or the round's
+// end comes first.
+func (e *elastic) watchHeartbeats(p *pendingStep) {
+	t := time.NewTicker(heartbeatPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-t.C:
+		}
+		if first, ok := e.firstHeartbeat(); ok {
+			e.endStep(p, control.Report{Type: control.ReportHeartbeat, Round: p.round}, first)
+			return
+		}
+	}
+}
+
+// firstHeartbeat is when the current round's first heartbeat arrived.
+func (e *elastic) firstHeartbeat() (time.Time, bool) {
+	var first time.Time
+	for _, h := range e.ch.Heartbeats() {
+		if first.IsZero() || h.First.Before(first) {
+			first = h.First
+		}
+	}
+	return first, !first.IsZero()
+}
+
+// claim takes p from the pending slot; false when it ended meanwhile.
+func (e *elastic) claim(p *pendingStep) bool {
+	e.steps.mu.Lock()
+	defer e.steps.mu.Unlock()
+	if e.steps.pending != p {
+		return false
+	}
+	e.steps.pending = nil
+	p.timer.Stop()
+	close(p.done)
+	return true
 }
 
 // firstStep ends the pending scaling event at the first report of its
-// round's workers: a first_step span from the workers' start, and the
+// round's workers (a committed checkpoint, ...; heartbeats are watched by
+// watchHeartbeats): a first_step span from the workers' start, and the
 // event's downtime.
 func (e *elastic) firstStep(rep control.Report) {
 	e.steps.mu.Lock()
 	p := e.steps.pending
+	e.steps.mu.Unlock()
 	if p == nil || (rep.Round != 0 && rep.Round != p.round) {
-		e.steps.mu.Unlock()
 		return
 	}
-	e.steps.pending = nil
-	e.steps.mu.Unlock()
-	p.timer.Stop()
-	now := time.Now()
+	e.endStep(p, rep, time.Now())
+}
+
+// endStep ends p at now, the first progress rep of its workers, or at
+// their first heartbeat if it came earlier.
+func (e *elastic) endStep(p *pendingStep, rep control.Report, now time.Time) {
+	if !e.claim(p) {
+		return
+	}
+	if hb, ok := e.firstHeartbeat(); ok && hb.Before(now) {
+		rep, now = control.Report{Type: control.ReportHeartbeat, Round: p.round}, hb
+	}
+	if now.Before(p.started) {
+		now = p.started
+	}
 	_, span := e.tracer.Start(p.event.ctx, "first_step", trace.WithTimestamp(p.started),
 		trace.WithAttributes(attribute.Int64("round", p.round), attribute.Int64("step", rep.Step), attribute.String("report", rep.Type)))
 	span.End(trace.WithTimestamp(now))
-	p.event.span.SetAttributes(attribute.Int64("first_step", rep.Step), attribute.Float64("downtime", downtime(p.event.stopped, p.started, now)))
+	p.event.span.SetAttributes(attribute.String("first_report", rep.Type), attribute.Float64("downtime", downtime(p.event.stopped, p.started, now)))
+	if rep.Type != control.ReportHeartbeat { // a heartbeat names no step
+		p.event.span.SetAttributes(attribute.Int64("first_step", rep.Step))
+	}
 	p.event.span.End(trace.WithTimestamp(now))
 }
 
@@ -187,12 +256,10 @@ func (e *elastic) firstStep(rep control.Report) {
 func (e *elastic) endPending(why string) {
 	e.steps.mu.Lock()
 	p := e.steps.pending
-	e.steps.pending = nil
 	e.steps.mu.Unlock()
-	if p == nil {
+	if p == nil || !e.claim(p) {
 		return
 	}
-	p.timer.Stop()
 	p.event.span.SetAttributes(attribute.String("first_step_unseen", why))
 	p.event.span.End()
 }
