@@ -17,6 +17,7 @@ sends that signal to a hung worker before it stops it.
 import faulthandler
 import logging
 import os
+import signal
 import time
 
 log = logging.getLogger("hyperpodrun_elastic")
@@ -85,6 +86,15 @@ def _install_stacks():
         return
     if signum == elastic_signal():
         log.warning("hyperpodrun_elastic: no stack dumps on a hang: %s is the elastic signal", signum.name)
+        return
+    try:
+        current = signal.getsignal(signum)
+    except (ValueError, OSError):
+        current = None
+    if current not in (signal.SIG_DFL, None):
+        # The training code handles that signal itself: keep its handler
+        # (the agent then sends it nothing; the hang is still detected).
+        log.warning("hyperpodrun_elastic: no stack dumps on a hang: %s has a handler of the program's", signum.name)
         return
     path = os.path.join(directory, "stacks_rank%d_pid%d.txt" % (_env_int("RANK", 0), os.getpid()))
     try:

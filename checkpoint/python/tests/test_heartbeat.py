@@ -38,6 +38,9 @@ class HeartbeatTest(unittest.TestCase):
     def setUp(self):
         he.reset()
         _heartbeat._reset()
+        # Another test may have left a handler on SIGUSR2 (the elastic
+        # signal's, under another name): start from the default.
+        self.addCleanup(signal.signal, signal.SIGUSR2, signal.signal(signal.SIGUSR2, signal.SIG_DFL))
         self.agent = FakeAgent()
         self.addCleanup(self.agent.close)
         self.addCleanup(_heartbeat._reset)
@@ -62,6 +65,18 @@ class HeartbeatTest(unittest.TestCase):
             os.kill(os.getpid(), signal.SIGUSR2)
             self.assertTrue(dump_names(msg["stacks"], "in test_every_step_check_is_a_throttled_heartbeat"),
                             "the dump names the running frame")
+
+    def test_a_signal_the_program_handles_is_left_alone(self):
+        seen = []
+        prev = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+        self.addCleanup(signal.signal, signal.SIGUSR2, prev)
+        with clean_env(RANK="0", WORLD_SIZE="1", HYPERPODRUN_HANG_TIMEOUT="5", HYPERPODRUN_STACKS_DIR=self.stacks,
+                       HYPERPODRUN_STACKS_SIGNAL="SIGUSR2", **self.agent.env()):
+            self.assertTrue(he.heartbeat())
+        self.assertNotIn("stacks", beats(self.agent)[0], "no dump file offered: the agent must not send the signal")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        self.assertEqual(seen, [signal.SIGUSR2], "the program's own handler still runs")
 
     def test_no_heartbeat_without_hang_detection(self):
         with clean_env(RANK="0", WORLD_SIZE="1", **self.agent.env()):
