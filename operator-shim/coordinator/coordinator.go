@@ -125,7 +125,8 @@ type Config struct {
 type CycleStats struct {
 	// Duration is the whole cycle: engine, diff and writes.
 	Duration time.Duration
-	// Engine is the part of it policy.Schedule took.
+	// Engine is the part of it the engine took (a full cycle, or its fast
+	// path).
 	Engine time.Duration
 	// Decision is the engine's output.
 	Decision policy.Decision
@@ -136,6 +137,9 @@ type CycleStats struct {
 	Ops int
 	// Waited is how long each job admitted in this cycle was pending.
 	Waited []time.Duration
+	// Fast says the engine decided the cycle's submits on its fast path
+	// (policy.Engine.Admit), without a full cycle.
+	Fast bool
 }
 
 // Coordinator is one coordinator instance.
@@ -166,6 +170,11 @@ type Coordinator struct {
 	ran       uint64
 	lastCycle time.Time
 	wake      time.Time
+	// engine runs the policy engine and keeps the last cycle's records
+	// for its fast path (decide); ranSubmits is the view's submitChanges
+	// at the last cycle.
+	engine     policy.Engine
+	ranSubmits uint64
 	// followUps counts the follow-up cycles run in a row (cycle);
 	// followUp says the running cycle is only a follow-up (writes).
 	followUps int

@@ -52,7 +52,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	now := c.cfg.Now()
 	st, _ := v.state(now, c.cfg.Engine)
 	t0 := time.Now()
-	d := policy.Schedule(st)
+	d, fast := c.decide(st)
 	engine := time.Since(t0)
 	c.logProblems(d.Problems)
 	c.uids = c.decideUIDs(&d)
@@ -81,7 +81,9 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	// the next input change. The follow-ups end at the first cycle that
 	// changes no allocation, and after maxFollowUps in a row (an engine
 	// that kept changing its mind would otherwise never rest).
-	again = again || len(changed) > 0
+	// The fast path's decision is one the full cycle would make and then
+	// keep (policy.Engine.Admit): no follow-up.
+	again = again || (len(changed) > 0 && !fast)
 	if again {
 		c.followUps++
 		if c.followUps > maxFollowUps {
@@ -91,7 +93,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	} else {
 		c.followUps = 0
 	}
-	c.log.Debug("cycle", "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
+	c.log.Debug("cycle", "fast", fast, "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now
 	c.wake = c.nextWake(d, now)
 	if c.cfg.OnDecision != nil {
@@ -100,10 +102,33 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	c.revokeEnded(ctx, running)
 	if c.cfg.OnCycle != nil {
 		cs := CycleStats{Duration: time.Since(start), Engine: engine, Decision: d, Changed: changed, Ops: ops}
-		cs.Waited = c.waited
+		cs.Waited, cs.Fast = c.waited, fast
 		c.cfg.OnCycle(cs)
 	}
 	return again, nil
+}
+
+// maxFastSubmits bounds the submits one cycle decides on the engine's
+// fast path: more (a burst) go to a full cycle.
+const maxFastSubmits = 32
+
+// decide runs the engine on st: on its fast path (policy.Engine.Admit)
+// when every input change since the last cycle was the submit of a job
+// under a new name and the last cycle's decision was written whole, else a
+// full cycle. fast says which.
+func (c *Coordinator) decide(st policy.State) (d policy.Decision, fast bool) {
+	v := c.view
+	submitted := v.submitted
+	v.submitted = nil
+	onlySubmits := v.changed-c.ran == v.submitChanges-c.ranSubmits
+	c.ranSubmits = v.submitChanges
+	if onlySubmits && v.haveLast && len(v.touched) == 0 && len(submitted) > 0 && len(submitted) <= maxFastSubmits {
+		if d, ok := c.engine.Admit(st, submitted); ok {
+			return d, true
+		}
+		c.log.Debug("submits decided by a full cycle", "why", c.engine.Declined())
+	}
+	return c.engine.Schedule(st), false
 }
 
 // verifyWrites makes every cycle check its write diff against a full

@@ -97,6 +97,14 @@ type view struct {
 	// wantCreds says assignments carry the job's credentials: one
 	// loaded without them is written again.
 	wantCreds bool
+
+	// submitted are the jobs submitted since the last cycle under names
+	// the view knew nothing of; submitChanges counts the input changes
+	// (of changed) that were only such submits: when every change since
+	// the last cycle was one, the engine may decide them on its fast path
+	// (policy.Engine.Admit).
+	submitted     []string
+	submitChanges uint64
 }
 
 type specRec struct {
@@ -393,8 +401,12 @@ func (v *view) reindex(name string) {
 // the engine reads changed.
 func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 	changed := false
+	onlySubmits := true // every event is a new job's spec
 	k := v.keys
 	for _, e := range evs {
+		if !v.brandNewSpec(e) {
+			onlySubmits = false
+		}
 		key := string(e.Kv.Key)
 		del := e.Type == clientv3.EventTypeDelete
 		switch {
@@ -472,8 +484,35 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 	}
 	if changed {
 		v.changed++
+		if onlySubmits {
+			v.submitChanges++
+		}
 	}
 	return changed
+}
+
+// brandNewSpec reports whether e creates the spec of a job under a name
+// the view knows nothing of (no spec, desired record, status or finish
+// record), and records the name in submitted.
+func (v *view) brandNewSpec(e *clientv3.Event) bool {
+	key := string(e.Kv.Key)
+	if e.Type != clientv3.EventTypePut || !e.IsCreate() || !strings.HasPrefix(key, v.keys.SpecsPrefix()) {
+		return false
+	}
+	spec, err := fleet.DecodeSpec(v.keys, key, e.Kv.Value)
+	if err != nil {
+		return false
+	}
+	name := spec.Name
+	_, spec1 := v.names[name]
+	_, des := v.desired[name]
+	_, st := v.statuses[name]
+	_, fin := v.finished[name]
+	if spec1 || des || st || fin || slices.Contains(v.submitted, name) {
+		return false
+	}
+	v.submitted = append(v.submitted, name)
+	return true
 }
 
 // state is the engine's input; each part is rebuilt only when it changed,

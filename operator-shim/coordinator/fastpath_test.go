@@ -1,0 +1,134 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/devices"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// Jobs submitted one at a time into a settled fleet are decided on the
+// engine's fast path (no full cycle, no follow-up cycle), each in the
+// cycle its submit caused; the decisions written are the full cycle's: a
+// coordinator that reads etcd afresh and runs a full cycle finds nothing
+// to write. A submit the fast path cannot decide (its team over quota
+// with a job of higher priority waiting) goes to a full cycle.
+func TestSubmitsAreDecidedOnTheFastPath(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, cli := etcdtest.Start(t)
+	st := fleet.New(cli, "")
+	const flavor = "trainium2"
+	lease, err := cli.Grant(ctx, 3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 6; i++ {
+		inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: flavor}
+		for d := 0; d < 8; d++ {
+			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: flavor, Healthy: true})
+		}
+		op, err := st.PutNodeOp(inv, clientv3.WithLease(lease.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Do(ctx, op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tm := range []policy.Team{
+		{Name: "a", Cohort: "all", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}},
+		{Name: "b", Cohort: "all", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}, Preemption: policy.PreemptLowerPriority},
+	} {
+		if err := st.PutTeam(ctx, tm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	fast := map[string]bool{} // job -> decided by a fast cycle
+	var cycles []CycleStats
+	var c *Coordinator
+	observe := func(s CycleStats) {
+		mu.Lock()
+		defer mu.Unlock()
+		cycles = append(cycles, s)
+		for _, r := range s.Decision.Reasons {
+			if r.Kind == policy.KindAdmitted || (r.Kind == policy.KindPending && r.FromSize == 0) {
+				if _, seen := fast[r.Job]; !seen {
+					fast[r.Job] = s.Fast
+				}
+			}
+		}
+	}
+	c = New(cli, Config{Debounce: 5 * time.Millisecond, OnCycle: observe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	submit := func(name, team string, prio, gpus, nodes int) {
+		t.Helper()
+		j := policy.Job{Name: name, Team: team, Priority: &prio, PerNode: policy.Resources{Accelerators: gpus}, MinNodes: nodes, MaxNodes: nodes}
+		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: j, Run: fleet.RunSpec{Script: "train.py"}}); err != nil {
+			t.Fatal(err)
+		}
+		until(t, "job "+name+" decided", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			_, ok := fast[name]
+			return ok
+		})
+		// The cycle settles before the next submit.
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Team b fills its quota and more, with a big job of high priority
+	// waiting: b's next submit cannot take the fast path.
+	submit("b-big", "b", 1, 8, 2)
+	submit("b-wait", "b", 9, 8, 5)
+	for i := 0; i < 6; i++ {
+		submit(fmt.Sprintf("a-%d", i), "a", 1, 1+i%2, 0)
+	}
+	submit("b-low", "b", 0, 1, 0)
+	mu.Lock()
+	for i := 0; i < 6; i++ {
+		if name := fmt.Sprintf("a-%d", i); !fast[name] {
+			t.Errorf("job %s (within its team's quota, free nodes) was decided by a full cycle", name)
+		}
+	}
+	if fast["b-low"] {
+		t.Error("job b-low (a job of higher priority of its team waits) was decided on the fast path")
+	}
+	for i, s := range cycles {
+		if s.Fast && i+1 < len(cycles) && len(cycles[i+1].Changed) == 0 && cycles[i+1].Ops > 0 {
+			t.Errorf("a follow-up cycle after fast cycle %d wrote %d ops", i, cycles[i+1].Ops)
+		}
+	}
+	mu.Unlock()
+	stop()
+	<-done
+	fresh := New(cli, Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := fresh.reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := fresh.view.state(time.Now(), fresh.cfg.Engine)
+	units, _, _, _ := fresh.writes(policy.Schedule(s))
+	var keys []string
+	for _, u := range units {
+		for _, op := range u {
+			keys = append(keys, string(op.KeyBytes()))
+		}
+	}
+	if len(keys) > 0 {
+		t.Errorf("a full cycle on what the fast path wrote would write %d records: %v", len(keys), keys)
+	}
+}
