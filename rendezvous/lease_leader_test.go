@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
@@ -263,5 +266,24 @@ func TestEveryMemberSilentStillFences(t *testing.T) {
 		}
 		t.Logf("node %s fenced %s after the members froze, %s before its lease could expire", n.ID(),
 			lostAt.Sub(paused).Round(time.Millisecond), r.Expiry.Sub(lostAt).Round(time.Millisecond))
+	}
+}
+
+func TestTransientErrors(t *testing.T) {
+	for _, tc := range []struct {
+		rule string
+		err  error
+		want bool
+	}{
+		{"the server's own deadline without quorum is retried", status.Error(codes.Unknown, context.DeadlineExceeded.Error()), true},
+		{"so is it wrapped", fmt.Errorf("secretlease: grant a 3s lease: %w", status.Error(codes.Unknown, context.DeadlineExceeded.Error())), true},
+		{"no leader is retried", status.Error(codes.Unavailable, "etcdserver: no leader"), true},
+		{"the client's deadline is retried", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), true},
+		{"another unknown error is not", status.Error(codes.Unknown, "something else"), false},
+		{"permission denied is not", status.Error(codes.PermissionDenied, "etcdserver: permission denied"), false},
+	} {
+		if got := transient(tc.err); got != tc.want {
+			t.Errorf("%s: transient(%v) = %v, want %v", tc.rule, tc.err, got, tc.want)
+		}
 	}
 }

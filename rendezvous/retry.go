@@ -33,6 +33,14 @@ func transient(err error) bool {
 	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
 		return true
 	}
+	// An etcd without quorum lets the request's deadline pass on its side
+	// and answers "context deadline exceeded" as an unknown error.
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		if s := se.GRPCStatus(); s.Code() == codes.Unknown && s.Message() == context.DeadlineExceeded.Error() {
+			return true
+		}
+	}
 	return errors.Is(err, context.DeadlineExceeded)
 }
 

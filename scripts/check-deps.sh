@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
-for bin in /usr/bin/etcd containerd runc docker-registry busybox chromium numactl unshare gcc; do
+for bin in /usr/bin/etcd /usr/bin/etcdctl containerd runc docker-registry busybox chromium numactl unshare gcc; do
   command -v "$bin" >/dev/null 2>&1 || missing+=("$bin")
 done
 /usr/bin/python3 -c 'import torch, etcd' >/dev/null 2>&1 || missing+=("python3-torch/python3-etcd")

@@ -14,7 +14,8 @@ fi
 apt-get update -qq
 # python3-torch: real PyTorch DDP (gloo) end-to-end tests; etcd-server: the
 # tests against Debian's etcd 3.4 binary (killed and restarted for outage
-# tests); util-linux: unshare (PID 1 test); python3-etcd: torch's etcd
+# tests); etcd-client: etcdctl move-leader under a job (issue 27);
+# util-linux: unshare (PID 1 test); python3-etcd: torch's etcd
 # rendezvous, for make bench's torchrun anchors; numactl: --numa-binding;
 # chromium: pages rendered headless; containerd, runc, docker-registry and
 # busybox-static: the containerd runtime's tests (a private containerd per
@@ -22,7 +23,7 @@ apt-get update -qq
 # libc links bin/hyperpodrun-static; containernetworking-plugins: the
 # loopback CNI plugin of the real kubelet's tests (internal/kubetest).
 apt-get install -y -qq --no-install-recommends \
-  python3-torch python3-etcd etcd-server util-linux procps ca-certificates curl unzip make git gcc libc6-dev \
+  python3-torch python3-etcd etcd-server etcd-client util-linux procps ca-certificates curl unzip make git gcc libc6-dev \
   numactl chromium containerd runc docker-registry busybox-static containernetworking-plugins >/dev/null
 # The packages may start a system containerd, registry and etcd; tests use
 # their own (private root, state, socket and port).
