@@ -71,10 +71,13 @@ bench: build
 	@$(GO) run ./bench/kueue -daemon
 
 ## bench-scale: issue 27's scale figures (under 10 minutes on 2 cores): the
+## rendezvous to "workers may start" (every node past the ready barrier and
+## holding its running marker) at 1,000, 10,000 and 20,000 nodes, the
 ## coordinator daemon at 20,000 nodes / 50,000 jobs / 300 teams on Debian's
 ## etcd (fsync on) and the pure engine at 50,000 nodes / 100,000 jobs.
 bench-scale: build
 	@echo "# bench-scale: machine load $$(cut -d' ' -f1-3 /proc/loadavg), $$(nproc) cores"
+	@$(GO) run ./bench/rdzvscale -ready -n 1000,10000,20000 -events-at 10000 -auth-at 0 -timeout 90s
 	@$(GO) run ./bench/coordinator_daemon -coordinator $(BIN)/hyperpod-coordinator -sizes 20000x50000x300
 	@$(GO) run ./bench/engine -nodes 50000 -jobs 100000 -teams 300 -cycles 7 -name engine_cycle_50000n_100000j -target 500
 

@@ -58,6 +58,7 @@ func benchMain() int {
 	authAt := flag.Int("auth-at", 1000, "also run this size with etcd auth on (the job's own user, as the coordinator mints it) and print it beside the same run's figure without; 0: skip")
 	ready := flag.Bool("ready", false, "measure to every participant past the ready barrier and holding its running marker (rdzv_ready_*), not to the closed round (rdzv_close_*)")
 	eventsAt := flag.Int("events-at", 0, "with -ready: also print the watch events etcd delivered (all watchers, summed) for this size; 0: skip")
+	flag.DurationVar(&sizeTimeout, "timeout", 4*time.Minute, "give up on a size after this long (its Join timeout; the run's deadline is a minute more)")
 	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
 	flag.Parse()
 
@@ -160,7 +161,10 @@ func benchMain() int {
 	return 0
 }
 
-var goroutineDump string
+var (
+	goroutineDump string
+	sizeTimeout   = 4 * time.Minute
+)
 
 func fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "rdzvscale: "+format+"\n", args...)
@@ -184,7 +188,7 @@ func runReady(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger
 // own user (etcdauth.Mint), as hyperpodrun does under a coordinator that
 // mints credentials: etcd checks that user's permission on every request.
 func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, logger *slog.Logger) (secs float64, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), sizeTimeout+time.Minute)
 	defer cancel()
 	srv, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
 	if err != nil {
@@ -214,7 +218,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 	for i := range nodes {
 		nodes[i], err = rendezvous.New(clis[i%len(clis)], rendezvous.Config{
 			JobID: job, NodeID: fmt.Sprintf("node-%05d", i), Addr: "127.0.0.1", LocalWorldSize: nproc,
-			MinNodes: n, MaxNodes: n, LeaseTTL: ttl, JoinTimeout: 4 * time.Minute, Logger: logger,
+			MinNodes: n, MaxNodes: n, LeaseTTL: ttl, JoinTimeout: sizeTimeout, Logger: logger,
 		})
 		if err != nil {
 			return 0, err
