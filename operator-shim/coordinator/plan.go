@@ -200,7 +200,7 @@ func (pl *planner) placeAll() (left []string) {
 	for i := range d.Allocations {
 		a := d.Allocations[i]
 		if !pl.full {
-			for li < len(last) && last[li].Job < a.Job {
+			for li < len(last) && last[li].Job != a.Job && last[li].Job < a.Job {
 				left = append(left, last[li].Job)
 				li++
 			}
@@ -395,7 +395,9 @@ func (pl *planner) statusesAndEvents() {
 		r := &d.Reasons[i]
 		p.again = p.again || r.Kind == policy.KindPreempted
 		if !pl.full {
-			for k < len(lastR) && lastR[k].Job < r.Job {
+			// Equality first: the lists mostly name the same jobs, and
+			// an equal name (the same bytes) is cheaper than an order.
+			for k < len(lastR) && lastR[k].Job != r.Job && lastR[k].Job < r.Job {
 				k++
 			}
 			// The status written (or kept) last cycle is stable-equal to

@@ -357,56 +357,63 @@ func flavorsOf(jobs []*jobRT) []*flavorRT {
 func (e *Engine) render(fresh, carried []*jobRT) Decision {
 	s, old := e.s, e.d
 	d := Decision{Now: s.now, Teams: slices.Clone(old.Teams), Released: old.Released, Problems: old.Problems}
-	redo := map[string]*jobRT{}
 	tfs := map[*teamFlavor]bool{}
 	for _, j := range fresh {
 		tfs[j.tf] = true
 	}
+	isNew := map[*jobRT]bool{}
+	for _, j := range fresh {
+		isNew[j] = true
+	}
+	again := map[*jobRT]bool{}
+	for _, j := range carried {
+		again[j] = true
+	}
 	// The texts the kept cycle cached may name what changed.
 	s.runningTexts, s.usageTexts, s.holderTexts, s.exhaustedTexts = nil, nil, nil, nil
-	for tf := range tfs {
-		for _, j := range tf.jobs {
-			redo[j.name] = j
-		}
-	}
-	for _, j := range carried {
-		redo[j.name] = j
-	}
-	for _, f := range flavorsOf(fresh) {
+	// The jobs to render again, in name order (a flavor's jobs are).
+	flavors := flavorsOf(append(slices.Clone(fresh), carried...))
+	var redo []*jobRT
+	for _, f := range flavors {
 		for _, j := range f.jobs {
-			if j.size == 0 || j.spec.Elastic {
-				redo[j.name] = j
+			if tfs[j.tf] || again[j] || j.size == 0 || j.spec.Elastic {
+				redo = append(redo, j)
 			}
 		}
 	}
-	// Both lists stay in name order: one merge each.
-	names := make([]string, 0, len(redo))
-	for n := range redo {
-		names = append(names, n)
+	if len(flavors) > 1 {
+		slices.SortFunc(redo, func(a, b *jobRT) int { return strings.Compare(a.name, b.name) })
 	}
-	slices.Sort(names)
 	cache := map[*flavorRT]*holders{}
 	d.Reasons = make([]Reason, 0, len(old.Reasons)+len(fresh))
 	i := 0
-	for _, n := range names {
-		for i < len(old.Reasons) && old.Reasons[i].Job < n {
-			d.Reasons = append(d.Reasons, old.Reasons[i])
-			i++
+	for _, j := range redo {
+		if isNew[j] {
+			// Not listed yet: its place by name.
+			k, _ := slices.BinarySearchFunc(old.Reasons[i:], j.name, func(r Reason, n string) int { return strings.Compare(r.Job, n) })
+			d.Reasons = append(d.Reasons, old.Reasons[i:i+k]...)
+			i += k
+		} else {
+			// Listed: equality only (the names share their bytes).
+			k := i
+			for k < len(old.Reasons) && old.Reasons[k].Job != j.name {
+				k++
+			}
+			d.Reasons = append(d.Reasons, old.Reasons[i:k]...)
+			i = k + 1
 		}
-		if i < len(old.Reasons) && old.Reasons[i].Job == n {
-			i++
-		}
-		d.Reasons = append(d.Reasons, s.reason(redo[n], cache))
+		d.Reasons = append(d.Reasons, s.reason(j, cache))
 	}
-	d.Reasons = append(d.Reasons, old.Reasons[i:]...)
+	if i < len(old.Reasons) {
+		d.Reasons = append(d.Reasons, old.Reasons[i:]...)
+	}
 	d.Allocations = make([]Allocation, 0, len(old.Allocations)+len(fresh))
 	slices.SortFunc(fresh, func(a, b *jobRT) int { return strings.Compare(a.name, b.name) })
 	i = 0
 	for _, j := range fresh {
-		for i < len(old.Allocations) && old.Allocations[i].Job < j.name {
-			d.Allocations = append(d.Allocations, old.Allocations[i])
-			i++
-		}
+		k, _ := slices.BinarySearchFunc(old.Allocations[i:], j.name, func(a Allocation, n string) int { return strings.Compare(a.Job, n) })
+		d.Allocations = append(d.Allocations, old.Allocations[i:i+k]...)
+		i += k
 		a := Allocation{Job: j.name, Team: j.team.name, Flavor: j.flavor, Size: j.size,
 			AcceleratorsPerNode: j.per, Since: j.since, LastResize: j.lastResize, Nodes: nodeNames(j)}
 		d.Allocations = append(d.Allocations, a)
