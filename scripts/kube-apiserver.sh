@@ -4,6 +4,8 @@
 # Prints the binary's path. Usage: scripts/kube-apiserver.sh [version]
 # KUBE_CMD=kubectl builds kubectl from the same release instead (for
 # machines without one: Debian's kubernetes-client is 1.20, too old).
+# KUBE_CMD=kubelet, kube-controller-manager or kube-scheduler builds those
+# (internal/kubetest runs them for the tests on real kubelets).
 #
 # The module's go.mod points every k8s.io/<x> at ./staging/src/..., which the
 # module zip does not hold: those replace lines are dropped and each
@@ -13,7 +15,7 @@ ver="${1:-${KUBE_VERSION:-v1.34.2}}"
 minor="v0.${ver#v1.}"
 cache="${KUBE_CACHE:-/var/cache/hyperpodrun}"
 cmd="${KUBE_CMD:-kube-apiserver}"
-case "$cmd" in kube-apiserver|kubectl|kubelet) ;; *) echo "kube-apiserver.sh: KUBE_CMD must be kube-apiserver, kubectl or kubelet, not $cmd" >&2; exit 2;; esac
+case "$cmd" in kube-apiserver|kubectl|kubelet|kube-controller-manager|kube-scheduler) ;; *) echo "kube-apiserver.sh: KUBE_CMD must be kube-apiserver, kubectl, kubelet, kube-controller-manager or kube-scheduler, not $cmd" >&2; exit 2;; esac
 bin="$cache/$cmd-$ver"
 if [ -x "$bin" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$cache"

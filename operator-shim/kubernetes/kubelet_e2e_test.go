@@ -72,12 +72,13 @@ spec:
 `
 
 // The generated manifests on real kubelets (issue 26): two Nodes, each a
-// real kubelet v1.34.2 on its own containerd. The agent's and the
+// real kubelet v1.34.2 on its own containerd, with the real DaemonSet
+// controller (kube-controller-manager) and kube-scheduler. The agent's and the
 // launcher's images are built by the image command `make image` runs and
 // imported into the nodes' containerds; the manifests come from `gen`
-// with the test's etcd. The agent DaemonSet's pod comes up on node-a (the
-// test creates it from the DaemonSet as the DaemonSet controller would: no
-// controller-manager or scheduler runs) and registers node-a in etcd;
+// with the test's etcd. The DaemonSet controller makes the agent's pod,
+// the scheduler puts it on node-a, it comes up Ready and registers node-a
+// in etcd;
 // node-b has no agent and is bridged by the controller. An ElasticJob
 // applied with kubectl trains in real pods on both nodes (the init
 // container installs hyperpodrun from the launcher image, the supervisor
@@ -126,7 +127,10 @@ func TestGeneratedManifestsOnRealKubelets(t *testing.T) {
 		t.Fatalf("CRDs: %v\n%s", err, out)
 	}
 
-	// The agent DaemonSet, adapted to this cluster, and its pod on node-a.
+	// The agent DaemonSet, adapted to this cluster: the real DaemonSet
+	// controller and scheduler put its pod on node-a.
+	s.StartControllerManager(t, "daemonset")
+	s.StartScheduler(t)
 	port := agentDaemonSet(t, s, filepath.Join(dir, "daemonset.yaml"))
 	st := fleet.New(s.Etcd, "")
 	waitFor(t, time.Minute, "the agent pod Ready on node-a and node-a registered in etcd", func() (bool, string) {
@@ -135,6 +139,9 @@ func TestGeneratedManifestsOnRealKubelets(t *testing.T) {
 			return false, fmt.Sprintf("agent pods: %v", err)
 		}
 		p := ps.Items[0]
+		if p.Spec.NodeName != "node-a" || len(p.OwnerReferences) != 1 || p.OwnerReferences[0].Kind != "DaemonSet" {
+			return false, fmt.Sprintf("agent pod on %q, owners %v", p.Spec.NodeName, p.OwnerReferences)
+		}
 		ready := slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue })
 		ns, _, _ := st.Nodes(ctx)
 		return ready && len(ns) == 1 && ns[0].Node == "node-a" && ns[0].Flavor == "cpu",
@@ -272,9 +279,9 @@ func buildE2EImages(t *testing.T) []string {
 	return []string{agentTar, launcherTar, trainerTar}
 }
 
-// agentDaemonSet applies the generated hyperpod-agent DaemonSet adapted to
-// this cluster, and creates its pod on node-a as the DaemonSet controller
-// would (none runs here). The adaptations: etcd auth and TLS are off here
+// agentDaemonSet creates the generated hyperpod-agent DaemonSet adapted to
+// this cluster (the DaemonSet controller and the scheduler make and place
+// its pod). The adaptations: etcd auth and TLS are off here
 // (no certificate or enrollment arguments and Secrets); host network, as
 // the pods have no other (loopback-only CNI), on a free port instead of
 // 9400; node-a only (node-b stays without an agent, for the bridge). It
@@ -318,19 +325,8 @@ func agentDaemonSet(t *testing.T, s *kubetest.Server, file string) int {
 	c.Ports[0].ContainerPort = int32(port)
 	c.VolumeMounts = slices.DeleteFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "etcd-tls" || m.Name == "etcd-enroll" })
 	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "etcd-tls" || v.Name == "etcd-enroll" })
-	cs := s.Clientset(t)
-	ctx := ctxT(t, time.Minute)
-	created, err := cs.AppsV1().DaemonSets(manifests.Namespace).Create(ctx, ds, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := s.Clientset(t).AppsV1().DaemonSets(manifests.Namespace).Create(ctxT(t, time.Minute), ds, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create the DaemonSet: %v", err)
-	}
-	// What the DaemonSet controller and the scheduler would do.
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{GenerateName: ds.Name + "-", Namespace: manifests.Namespace, Labels: ds.Spec.Template.Labels,
-		Annotations: ds.Spec.Template.Annotations, OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(created, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))}},
-		Spec: *spec.DeepCopy()}
-	pod.Spec.NodeName = "node-a"
-	if _, err := cs.CoreV1().Pods(manifests.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create the DaemonSet's pod: %v", err)
 	}
 	return port
 }
