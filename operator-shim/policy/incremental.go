@@ -46,9 +46,6 @@ func (e *Engine) decline(why string) (Decision, bool) {
 // runtime records for Admit.
 func (e *Engine) Schedule(st State) Decision {
 	e.drop()
-	// The kept records point into the jobs' specs: a copy, so that the
-	// caller may reuse its slice.
-	st.Jobs = slices.Clone(st.Jobs)
 	s, d := schedule(st)
 	e.s, e.d, e.cfg, e.jobs = s, d, st.Config, len(st.Jobs)
 	e.fix = len(d.Released) == 0
@@ -118,6 +115,9 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 		return e.decline("not only the submitted jobs are new")
 	case st.Now.Before(s.now) || (!e.wake.IsZero() && !st.Now.Before(e.wake)):
 		return e.decline("a stable period ended")
+	}
+	if !e.repoint(st.Jobs) {
+		return e.decline("the jobs are not the kept ones and the submitted ones, in name order")
 	}
 	var fresh []*jobRT
 	for _, name := range submitted {
@@ -242,6 +242,25 @@ func (e *Engine) attachFresh(j *jobRT, nodes []*nodeRT, code ReasonCode) {
 	s.admit(j, nodes, code)
 }
 
+// repoint points the kept job records at their specs in jobs, which the
+// caller may have moved since (it inserts the submitted jobs in place):
+// jobs must be in name order and hold the kept jobs and others (the
+// submitted ones, and those admitted by earlier Admits, which keep their
+// own copy).
+func (e *Engine) repoint(jobs []Job) bool {
+	s, k := e.s, 0
+	for i := range jobs {
+		if i > 0 && jobs[i-1].Name >= jobs[i].Name {
+			return false
+		}
+		if k < len(s.jobs) && s.jobs[k].name == jobs[i].Name {
+			s.jobs[k].spec = &jobs[i]
+			k++
+		}
+	}
+	return k == len(s.jobs)
+}
+
 // newJob builds the runtime record of submitted job name as buildJobs and
 // resolve would, or nil when it is not one Admit decides.
 func (e *Engine) newJob(st State, name string) *jobRT {
@@ -254,7 +273,7 @@ func (e *Engine) newJob(st State, name string) *jobRT {
 	if i < 0 || s.jobByName[name] != nil {
 		return nil
 	}
-	spec := st.Jobs[i] // a copy: the caller may reuse its slice
+	spec := st.Jobs[i] // a copy: the caller moves its slice's entries
 	if spec.Suspended || spec.Elastic {
 		return nil
 	}
