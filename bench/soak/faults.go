@@ -59,7 +59,7 @@ func (f plannedFault) String() string {
 // plan draws the schedule for a fault phase of length total: gaps uniform in
 // [gapMin, gapMax]; kinds dealt from a deck holding every kind once,
 // reshuffled when empty, so each kind comes up about equally often.
-func plan(seed uint64, total, gapMin, gapMax, etcdDownMax time.Duration) []plannedFault {
+func plan(seed uint64, total, gapMin, gapMax, etcdDownMax time.Duration, extraKinds ...string) []plannedFault {
 	r := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	var out []plannedFault
 	var deck []string
@@ -67,7 +67,7 @@ func plan(seed uint64, total, gapMin, gapMax, etcdDownMax time.Duration) []plann
 	for n := 1; ; n++ {
 		gap := gapMin + time.Duration(r.Int64N(int64(gapMax-gapMin)+1))
 		if len(deck) == 0 {
-			deck = append([]string(nil), faultKinds...)
+			deck = append(append([]string(nil), faultKinds...), extraKinds...)
 			r.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
 		}
 		f := plannedFault{n: n, gap: gap, kind: deck[0], pick: r.Uint64()}
@@ -77,6 +77,8 @@ func plan(seed uint64, total, gapMin, gapMax, etcdDownMax time.Duration) []plann
 			f.down = time.Second + time.Duration(r.Int64N(int64(etcdDownMax-time.Second)+1))
 		case faultAgentKill, faultCoordinatorKill:
 			f.down = time.Second + time.Duration(r.Int64N(int64(restartDelayMax-1)*int64(time.Second)+1))
+		case faultLeaderKill, faultMemberDown, faultMemberDisk, faultQuorumLoss:
+			f.down = drawMemberDown(r, f.kind)
 		}
 		at += gap
 		if at > total {
@@ -108,6 +110,9 @@ var errNoTarget = errors.New("no target")
 func (s *soak) inject(ctx context.Context, f *injected) error {
 	pick := func(n int) int { return int(f.pick % uint64(n)) }
 	if handled, err := s.inject24(ctx, f); handled {
+		return err
+	}
+	if handled, err := s.injectMember(ctx, f); handled {
 		return err
 	}
 	switch f.kind {

@@ -91,7 +91,9 @@ func (s *soak) startAgent(i int) error {
 		"--etcd-endpoints", s.endpoint, "--node-name", node, "--listen=", "--lease-ttl", "5s",
 		"--disable-nvml", "--neuron-sysfs-root", filepath.Join(fixture, "sys", "devices", "virtual", "neuron_device"),
 		"--dev-root", filepath.Join(fixture, "dev"),
-		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"))
+		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"),
+		// The DDP jobs' short hang timeout (faults24.go's worker_hang).
+		"--allow-job-env", "PET_HANG_TIMEOUT")
 	if s.perJobUIDs {
 		// Each job as its own uid, in a run-dir base of the soak's own
 		// (removed with it, whatever a killed agent left there).

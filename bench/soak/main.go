@@ -74,6 +74,9 @@ type config struct {
 	// isolation: per-node etcd users (with auth) and, as root, per-job
 	// uids.
 	isolation bool
+	// etcdMembers: the etcd cluster's size; 3 adds the member faults
+	// (members.go).
+	etcdMembers int
 }
 
 func parseConfig(args []string) (config, error) {
@@ -92,6 +95,7 @@ func parseConfig(args []string) (config, error) {
 	fs.IntVar(&c.workerSteps, "worker-steps", 0, "steps of each bundled-worker job (default 1500, -short 400)")
 	fs.BoolVar(&c.verbose, "v", false, "debug logs")
 	fs.BoolVar(&c.auth, "auth", os.Getenv("SOAK_AUTH") != "0", "etcd auth on: elasticctl auth bootstrap, every daemon and team as its own user, every job as its minted one ($SOAK_AUTH=0 turns it off)")
+	fs.IntVar(&c.etcdMembers, "etcd-members", envInt("SOAK_ETCD_MEMBERS", 1), "etcd members: 3 runs the fleet on a 3-member cluster with member faults (leader SIGKILL, a member down for minutes, a member's disk full, quorum lost for 30 s) ($SOAK_ETCD_MEMBERS)")
 	fs.BoolVar(&c.isolation, "isolation", os.Getenv("SOAK_ISOLATION") != "0", "each node agent as its own etcd user (hyperpod-node-<node>) and, as root, each job as its own uid (--job-uid-range); -isolation=false: one shared agent user, jobs as root with --allow-root-jobs ($SOAK_ISOLATION=0)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -147,6 +151,9 @@ func parseConfig(args []string) (config, error) {
 	def(&c.warmupTimeout, 4*time.Minute, 4*time.Minute)
 	defInt(&c.ddpSteps, 400, 100)
 	defInt(&c.workerSteps, 1500, 400)
+	if c.etcdMembers < 1 {
+		return c, fmt.Errorf("-etcd-members %d: at least 1", c.etcdMembers)
+	}
 	if c.duration < 0 || c.settle < 0 || c.ddpSteps < 1 || c.workerSteps < 1 {
 		return c, errors.New("durations must be positive and steps at least 1")
 	}
@@ -180,7 +187,7 @@ func main() {
 		return a
 	}}))
 	if cfg.planOnly {
-		for _, f := range plan(cfg.seed, cfg.duration, cfg.gapMin, cfg.gapMax, cfg.etcdDown) {
+		for _, f := range plan(cfg.seed, cfg.duration, cfg.gapMin, cfg.gapMax, cfg.etcdDown, cfg.memberKinds()...) {
 			fmt.Println(f)
 		}
 		return
@@ -207,6 +214,7 @@ type soak struct {
 	jobs    *jobTable
 	etcdCli *clientv3.Client
 	etcd    *child
+	cluster *cluster // with -etcd-members > 1 (s.etcd is its first member)
 	coords  []*child
 	agents  []*child
 	// endpoint is etcd's client URL; peer its peer URL (fixed across
@@ -365,14 +373,21 @@ func (s *soak) prepare(ctx context.Context) error {
 // startFleet starts etcd (bootstrapping auth when on), the team, two
 // coordinators and the node agents, and waits for the nodes to register.
 func (s *soak) startFleet(ctx context.Context) error {
-	ports, err := freePorts(2)
-	if err != nil {
-		return err
+	if s.cfg.etcdMembers > 1 {
+		if err := s.startCluster(ctx); err != nil {
+			return err
+		}
+	} else {
+		ports, err := freePorts(2)
+		if err != nil {
+			return err
+		}
+		s.endpoint, s.peer = fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+		if err := s.startEtcd(ctx); err != nil {
+			return err
+		}
 	}
-	s.endpoint, s.peer = fmt.Sprintf("http://127.0.0.1:%d", ports[0]), fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-	if err := s.startEtcd(ctx); err != nil {
-		return err
-	}
+	var err error
 	var user, pw string
 	if s.cfg.auth {
 		args := []string{"auth", "bootstrap", "--team", teamName, "--password-dir", s.passwordDir()}
@@ -395,7 +410,7 @@ func (s *soak) startFleet(ctx context.Context) error {
 	} else if s.cfg.isolation {
 		s.log.Info("jobs run as the soak's user: only root can run each job as its own uid", "uid", os.Geteuid())
 	}
-	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 2 * time.Second, Logger: nopZap(), Username: user, Password: pw}); err != nil {
+	if s.etcdCli, err = clientv3.New(clientv3.Config{Endpoints: strings.Split(s.endpoint, ","), DialTimeout: 2 * time.Second, Logger: nopZap(), Username: user, Password: pw}); err != nil {
 		return fmt.Errorf("etcd client: %w", err)
 	}
 	if err := s.applyTeam(ctx); err != nil {
@@ -447,7 +462,7 @@ func (s *soak) warmUp(ctx context.Context) error {
 // waits for the running jobs to finish.
 func (s *soak) faultPhase(ctx context.Context) error {
 	cfg := s.cfg
-	schedule := plan(cfg.seed, cfg.duration, cfg.gapMin, cfg.gapMax, cfg.etcdDown)
+	schedule := plan(cfg.seed, cfg.duration, cfg.gapMin, cfg.gapMax, cfg.etcdDown, cfg.memberKinds()...)
 	s.log.Info("fault phase", "seed", cfg.seed, "faults", len(schedule), "duration", cfg.duration)
 	phaseEnd := time.Now().Add(cfg.duration)
 	s.phaseEnd.Store(phaseEnd.UnixNano())
@@ -762,6 +777,7 @@ func (s *soak) teardown() {
 	for _, c := range s.sup.live() {
 		s.sup.stop(c, 10*time.Second)
 	}
+	s.unmountMembers()
 	if s.scan == nil {
 		return
 	}
@@ -784,7 +800,7 @@ func (s *soak) report(w io.Writer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "== soak: seed %d, %s of faults, took %s\n", s.cfg.seed, s.cfg.duration, time.Since(s.start).Round(time.Second))
+	fmt.Fprintf(w, "== soak: seed %d, %s of faults, took %s, %d etcd member(s)\n", s.cfg.seed, s.cfg.duration, time.Since(s.start).Round(time.Second), s.cfg.etcdMembers)
 	fmt.Fprintln(w, "== faults")
 	byKind := map[string]int{}
 	for _, f := range s.faults {
