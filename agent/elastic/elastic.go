@@ -418,7 +418,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changes, nextErr := e.superseded(nctx, r)
-	hang := e.watchHang(nctx, r)
+	hang := e.watchHang(nctx, g, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
 	// In process, a worker whose collective broke (a peer died) leaves the
 	// process group and parks; unless a change is under way already, that
@@ -567,8 +567,7 @@ func (e *elastic) drain(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 		e.tellMembersWeDrain(ctx, r, &ev)
 	}
 	e.log.Info("draining: asking workers to checkpoint, then leaving the job", "round", r.Number, "kind", ev.Kind, "why", ev.Reason)
-	// Under the coordinator's decision that took this node away.
-	event := e.beginEvent(decisionParent(d, context.Background()), string(ev.Kind), r, d)
+	event := e.beginEvent(e.drainParent(d), string(ev.Kind), r, d)
 	defer event.span.End()
 	e.announceAndWait(event.ctx, g, r, ev)
 	event.workersStopped()

@@ -42,7 +42,11 @@ while True:
         with open(os.path.join(out, "reported.%s" % os.environ["HYPERPODRUN_ROUND"]), "w") as f:
             f.write(str(ok))
     if he.elastic_event_detected():
-        # Whether the configured elastic signal arrived (not only the file).
+        # Whether the configured elastic signal arrived (not only the file,
+        # which is written just before it and may be read first).
+        deadline = time.time() + 2
+        while not _events._state.signalled and time.time() < deadline:
+            time.sleep(0.01)
         with open(os.path.join(out, "sig.%s.%s" % (os.environ["HYPERPODRUN_ROUND"], os.environ["RANK"])), "w") as f:
             f.write("%s %s" % (_events._state.signalled, os.environ.get("HYPERPODRUN_ELASTIC_SIGNAL")))
         he.report_stopping(step)

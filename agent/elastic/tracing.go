@@ -61,6 +61,16 @@ type stepWatch struct {
 	pending *pendingStep
 }
 
+// drainParent is the parent of a drain's scaling event: the
+// coordinator's decision that took this node away (d), or none when d
+// still places the job here (the node agent is leaving on its own).
+func (e *elastic) drainParent(d *fleet.Desired) context.Context {
+	if !d.TookAway(e.nodeID()) {
+		return context.Background()
+	}
+	return decisionParent(d, context.Background())
+}
+
 // resourceAttrs name this process's job and node (when known) in its
 // traces' resource.
 func resourceAttrs(job, node string) []attribute.KeyValue {

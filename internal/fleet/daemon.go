@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -237,4 +238,15 @@ func (d *Desired) TraceParentOrEmpty() string {
 		return ""
 	}
 	return d.TraceParent
+}
+
+// TookAway reports whether the record took the job off node: it stops
+// the job, or places it on other nodes only. A drain of a node the record
+// still places the job on is not the coordinator's (the node agent is
+// leaving), so it is not traced under the record's decision.
+func (d *Desired) TookAway(node string) bool {
+	if d == nil {
+		return false
+	}
+	return d.Stop != nil || !slices.Contains(d.Nodes, node)
 }

@@ -235,6 +235,18 @@ func TestResizeIsOneTraceInJaeger(t *testing.T) {
 		return why == "", why
 	})
 	checkResizeTrace(t, resize)
+	// One trace for the resize: no span of its handling went elsewhere.
+	traces, err := j.Traces(ctx, "hyperpodrun")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range traces {
+		for _, s := range tr.Spans {
+			if s.Operation == "scale_event" && s.Attributes["from_size"] == "2" && tr.TraceID != resize.TraceID {
+				t.Errorf("a scale_event of the resize (node %s) is in another trace %s, not %s", s.Attributes["node"], tr.TraceID, resize.TraceID)
+			}
+		}
+	}
 }
 
 // traceComplete says what the resize's trace still lacks ("" when

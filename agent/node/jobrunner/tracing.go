@@ -223,6 +223,10 @@ func (r *Runner) traceDrain(job string, drained time.Time, runErr error) {
 		return
 	}
 	parent, d := r.decisionContext(context.Background(), job)
+	if !d.TookAway(r.node.Name) {
+		// The node leaves (hyperpod-agent drains), not the decision's.
+		parent = context.Background()
+	}
 	name := "agent.drain_job"
 	if d != nil && d.Stop != nil {
 		name = "agent.stop_job"
