@@ -73,11 +73,13 @@ func fenceAfter(prev, expiry time.Time, margin time.Duration) time.Time {
 	return prev
 }
 
-// streamVerdict says whether the keepalive stream must be replaced: when
-// its oldest unanswered keepalive (zero when none) was sent stuckAfter or
-// longer before now.
-func streamVerdict(now, oldestUnanswered time.Time, stuckAfter time.Duration) (replace bool) {
-	return !oldestUnanswered.IsZero() && now.Sub(oldestUnanswered) >= stuckAfter
+// streamVerdict says whether the keepalive stream is stuck: its oldest
+// unanswered keepalive (zero when none) was sent stuckAfter or longer
+// before now, and nothing was answered on it for as long (lastAnswer: its
+// latest answer, or when it was opened). A stream that answers, late and
+// in order (a loaded leader, many leases), is not stuck.
+func streamVerdict(now, oldestUnanswered, lastAnswer time.Time, stuckAfter time.Duration) (stuck bool) {
+	return !oldestUnanswered.IsZero() && now.Sub(oldestUnanswered) >= stuckAfter && now.Sub(lastAnswer) >= stuckAfter
 }
 
 // nextStuckAfter is the wait for the next stream after one was replaced
@@ -109,6 +111,7 @@ type kaMux struct {
 	stuckAfter time.Duration
 	probing    int       // probes in flight
 	nextProbe  time.Time // the earliest next probe
+	answered   time.Time // the stream's latest answer, or when it was opened
 	// gen counts the streams: an answer that arrives on a dropped
 	// stream (its receiver not yet stopped) matches no send of the
 	// current one and is ignored.
@@ -216,6 +219,7 @@ func (m *kaMux) run(ctx context.Context) {
 			stream, scancel, broken = s, cancel, make(chan error, 1)
 			m.mu.Lock()
 			gen := m.gen
+			m.answered = time.Now()
 			m.mu.Unlock()
 			recv.Add(1)
 			go func(broken chan<- error) { defer recv.Done(); m.receive(s, broken, gen) }(broken)
@@ -224,7 +228,7 @@ func (m *kaMux) run(ctx context.Context) {
 		batch = batch[:0]
 		m.mu.Lock()
 		oldest := m.oldestUnansweredLocked()
-		if streamVerdict(now, oldest, minStuckAfter) && m.probing < maxProbes && !now.Before(m.nextProbe) {
+		if streamVerdict(now, oldest, m.answered, minStuckAfter) && m.probing < maxProbes && !now.Before(m.nextProbe) {
 			m.probing++
 			m.nextProbe = now.Add(minStuckAfter)
 			ids := make([]clientv3.LeaseID, 0, len(m.leases))
@@ -235,7 +239,7 @@ func (m *kaMux) run(ctx context.Context) {
 			recv.Add(1)
 			go func() { defer recv.Done(); m.probe(ctx, ids, timeout) }()
 		}
-		if wait := m.stuckAfter; streamVerdict(now, oldest, wait) {
+		if wait := m.stuckAfter; streamVerdict(now, oldest, m.answered, wait) {
 			m.stuckAfter = nextStuckAfter(wait, m.maxStuckAfterLocked())
 			m.mu.Unlock()
 			reset(fmt.Errorf("no keepalive answered on the stream for %s: trying another etcd member", wait))
@@ -298,6 +302,7 @@ func (m *kaMux) receive(s pb.Lease_LeaseKeepAliveClient, broken chan<- error, ge
 			m.mu.Unlock()
 			continue
 		}
+		m.answered = time.Now()
 		l := m.leases[id]
 		var sent time.Time
 		if l != nil && len(l.sent) > 0 {

@@ -40,16 +40,18 @@ func TestKeepaliveRules(t *testing.T) {
 		for _, tc := range []struct {
 			rule        string
 			oldest      time.Time
+			answered    time.Time
 			now         time.Time
 			stuck       time.Duration
 			wantReplace bool
 		}{
-			{"a stream with nothing awaiting an answer is kept", time.Time{}, t0.Add(time.Hour), 250 * time.Millisecond, false},
-			{"a keepalive younger than the wait keeps the stream", t0, t0.Add(249 * time.Millisecond), 250 * time.Millisecond, false},
-			{"a keepalive unanswered for the wait replaces the stream", t0, t0.Add(250 * time.Millisecond), 250 * time.Millisecond, true},
-			{"a longer wait (slow leader) keeps the stream longer", t0, t0.Add(400 * time.Millisecond), 500 * time.Millisecond, false},
+			{"a stream with nothing awaiting an answer is kept", time.Time{}, t0, t0.Add(time.Hour), 250 * time.Millisecond, false},
+			{"a keepalive younger than the wait keeps the stream", t0, t0, t0.Add(249 * time.Millisecond), 250 * time.Millisecond, false},
+			{"a keepalive unanswered for the wait, nothing answered since, is stuck", t0, t0, t0.Add(250 * time.Millisecond), 250 * time.Millisecond, true},
+			{"a stream answering others' keepalives late and in order is not stuck", t0, t0.Add(200 * time.Millisecond), t0.Add(300 * time.Millisecond), 250 * time.Millisecond, false},
+			{"a longer wait (slow leader) keeps the stream longer", t0, t0, t0.Add(400 * time.Millisecond), 500 * time.Millisecond, false},
 		} {
-			if got := streamVerdict(tc.now, tc.oldest, tc.stuck); got != tc.wantReplace {
+			if got := streamVerdict(tc.now, tc.oldest, tc.answered, tc.stuck); got != tc.wantReplace {
 				t.Errorf("%s: streamVerdict = %v, want %v", tc.rule, got, tc.wantReplace)
 			}
 		}
