@@ -418,7 +418,7 @@ func (e *elastic) watch(ctx context.Context, g *launcher.Group, r *rendezvous.Ro
 	nctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	changes, nextErr := e.superseded(nctx, r)
-	hang := e.watchHang(nctx, r)
+	hang := e.watchHang(nctx, g, r)
 	stopAll := func(sig syscall.Signal) { g.Stop(sig, o.ShutdownTimeout) }
 	// In process, a worker whose collective broke (a peer died) leaves the
 	// process group and parks; unless a change is under way already, that

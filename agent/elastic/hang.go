@@ -14,6 +14,7 @@ package elastic
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -123,39 +124,64 @@ func hangPoll(timeout time.Duration) time.Duration {
 // hangEnv adds the hang detection's variables to a round's worker
 // environment: the timeout, the heartbeat interval and where to dump the
 // stacks (<log dir>/attempt_<n>/stacks, made here).
-func (e *elastic) hangEnv(env map[string]string, attempt int) {
-	t := e.o.HangTimeout
+func (e *elastic) hangEnv(env map[string]string, attempt int) { hangEnvFor(e.o, e.log, env, attempt) }
+
+// hangEnvFor is hangEnv for the options o.
+func hangEnvFor(o Options, log *slog.Logger, env map[string]string, attempt int) {
+	t := o.HangTimeout
 	if t <= 0 {
 		return
 	}
 	env[control.EnvHangTimeout] = strconv.FormatFloat(t.Seconds(), 'f', -1, 64)
 	env[control.EnvHeartbeatInterval] = strconv.FormatFloat(heartbeatInterval(t).Seconds(), 'f', -1, 64)
 	env[control.EnvStacksSignal] = strconv.Itoa(int(hangStacksSignal))
-	if e.o.Spec.LogDir == "" {
+	if o.Spec.LogDir == "" {
 		return
 	}
-	dir := filepath.Join(e.o.Spec.LogDir, "attempt_"+strconv.Itoa(attempt), "stacks")
+	dir := filepath.Join(o.Spec.LogDir, "attempt_"+strconv.Itoa(attempt), "stacks")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		e.log.Warn("no stack dumps on a hang: cannot create their directory", "dir", dir, "err", err)
+		log.Warn("no stack dumps on a hang: cannot create their directory", "dir", dir, "err", err)
 		return
 	}
 	env[control.EnvStacksDir] = dir
 }
 
-// view is the hang decision's input now, for round r.
-func (e *elastic) hangView(r *rendezvous.Round) hangView {
-	return hangView{Timeout: e.o.HangTimeout, Now: time.Now(), Planned: e.stopping.Load() == r.Number, Beats: e.ch.Heartbeats()}
+// hangView is the hang decision's input now, for round r's workers g.
+func (e *elastic) hangView(g *launcher.Group, r *rendezvous.Round) hangView {
+	return hangView{Timeout: e.o.HangTimeout, Now: time.Now(), Planned: e.stopping.Load() == r.Number, Beats: liveBeats(e.ch, g)}
+}
+
+// liveBeats are the heartbeats of ch sent by g's live workers (a worker's
+// process group is its pid): none of an earlier attempt's.
+func liveBeats(ch *control.Channel, g *launcher.Group) []control.Heartbeat {
+	groups := map[int]bool{}
+	for _, pid := range g.PIDs() {
+		groups[pid] = true
+	}
+	var out []control.Heartbeat
+	for _, b := range ch.Heartbeats() {
+		if pgid, err := syscall.Getpgid(b.PID); err == nil && groups[pgid] {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 // watchHang checks the round's heartbeats until ctx ends; the channel gets
 // the verdict once a worker is hung. Without a hang timeout it never does.
-func (e *elastic) watchHang(ctx context.Context, r *rendezvous.Round) <-chan hangVerdict {
+func (e *elastic) watchHang(ctx context.Context, g *launcher.Group, r *rendezvous.Round) <-chan hangVerdict {
+	return watchHangWith(ctx, e.o.HangTimeout, func() hangView { return e.hangView(g, r) })
+}
+
+// watchHangWith checks view every hangPoll(timeout) until ctx ends or a
+// worker is hung.
+func watchHangWith(ctx context.Context, timeout time.Duration, view func() hangView) <-chan hangVerdict {
 	out := make(chan hangVerdict, 1)
-	if e.o.HangTimeout <= 0 {
+	if timeout <= 0 {
 		return out
 	}
 	go func() {
-		t := time.NewTicker(hangPoll(e.o.HangTimeout))
+		t := time.NewTicker(hangPoll(timeout))
 		defer t.Stop()
 		for {
 			select {
@@ -163,7 +189,7 @@ func (e *elastic) watchHang(ctx context.Context, r *rendezvous.Round) <-chan han
 				return
 			case <-t.C:
 			}
-			if v := hungWorkers(e.hangView(r)); len(v.Hung) > 0 {
+			if v := hungWorkers(view()); len(v.Hung) > 0 {
 				out <- v
 				return
 			}
@@ -172,18 +198,23 @@ func (e *elastic) watchHang(ctx context.Context, r *rendezvous.Round) <-chan han
 	return out
 }
 
-// hung ends a round whose worker hung: stacks dumped, workers stopped, the
-// failure reported (the job restarts from its last committed checkpoint,
-// and the restart counts).
-func (e *elastic) hung(ctx context.Context, g *launcher.Group, r *rendezvous.Round, v hangVerdict) roundEnd {
+// hangDetail names the hung ranks and the timeout.
+func hangDetail(v hangVerdict, timeout time.Duration) string {
 	ranks := make([]string, 0, len(v.Hung))
 	for _, b := range v.Hung {
 		ranks = append(ranks, strconv.Itoa(b.Rank))
 	}
-	files := e.dumpStacks(g)
-	detail := fmt.Sprintf("rank %s made no progress for %s (--hang-timeout)", strings.Join(ranks, ","), e.o.HangTimeout)
+	return fmt.Sprintf("rank %s made no progress for %s (--hang-timeout)", strings.Join(ranks, ","), timeout)
+}
+
+// hung ends a round whose worker hung: stacks dumped, workers stopped, the
+// failure reported (the job restarts from its last committed checkpoint,
+// and the restart counts).
+func (e *elastic) hung(ctx context.Context, g *launcher.Group, r *rendezvous.Round, v hangVerdict) roundEnd {
+	files := dumpStacks(e.ch, g, e.log)
+	detail := hangDetail(v, e.o.HangTimeout)
 	e.log.Error("workers hung: no heartbeat within --hang-timeout; stacks dumped, stopping the workers", "round", r.Number,
-		"ranks", strings.Join(ranks, ","), "hang_timeout", e.o.HangTimeout, "stacks", strings.Join(files, ","))
+		"detail", detail, "hang_timeout", e.o.HangTimeout, "stacks", strings.Join(files, ","))
 	g.Stop(e.o.ShutdownSignal, e.o.ShutdownTimeout)
 	summary := fmt.Sprintf("hyperpodrun: %s on node %s; Python stacks in %s\n", detail, e.node.ID(), strings.Join(files, ", "))
 	e.printSummary(summary)
@@ -198,30 +229,25 @@ func (e *elastic) hung(ctx context.Context, g *launcher.Group, r *rendezvous.Rou
 // dumpIfStalled dumps this node's workers' stacks before they are stopped
 // for a failure elsewhere when they look stuck too (stalled).
 func (e *elastic) dumpIfStalled(g *launcher.Group, r *rendezvous.Round) {
-	if !stalled(e.hangView(r)) {
+	if !stalled(e.hangView(g, r)) {
 		return
 	}
-	if files := e.dumpStacks(g); len(files) > 0 {
+	if files := dumpStacks(e.ch, g, e.log); len(files) > 0 {
 		e.log.Warn("workers made no progress for half the hang timeout before the round failed; stacks dumped", "round", r.Number, "stacks", strings.Join(files, ","))
 	}
 }
 
-// dumpStacks has every worker of g that sent a heartbeat with a stacks file
-// dump its Python stacks there, and waits (stacksWait at most) until each
-// file has grown. It returns the files written.
-func (e *elastic) dumpStacks(g *launcher.Group) []string {
-	groups := map[int]bool{}
-	for _, pid := range g.PIDs() {
-		groups[pid] = true
-	}
+// dumpStacks has every worker of g that sent a heartbeat on ch with a
+// stacks file dump its Python stacks there, and waits (stacksWait at most)
+// until each file has grown. It returns the files written.
+func dumpStacks(ch *control.Channel, g *launcher.Group, log *slog.Logger) []string {
 	type dump struct {
 		file string
 		size int64
 	}
 	var pending []dump
-	for _, b := range e.ch.Heartbeats() {
-		pgid, err := syscall.Getpgid(b.PID)
-		if b.Stacks == "" || err != nil || !groups[pgid] {
+	for _, b := range liveBeats(ch, g) {
+		if b.Stacks == "" {
 			continue
 		}
 		d := dump{file: b.Stacks}
@@ -229,7 +255,7 @@ func (e *elastic) dumpStacks(g *launcher.Group) []string {
 			d.size = fi.Size()
 		}
 		if err := syscall.Kill(b.PID, hangStacksSignal); err != nil {
-			e.log.Warn("cannot ask a worker for its stacks", "pid", b.PID, "err", err)
+			log.Warn("cannot ask a worker for its stacks", "pid", b.PID, "err", err)
 			continue
 		}
 		pending = append(pending, d)
@@ -253,4 +279,48 @@ func (e *elastic) dumpStacks(g *launcher.Group) []string {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return written
+}
+
+// staticHang is the hang watch of a --standalone attempt.
+type staticHang struct {
+	verdict <-chan hangVerdict
+	stop    context.CancelFunc
+	ch      *control.Channel
+	o       Options
+	last    hangVerdict
+}
+
+// watchStaticHang watches the heartbeats of g's workers on ch (nil: no
+// watch, the static backend has no control channel).
+func watchStaticHang(ctx context.Context, o Options, ch *control.Channel, g *launcher.Group) *staticHang {
+	wctx, cancel := context.WithCancel(ctx)
+	h := &staticHang{stop: cancel, ch: ch, o: o}
+	if ch == nil {
+		return h
+	}
+	in := watchHangWith(wctx, o.HangTimeout, func() hangView {
+		return hangView{Timeout: o.HangTimeout, Now: time.Now(), Beats: liveBeats(ch, g)}
+	})
+	out := make(chan hangVerdict, 1)
+	go func() {
+		select {
+		case v := <-in:
+			h.last = v
+			out <- v
+		case <-wctx.Done():
+		}
+	}()
+	h.verdict = out
+	return h
+}
+
+// stopHung dumps the stacks of a hung attempt's workers, stops them and
+// returns the attempt's result with the hang as its root cause.
+func (h *staticHang) stopHung(g *launcher.Group, log *slog.Logger) launcher.Result {
+	files := dumpStacks(h.ch, g, log)
+	detail := hangDetail(h.last, h.o.HangTimeout)
+	log.Error("workers hung: no heartbeat within --hang-timeout; stacks dumped, restarting all local workers",
+		"detail", detail, "stacks", strings.Join(files, ","))
+	g.Stop(h.o.ShutdownSignal, h.o.ShutdownTimeout)
+	return g.Result()
 }

@@ -26,16 +26,23 @@ func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank
 		t.Skip("end-to-end with PyTorch")
 	}
 	py := torchPython(t)
-	srv, cli := startEtcd(t)
 	logDir, ckpt := t.TempDir(), t.TempDir()
-	n := len(nodes)
-	nn := strconv.Itoa(n)
-	c := newCluster(t, []string{"PYTHON_EXEC=" + py},
-		"--nnodes", nn+":"+nn, "--nproc-per-node", nproc, "--rdzv-backend", "etcd",
-		"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
-		"--max-restarts", "3", "--shutdown-timeout", "3", "--local-addr", "127.0.0.1",
-		"--hang-timeout", "5", "--log-dir", logDir,
-		repoPath("agent/elastic/testdata/hang_worker.py"), hangRank, "12", "30", ckpt)
+	common := []string{"--nproc-per-node", nproc, "--max-restarts", "3", "--shutdown-timeout", "3",
+		"--hang-timeout", "5", "--log-dir", logDir}
+	worker := []string{repoPath("agent/elastic/testdata/hang_worker.py"), hangRank, "12", "30", ckpt}
+	var restarts func() int
+	var args []string
+	if job == "" { // --standalone: no etcd, the restarts are in the log
+		args = append(append([]string{"--standalone"}, common...), worker...)
+	} else {
+		srv, cli := startEtcd(t)
+		nn := strconv.Itoa(len(nodes))
+		args = append(append([]string{"--nnodes", nn + ":" + nn, "--rdzv-backend", "etcd",
+			"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
+			"--local-addr", "127.0.0.1"}, common...), worker...)
+		restarts = func() int { return getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts") }
+	}
+	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, args...)
 	t0 := time.Now()
 	for _, name := range nodes {
 		c.start(name)
@@ -87,7 +94,10 @@ func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank
 	if last != 30 {
 		t.Errorf("the job ended at step %d, want 30", last)
 	}
-	if got := getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts"); got != 1 {
+	if restarts == nil {
+		restarts = func() int { return strings.Count(c.logText(), `msg="starting workers"`) - 1 }
+	}
+	if got := restarts(); got != 1 {
 		t.Errorf("job restarts = %d after one hang, want 1", got)
 	}
 }
@@ -103,4 +113,11 @@ func TestHungWorkerInACollectiveIsDetectedDumpedAndRecovered(t *testing.T) {
 // TestHungWorkerOnAOneNodeJob: one node, two ranks, one of them hung.
 func TestHungWorkerOnAOneNodeJob(t *testing.T) {
 	runHangJob(t, "hang1", []string{"a"}, "2", "1")
+}
+
+// TestHungWorkerUnderStandalone: hyperpodrun --standalone (no etcd), two
+// ranks, one hung: found, dumped, and the local workers restarted from the
+// last checkpoint.
+func TestHungWorkerUnderStandalone(t *testing.T) {
+	runHangJob(t, "", []string{"a"}, "2", "1")
 }

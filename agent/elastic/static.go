@@ -53,6 +53,7 @@ func RunStatic(ctx context.Context, o Options) error {
 	// failure resumes from the last checkpoint they committed.
 	var record *checkpoint.LocalRecord
 	var ctlEnv map[string]string
+	var ch *control.Channel // standalone only: also the workers' heartbeats (hang.go)
 	if o.RdzvBackend == "standalone" {
 		dir, err := os.MkdirTemp("", "hyperpodrun-ctl-") // short: unix socket paths are limited
 		if err != nil {
@@ -60,7 +61,7 @@ func RunStatic(ctx context.Context, o Options) error {
 		}
 		defer os.RemoveAll(dir)
 		record = &checkpoint.LocalRecord{}
-		ch, err := control.NewChannel(dir, control.WithHandler(record.ReportHandler()), control.WithLogger(log))
+		ch, err = control.NewChannel(dir, control.WithHandler(record.ReportHandler()), control.WithLogger(log))
 		if err != nil {
 			return &ExitError{1, fmt.Errorf("control channel: %w", err)}
 		}
@@ -84,6 +85,7 @@ func RunStatic(ctx context.Context, o Options) error {
 				maps.Copy(a.Env, rec.Env())
 				resume = rec.Step
 			}
+			hangEnvFor(o, log, a.Env, a.Attempt)
 		}
 		log.Info("starting workers", "attempt", a.Attempt, "restart_count", a.RestartCount,
 			"world_size", a.WorldSize, "group_rank", a.GroupRank, "nproc_per_node", nproc,
@@ -92,7 +94,9 @@ func RunStatic(ctx context.Context, o Options) error {
 		if err != nil {
 			return &ExitError{1, err}
 		}
-		outcome, sig := waitGroup(ctx, g, o)
+		hang := watchStaticHang(ctx, o, ch, g)
+		outcome, sig := waitGroup(ctx, g, o, hang.verdict)
+		hang.stop()
 		res := g.Result()
 		switch outcome {
 		case outcomeSignal:
@@ -102,14 +106,17 @@ func RunStatic(ctx context.Context, o Options) error {
 				log.Info("workers succeeded", "attempt", a.Attempt)
 				return runHook(ctx, "post-train", o.PostTrain)
 			}
+		case outcomeHung:
+			res = hang.stopHung(g, log)
 		}
 		if launcher.BudgetSpent(a.RestartCount+1, o.MaxRestarts) { // this failure included
 			fmt.Fprint(o.stderrW(), res.Summary(o.Spec.Entrypoint))
-			return &ExitError{1, fmt.Errorf("%s failed: %d worker(s) failed, %d restart(s) used of --max-restarts %d", o.Spec.Entrypoint, len(res.Failures), a.RestartCount, o.MaxRestarts)}
+			return &ExitError{1, fmt.Errorf("%s failed: %d worker(s) failed, %d restart(s) used of --max-restarts %d", o.Spec.Entrypoint, max(len(res.Failures), 1), a.RestartCount, o.MaxRestarts)}
 		}
-		rc := res.RootCause
-		log.Warn("worker failed, restarting all local workers", "rank", rc.Rank, "exitcode", rc.ExitCode,
-			"restart", a.RestartCount+1, "max_restarts", o.MaxRestarts)
+		if rc := res.RootCause; rc != nil {
+			log.Warn("worker failed, restarting all local workers", "rank", rc.Rank, "exitcode", rc.ExitCode,
+				"restart", a.RestartCount+1, "max_restarts", o.MaxRestarts)
+		}
 		a.RestartCount++
 		a.Attempt++
 	}
@@ -121,11 +128,15 @@ const (
 	outcomeDone   outcome = iota // all workers exited (check Result)
 	outcomeFailed                // a worker failed; the others were stopped
 	outcomeSignal                // hyperpodrun got a signal; workers were stopped
+	outcomeHung                  // a worker is hung (--hang-timeout); the workers still run
 )
 
-// waitGroup waits for the group to finish, a worker to fail, or a signal.
-func waitGroup(ctx context.Context, g *launcher.Group, o Options) (outcome, syscall.Signal) {
+// waitGroup waits for the group to finish, a worker to fail, a signal, or
+// a hang verdict (nil: none comes).
+func waitGroup(ctx context.Context, g *launcher.Group, o Options, hung <-chan hangVerdict) (outcome, syscall.Signal) {
 	select {
+	case <-hung:
+		return outcomeHung, 0
 	case <-g.Exited():
 		return outcomeDone, 0
 	case <-g.Failed():
