@@ -84,7 +84,9 @@ bench-scale: build
 ## soak: the chaos soak of issue 10 (real etcd, 2 coordinators, 3 node agents,
 ## a DDP job and a bundled-worker job; seeded faults; invariants checked all
 ## the time; BENCH lines; exit 1 when an invariant broke). SOAK_DURATION is
-## how long faults are injected (default 20m), SOAK_SEED the schedule's seed.
+## how long faults are injected (default 20m), SOAK_SEED the schedule's seed,
+## SOAK_ETCD_MEMBERS=3 a 3-member etcd with member faults (leader SIGKILL, a
+## member down for minutes, a member's disk full, quorum lost for 30 s).
 ## soak-short: about 3 minutes of it (faults for 2m, shorter etcd outages).
 soak:
 	$(GO) run ./bench/soak $(SOAK_FLAGS)
