@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -31,6 +32,7 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the steady-state cycles")
 	name := flag.String("name", "", "the steady-state BENCH line's name (default engine_cycle_NODESn_JOBSj_TEAMSt)")
 	target := flag.Float64("target", 100, "the steady-state cycle's target, ms")
+	submits := flag.Int("submits", 15, "single submits decided on the engine's fast path after the steady state (0: none)")
 	flag.Parse()
 
 	rng := rand.New(rand.NewPCG(*seed, 7))
@@ -98,6 +100,63 @@ func main() {
 		*name = fmt.Sprintf("engine_cycle_%dn_%dj_%dt", *nodes, *jobs, *teams)
 	}
 	fmt.Printf("BENCH %s %.1f ms target=%g\n", *name, ms(med), *target)
+	admits(st, *submits, newJob)
+}
+
+// admits measures the engine's fast path (policy.Engine.Admit): single
+// 1-accelerator submits into the steady state, each after a full cycle
+// that changed nothing, as the coordinator runs them; the submits Admit
+// declines (a full cycle decides them) are counted, not timed.
+func admits(st policy.State, n int, newJob func(time.Time) policy.Job) {
+	if n <= 0 {
+		return
+	}
+	slices.SortFunc(st.Jobs, func(a, b policy.Job) int { return strings.Compare(a.Name, b.Name) })
+	var e policy.Engine
+	settle := func() {
+		for i := 0; i < 8; i++ {
+			d := e.Schedule(st)
+			same := len(d.Allocations) == len(st.Allocations)
+			st.Allocations = d.Allocations
+			st.Now = st.Now.Add(time.Second)
+			if same && i > 0 {
+				return
+			}
+		}
+	}
+	settle()
+	var times []time.Duration
+	declined := map[string]int{}
+	for i := 0; i < n; i++ {
+		j := newJob(st.Now)
+		j.Name = fmt.Sprintf("zz-submit-%04d", i) // after every other name
+		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic = 1, 0, 0, false
+		st.Jobs = append(st.Jobs, j)
+		st.Now = st.Now.Add(100 * time.Millisecond)
+		runtime.GC()
+		start := time.Now()
+		d, ok := e.Admit(st, []string{j.Name})
+		el := time.Since(start)
+		if ok {
+			times = append(times, el)
+			st.Allocations = d.Allocations
+			continue
+		}
+		why := e.Declined()
+		if k := strings.Index(why, ": "); strings.HasPrefix(why, "job ") && k > 0 {
+			why = why[k+2:]
+		}
+		declined[why]++
+		settle()
+	}
+	if len(times) == 0 {
+		fmt.Printf("# fast path: all %d submits declined: %v\n", n, declined)
+		return
+	}
+	slices.Sort(times)
+	fmt.Printf("# fast path (policy.Engine.Admit): %d of %d single submits, min %.1f ms, median %.1f ms, max %.1f ms; declined (a full cycle decides): %v\n",
+		len(times), n, ms(times[0]), ms(times[len(times)/2]), ms(times[len(times)-1]), declined)
+	fmt.Printf("BENCH engine_admit_%dn_%dj %.2f ms\n", len(st.Nodes), len(st.Jobs)-n, ms(times[len(times)/2]))
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
