@@ -229,7 +229,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 	rounds := make([]*rendezvous.Round, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	var joined atomic.Int64
+	var joined, lastJoin atomic.Int64 // lastJoin: when the last Join returned, since start
 	cpu0 := cpuTime()
 	start := time.Now()
 	logger.Info("rdzvscale: start", "nodes", n)
@@ -238,6 +238,11 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 		go func() {
 			defer wg.Done()
 			rounds[i], errs[i] = nd.Join(ctx)
+			for at := int64(time.Since(start)); ; {
+				if last := lastJoin.Load(); at <= last || lastJoin.CompareAndSwap(last, at) {
+					break
+				}
+			}
 			if errs[i] == nil && ready {
 				errs[i] = startWorkers(ctx, clis[i%len(clis)], job, nd, rounds[i])
 			}
@@ -269,7 +274,13 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 			f.Close()
 		}
 	}
-	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", (cpuTime() - cpu0).Round(time.Millisecond))
+	cpu := cpuTime() - cpu0
+	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", cpu.Round(time.Millisecond))
+	if ready {
+		joinedAt := time.Duration(lastJoin.Load())
+		fmt.Printf("# %d nodes: every Join returned at %.2f s, every node past the barrier and marked %.2f s later; CPU %.2f s (etcd and all nodes)\n",
+			n, joinedAt.Seconds(), (elapsed - joinedAt).Seconds(), cpu.Seconds())
+	}
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
