@@ -173,6 +173,17 @@ func (e *Engine) admitWithin(fresh []*jobRT) string {
 			return "job " + j.name + ": " + why
 		}
 	}
+	// A waiting job of their teams that no longer fits the nominal quota
+	// is not stuck within it: rule 3 of the full cycle clears the mark
+	// (it is set in rule 2 only within the quota).
+	for _, j := range fresh {
+		tf := j.tf
+		for _, p := range tf.jobs {
+			if p.size == 0 && p.stuck && tf.used+p.per*p.sp.min > tf.nominal {
+				p.stuck = false
+			}
+		}
+	}
 	for i, f := range flavors {
 		s.reserve(f)
 		if f.reservedPhys < reserved[i] {

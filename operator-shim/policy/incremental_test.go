@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -240,4 +241,64 @@ func TestAdmitDeclines(t *testing.T) {
 			t.Fatal("not the full cycle's allocations")
 		}
 	})
+}
+
+// TestAdmitAgreesWithTheFullCycle holds hand-made fleets where the fast
+// path's shortcuts would be easy to get wrong: whatever Admit decides is
+// the full cycle's decision, reasons included.
+func TestAdmitAgreesWithTheFullCycle(t *testing.T) {
+	for _, tc := range []struct {
+		rule   string
+		st     State
+		submit Job
+	}{
+		{"a waiting job of the team that the submit pushes beyond the nominal quota is no longer stuck within it", State{
+			Config: Config{DisableMoves: true},
+			Nodes:  mkNodes("n", 3, 8),
+			Teams:  []Team{mkTeam("a", 9), mkTeam("b", 15)},
+			Jobs:   []Job{frac("a-wait", "a", 0, 8), frac("b1", "b", 5, 5), frac("b2", "b", 5, 5), frac("b3", "b", 5, 5)},
+		}, frac("a-new", "a", 0, 3)},
+		{"a waiting job of the team without a reservation that the submit pushes beyond the nominal quota is no longer stuck", State{
+			Config: Config{DisableMoves: true},
+			Nodes:  mkNodes("n", 4, 8),
+			Teams:  []Team{mkTeam("a", 12), mkTeam("b", 20)},
+			Jobs: []Job{frac("a-wait1", "a", 0, 8), {Name: "a-wait2", Team: "a", Priority: ip(0), PerNode: Resources{Accelerators: 5}, MinNodes: 2, MaxNodes: 2, SubmitTime: t0},
+				frac("b1", "b", 5, 5), frac("b2", "b", 5, 5), frac("b3", "b", 5, 5), frac("b4", "b", 5, 5)},
+		}, frac("a-new", "a", 0, 3)},
+		{"a submit of a team with a reservation keeps the others' reservations", State{
+			Config: Config{DisableMoves: true},
+			Nodes:  mkNodes("n", 3, 8),
+			Teams:  []Team{mkTeam("a", 16), mkTeam("b", 8)},
+			Jobs:   []Job{frac("a-wait", "a", 5, 8), frac("a1", "a", 5, 4), frac("b1", "b", 0, 4), frac("b2", "b", 0, 4), frac("b3", "b", 0, 2)},
+		}, frac("b-new", "b", 0, 2)},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			st := tc.st
+			st.Now = t0
+			var e Engine
+			for i := 0; i < 6; i++ {
+				d := e.Schedule(st)
+				st.Allocations = d.Allocations
+				st.Now = st.Now.Add(time.Second)
+			}
+			j := tc.submit
+			j.SubmitTime = st.Now
+			st.Jobs = append(st.Jobs, j)
+			slices.SortFunc(st.Jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
+			full := Schedule(st)
+			got, ok := e.Admit(st, []string{j.Name})
+			if !ok {
+				t.Logf("declined: %s", e.Declined())
+				return
+			}
+			if !reflect.DeepEqual(got.Allocations, full.Allocations) {
+				t.Fatalf("allocations differ:\nfast %+v\nfull %+v", got.Allocations, full.Allocations)
+			}
+			for i := range full.Reasons {
+				if !reflect.DeepEqual(got.Reasons[i], full.Reasons[i]) {
+					t.Fatalf("job %s:\nfast %+v\nfull %+v", full.Reasons[i].Job, got.Reasons[i], full.Reasons[i])
+				}
+			}
+		})
+	}
 }
