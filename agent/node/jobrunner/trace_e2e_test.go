@@ -240,6 +240,34 @@ func TestResizeIsOneTraceInJaeger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The placement that started the job (one decision, or a first node
+	// then a growth): each agent's start is a child of a decision.
+	testutil.Eventually(t, 20*time.Second, "both agents' starts under the placement's decisions", func() (bool, string) {
+		agentTraces, err := j.Traces(ctx, "hyperpod-agent")
+		if err != nil {
+			return false, err.Error()
+		}
+		starts := map[string]bool{}
+		var seen []string
+		for _, tr := range agentTraces {
+			decisions := map[string]bool{}
+			for _, s := range tr.Spans {
+				if s.Operation == "coordinator.decision" && s.Attributes["job"] == "tj" && s.Attributes["to_size"] != "0" {
+					decisions[s.SpanID] = true
+				}
+			}
+			for _, s := range tr.Spans {
+				seen = append(seen, s.Service+"/"+s.Operation+fmt.Sprint(s.Attributes))
+				if s.Operation == "agent.start_job" && s.Attributes["started"] == "true" {
+					if !decisions[s.ParentSpanID] {
+						return false, fmt.Sprintf("agent.start_job on %s is not a child of a decision", s.Attributes["node"])
+					}
+					starts[s.Attributes["node"]] = true
+				}
+			}
+		}
+		return starts["node-a"] && starts["node-b"], fmt.Sprintf("starts %v among %v", starts, seen)
+	})
 	for _, tr := range traces {
 		for _, s := range tr.Spans {
 			if s.Operation == "scale_event" && s.Attributes["from_size"] == "2" && tr.TraceID != resize.TraceID {
