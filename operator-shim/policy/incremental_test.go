@@ -62,7 +62,7 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 	}
 	switch rng.IntN(4) {
 	case 0, 1:
-		j.PerNode.Accelerators = []int{1, 2, 4}[rng.IntN(3)]
+		j.PerNode.Accelerators = []int{1, 2, 3, 4, 5, 6}[rng.IntN(6)]
 	case 2:
 		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes = 8, 1+rng.IntN(3), 0
 		j.MaxNodes = j.MinNodes
@@ -86,7 +86,7 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 // path often enough to mean something.
 func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 	fast, tried := 0, 0
-	for seed := uint64(1); seed <= 1500; seed++ {
+	for seed := uint64(1); seed <= 2500; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 27))
 		st := randomFleet(rng)
 		switch rng.IntN(4) {
@@ -99,6 +99,7 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 		if rng.IntN(6) == 0 {
 			st.Config.Queueing = StrictFIFO
 		}
+		st.Config.DisableMoves = rng.IntN(3) == 0
 		var e Engine
 		var d Decision
 		for i := 0; i < 12 && (i == 0 || !e.fix); i++ {
@@ -121,7 +122,7 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 				// Mostly what the fast path may take: small fixed-size jobs.
 				j := randomJob(rng, fmt.Sprintf("new-%03d", next), teams, flavors, st.Now)
 				if x := rng.IntN(10); x < 6 {
-					j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic, j.Suspended = 1+rng.IntN(2), 0, 0, false, false
+					j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic, j.Suspended = 1+rng.IntN(4), 0, 0, false, false
 				} else if x < 8 {
 					j.PerNode.Accelerators, j.MinNodes, j.Elastic, j.Suspended = 8, 1+rng.IntN(2), false, false
 					j.MaxNodes = j.MinNodes
