@@ -331,6 +331,9 @@ func (r *Runner) watchContainer(job string, p *proc, task *containers.Task, logO
 	}
 	draining = r.release(job, p, err != nil)
 	r.log.Info("job's container ended", "job", job, "container", task.ID, "exit_code", ex.Code, "drained", draining)
+	if draining {
+		r.traceDrain(job, p.drainedAt, err)
+	}
 	r.exited(job, err, draining, ran, p.maxRestarts)
 }
 
