@@ -2,13 +2,16 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,6 +22,7 @@ type writer struct {
 	mu    sync.Mutex
 	acked []string
 	fails int
+	errs  []error   // every failed put's error, in order
 	last  time.Time // the last acknowledged put
 }
 
@@ -42,6 +46,7 @@ func (w *writer) run(cli *clientv3.Client, prefix string, stop <-chan struct{}) 
 				w.last = time.Now()
 			} else {
 				w.fails++
+				w.errs = append(w.errs, err)
 			}
 			w.mu.Unlock()
 			time.Sleep(10 * time.Millisecond)
@@ -126,9 +131,16 @@ func TestClusterKeepsWritingThroughLeaderKillAndMove(t *testing.T) {
 	w.everyAckedPutIsThere(t, cli, "k")
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	t.Logf("%d puts acknowledged; failed (deadline or no leader): %d around the SIGKILL, %d around the moves", len(w.acked), killFails, w.fails-killFails)
-	if w.fails > killFails {
-		t.Errorf("%d puts failed while the leadership moved, want none (a transfer is graceful)", w.fails-killFails)
+	t.Logf("%d puts acknowledged; failed: %d around the SIGKILL, %d around the moves", len(w.acked), killFails, w.fails-killFails)
+	// A transfer is graceful: no put may time out or find no leader. etcd
+	// does refuse the proposals in flight at the moment of the handover at
+	// once, unapplied ("leader changed", or raft's "proposal dropped" while
+	// the old leader hands over), which is what a client needs to retry, so
+	// those are allowed.
+	for _, err := range w.errs[killFails:] {
+		if msg := err.Error(); !errors.Is(err, rpctypes.ErrLeaderChanged) && !strings.Contains(msg, "leader changed") && !strings.Contains(msg, "proposal dropped") {
+			t.Errorf("a put failed while the leadership moved: %v (want none but an immediate refusal: a transfer is graceful)", err)
+		}
 	}
 }
 
