@@ -89,7 +89,7 @@ func TestTLSClientCertsAndAuthFromRdzvConf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.DialTimeout = 3 * time.Second
+	opts.DialTimeout = 15 * time.Second // TLS and bcrypt under -race on a loaded 2-core CI machine took over 3 s
 	cli, err := NewClient([]string{ep}, opts)
 	if err != nil {
 		t.Fatalf("TLS with a client certificate: %v", err)
@@ -122,7 +122,7 @@ func TestTLSClientCertsAndAuthFromRdzvConf(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	withAuth.DialTimeout = 3 * time.Second
+	withAuth.DialTimeout = 15 * time.Second
 	acli, err := NewClient([]string{ep}, withAuth)
 	if err != nil {
 		t.Fatalf("user/password: %v", err)
