@@ -230,7 +230,7 @@ func (k *Kubelet) Import(t testing.TB, tarball string) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "ctr", "-a", k.CRI, "-n", CRINamespace, "images", "import", "--no-unpack=false", tarball).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "ctr", "-a", k.CRI, "-n", CRINamespace, "images", "import", tarball).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ctr images import %s: %w\n%s", tarball, err, out)
 	}

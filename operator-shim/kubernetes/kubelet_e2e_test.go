@@ -43,7 +43,9 @@ const (
 
 // e2eJobYAML is the ElasticJob a user applies: CPU nodes, one to two
 // replicas, host network, the bundled training worker in the trainer
-// image.
+// image, its checkpoints on storage every pod mounts (a host directory
+// here, as both nodes are this host), so whichever pod stays resumes
+// from the checkpoint the leaving rank 0 committed.
 const e2eJobYAML = `apiVersion: v1
 kind: Namespace
 metadata: {name: ml}
@@ -68,7 +70,9 @@ spec:
       containers:
         - name: trainer
           image: ` + e2eTrainerImage + `
-          command: [/usr/local/bin/worker, --steps, "1000000", --step-time, 50ms, --ckpt-dir, /tmp/ckpt]
+          command: [/usr/local/bin/worker, --steps, "1000000", --step-time, 50ms, --ckpt-dir, /ckpt]
+          volumeMounts: [{name: ckpt, mountPath: /ckpt}]
+      volumes: [{name: ckpt, hostPath: {path: %q, type: Directory}}]
 `
 
 // The generated manifests on real kubelets (issue 26): two Nodes, each a
@@ -155,7 +159,7 @@ func TestGeneratedManifestsOnRealKubelets(t *testing.T) {
 	// The coordinator and the controller, as the generated ServiceAccount.
 	runFleetControllers(t, s)
 	job := filepath.Join(dir, "job.yaml")
-	if err := os.WriteFile(job, []byte(e2eJobYAML), 0o644); err != nil {
+	if err := os.WriteFile(job, []byte(fmt.Sprintf(e2eJobYAML, t.TempDir())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s.Namespace(t, "ml")
@@ -177,6 +181,9 @@ func TestGeneratedManifestsOnRealKubelets(t *testing.T) {
 		// Rank 0 prints the progress.
 		return worldSize(out) == "2" || worldSize(out2) == "2", lastLines(out, 3) + "\n" + lastLines(out2, 3)
 	})
+	if w := processesNamed("/usr/local/bin/worker"); len(w) != 2 {
+		t.Errorf("worker processes on this host while the job runs at size 2: %v", w)
+	}
 	t.Logf("training at size 2 at %s", time.Since(start).Round(time.Second))
 
 	// kubectl scale shrinks it: one pod drains, the other trains on.
