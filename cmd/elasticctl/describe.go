@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/cmd/elasticctl/internal/query"
@@ -101,6 +102,15 @@ func describeJobCmd(ctx context.Context, c *cli.Context, st *query.Store, name s
 	}
 	v := viewOf(d.JobRecord)
 	v.Problems = d.Problems
+	if wr, err := st.WorkerRestarts(ctx, name); err != nil {
+		// A team's user may not read the rendezvous: describe the rest.
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			warnAll(c.App.ErrWriter, []error{fmt.Errorf("restarts not shown: %w", err)})
+		}
+	} else if wr != nil {
+		wr.MaxRestarts = v.Spec.Run.MaxRestarts
+		v.WorkerRestarts = wr
+	}
 	history := d.History
 	var queue *queueInfo
 	if v.Finished == nil && v.Allocation == nil && !v.Spec.Suspended && v.Status != nil && v.Status.Kind == api.KindPending {
@@ -298,6 +308,7 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 			fmt.Fprintf(w, "Restarts:   %d in a row on %s (maxRestarts %d)\nLast error: %s\n", p.Restarts, p.Node, s.Run.MaxRestarts, p.LastError)
 		}
 	}
+	describeWorkerRestarts(w, v.WorkerRestarts)
 	if st := v.Status; st != nil {
 		fmt.Fprintf(w, "Reason:     %s\n", orDash(string(st.Code)))
 		fmt.Fprintf(w, "Why:        %s\n", st.Message)
@@ -420,4 +431,34 @@ func describeNode(ctx context.Context, c *cli.Context, st *query.Store, name str
 		msg += fmt.Sprintf(" (did you mean %q?)", s)
 	}
 	return errors.New(msg)
+}
+
+// maxErrorLines bounds the failure summary describe prints.
+const maxErrorLines = 20
+
+// describeWorkerRestarts prints the restarts hyperpodrun made after worker
+// failures and the last failure's summary (indented, at most
+// maxErrorLines lines).
+func describeWorkerRestarts(w io.Writer, r *fleet.WorkerRestarts) {
+	if r == nil {
+		return
+	}
+	if r.Count > 0 {
+		fmt.Fprintf(w, "Restarts:   %d of maxRestarts %d (workers restarted by hyperpodrun after failures)\n", r.Count, r.MaxRestarts)
+	}
+	if r.LastError == "" {
+		return
+	}
+	where := ""
+	if r.LastNode != "" {
+		where = " on " + r.LastNode
+	}
+	fmt.Fprintf(w, "Last error: round %d%s:\n", r.LastRound, where)
+	lines := strings.Split(strings.TrimRight(r.LastError, "\n"), "\n")
+	if len(lines) > maxErrorLines {
+		lines = append(lines[:maxErrorLines], fmt.Sprintf("... (%d more lines: the node's log has all of it)", len(lines)-maxErrorLines))
+	}
+	for _, l := range lines {
+		fmt.Fprintf(w, "            %s\n", l)
+	}
 }

@@ -30,6 +30,9 @@ type jobView struct {
 	Finished   *fleet.Finish      `json:"finished,omitempty"`
 	// Problems are why nodes cannot run the job right now (describe only).
 	Problems []fleet.Problem `json:"problems,omitempty"`
+	// WorkerRestarts are the restarts hyperpodrun made after worker
+	// failures, with the last failure (describe only).
+	WorkerRestarts *fleet.WorkerRestarts `json:"workerRestarts,omitempty"`
 }
 
 func (v jobView) state() string {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +114,61 @@ func TestNamedAndWatchedJobsShowRestarting(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the watch did not stop")
+	}
+}
+
+// A job whose workers keep failing restarts inside its hyperpodruns, not
+// through a node agent, so no problem record shows it: describe reads the
+// count hyperpodrun holds against --max-restarts and the last round's
+// failure report (issue 24: a crash loop shows its count and last error).
+// A malformed failure record is named, never a crash.
+func TestDescribeShowsHyperpodrunsRestartsAndLastError(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := strings.Join(srv.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	for _, name := range []string{"flaky", "calm", "garbled"} {
+		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: name, Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 2},
+			Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 4}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := st.Keys
+	summary := "[default0]:Traceback (most recent call last):\n[default0]:  File \"train.py\", line 9\n[default0]:OSError: [Errno 28] No space left on device"
+	puts := map[string]string{
+		k.Restarts("flaky"):          "3",
+		k.Rdzv("flaky").Failure(6):   `{"node":"node-a","detail":"worker 0 exited 1","summary":"old failure"}`,
+		k.Rdzv("flaky").Failure(7):   `{"node":"node-b","detail":"worker 1 exited 1","summary":` + strconv.Quote(summary) + `}`,
+		k.Restarts("garbled"):        "1",
+		k.Rdzv("garbled").Failure(2): `{not json`,
+	}
+	for key, v := range puts {
+		if _, err := cli.Put(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := mustCtl(t, ep, "describe", "job", "flaky")
+	for _, want := range []string{
+		"Restarts:   3 of maxRestarts 4 (workers restarted by hyperpodrun after failures)",
+		"Last error: round 7 on node-b:",
+		"            [default0]:OSError: [Errno 28] No space left on device",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe job flaky lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "old failure") {
+		t.Errorf("describe job flaky shows an older round's failure, not the last:\n%s", out)
+	}
+	if out := mustCtl(t, ep, "describe", "job", "calm"); strings.Contains(out, "Restarts:") || strings.Contains(out, "Last error:") {
+		t.Errorf("a job that never restarted shows restarts:\n%s", out)
+	}
+	if out := mustCtl(t, ep, "describe", "job", "garbled"); !strings.Contains(out, "Last error: round 2:") || !strings.Contains(out, "malformed failure record at") {
+		t.Errorf("a malformed failure record is not named:\n%s", out)
+	}
+	js := mustCtl(t, ep, "describe", "job", "flaky", "-o", "json")
+	if !strings.Contains(js, `"workerRestarts"`) || !strings.Contains(js, `"lastNode": "node-b"`) {
+		t.Errorf("describe -o json lacks the restarts:\n%s", js)
 	}
 }
