@@ -46,7 +46,9 @@ func summaryBlock(stderr string) string {
 }
 
 // failTwoNodes runs the failing job on two hyperpodrun processes with
-// args and checks both fail within 30 s with the same summary.
+// args and checks both fail within 60 s with the same summary: the bug it
+// guards against is a node waiting out join_timeout (600 s); torchrun takes
+// about 7 s, and a loaded 2-core CI machine has taken over 30.
 func failTwoNodes(t *testing.T, env []string, args ...string) {
 	t.Helper()
 	py := torchPython(t)
@@ -78,8 +80,8 @@ func failTwoNodes(t *testing.T, env []string, args ...string) {
 		if e.r.code == 0 || e.r.code == -1 {
 			t.Errorf("node %d: exit %d, want a failure\n%s", i, e.r.code, e.r.stderr)
 		}
-		if e.took > 30*time.Second {
-			t.Errorf("node %d ended after %s, want within 30 s (torchrun: about 7 s)\n%s", i, e.took.Round(time.Second), e.r.stderr)
+		if e.took > 60*time.Second {
+			t.Errorf("node %d ended after %s, want within 60 s, far from join_timeout's 600 (torchrun: about 7 s)\n%s", i, e.took.Round(time.Second), e.r.stderr)
 		}
 	}
 	s0, s1 := summaryBlock(res[0].r.stderr), summaryBlock(res[1].r.stderr)
