@@ -3,9 +3,11 @@ package etcdauth
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
@@ -52,4 +54,38 @@ func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, tea
 		return false, fmt.Errorf("grant role %s to user %s: %w", r.Name, r.Name, err)
 	}
 	return created, nil
+}
+
+// TeamUsers lists the teams that have a team user (users named
+// TeamRole(team)).
+func TeamUsers(ctx context.Context, cli *clientv3.Client) ([]string, error) {
+	var r *clientv3.AuthUserListResponse
+	err := call(ctx, func(ctx context.Context) error { var err error; r, err = cli.UserList(ctx); return err })
+	if err != nil {
+		return nil, fmt.Errorf("list etcd users: %w", err)
+	}
+	var teams []string
+	for _, u := range r.Users {
+		if team, ok := strings.CutPrefix(u, teamRolePrefix); ok && team != "" {
+			teams = append(teams, team)
+		}
+	}
+	return teams, nil
+}
+
+// RemoveTeamUser deletes a deleted team's etcd user and role (what exists
+// of them): whoever still holds its password can no longer log in. The
+// caller checks first that the team has no record.
+func RemoveTeamUser(ctx context.Context, cli *clientv3.Client, team string) error {
+	if err := api.ValidateName("team", team); err != nil {
+		return err
+	}
+	name := TeamRole(team)
+	if err := call(ctx, func(ctx context.Context) error { _, err := cli.UserDelete(ctx, name); return err }); err != nil && !gone(err) {
+		return fmt.Errorf("delete team %s's etcd user: %w", team, err)
+	}
+	if err := call(ctx, func(ctx context.Context) error { _, err := cli.RoleDelete(ctx, name); return err }); err != nil && !gone(err) {
+		return fmt.Errorf("delete team %s's etcd role: %w", team, err)
+	}
+	return nil
 }

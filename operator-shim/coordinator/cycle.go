@@ -60,6 +60,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		return false, err
 	}
 	c.ensureTeamUsers(ctx)
+	c.removeTeamUsers(ctx)
 	t1 := time.Now()
 	p := c.plan(d, !v.haveLast)
 	diff := time.Since(t1)

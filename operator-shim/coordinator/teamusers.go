@@ -2,8 +2,13 @@ package coordinator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sort"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -48,4 +53,62 @@ func (c *Coordinator) ensureTeamUsers(ctx context.Context) {
 		}
 		c.teamUsers[team] = true
 	}
+}
+
+// teamsGone picks, of the teams whose user this leader made sure of, those
+// no longer in the view: candidates for removal, sorted. Only teams seen
+// in the view this term are candidates, so the users elasticctl auth
+// bootstrap makes before the teams are applied are never touched.
+func teamsGone(madeSure map[string]bool, inView map[string]api.Team) []string {
+	var gone []string
+	for team := range madeSure {
+		if _, ok := inView[team]; !ok {
+			gone = append(gone, team)
+		}
+	}
+	sort.Strings(gone)
+	return gone
+}
+
+// removeTeamUsers deletes the etcd user, role and team-creds record of a
+// team deleted while this coordinator leads (elasticctl delete team, an
+// ElasticTeam deleted): whoever still holds its password can no longer log
+// in. A team that left the view but still has a record (a malformed one,
+// or a view not caught up) keeps its user. A failure is logged and tried
+// again next cycle.
+func (c *Coordinator) removeTeamUsers(ctx context.Context) {
+	if !c.cfg.JobCredentials || c.view == nil {
+		return
+	}
+	for _, team := range teamsGone(c.teamUsers, c.view.teams) {
+		tctx, cancel := context.WithTimeout(ctx, credsTimeout)
+		err := c.removeTeamUser(tctx, team)
+		cancel()
+		if errors.Is(err, errTeamStillThere) {
+			continue
+		}
+		if err != nil {
+			c.log.Warn("could not remove a deleted team's etcd user; trying again next cycle", "team", team, "err", err)
+			continue
+		}
+		delete(c.teamUsers, team)
+		c.log.Info("removed a deleted team's etcd user and its kept password", "team", team, "user", etcdauth.TeamRole(team))
+	}
+}
+
+// errTeamStillThere: the team has a record, so its user stays.
+var errTeamStillThere = errors.New("the team still has a record")
+
+func (c *Coordinator) removeTeamUser(ctx context.Context, team string) error {
+	r, err := c.cli.Get(ctx, c.store.Keys.Team(team), clientv3.WithCountOnly())
+	if err != nil {
+		return fmt.Errorf("read team %s's record: %w", team, err)
+	}
+	if r.Count > 0 {
+		return errTeamStillThere
+	}
+	if err := etcdauth.RemoveTeamUser(ctx, c.cli, team); err != nil {
+		return err
+	}
+	return c.store.DeleteTeamCreds(ctx, team)
 }

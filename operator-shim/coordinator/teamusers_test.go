@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -100,5 +101,74 @@ func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
 	// Only root reads the record.
 	if _, err := admin.TeamCredsOf(ctx, "vision"); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Errorf("the admin read team vision's password: %v", err)
+	}
+
+	// A team deleted while the coordinator leads loses its user, role and
+	// kept password: its old password no longer logs in. A team whose
+	// record turns malformed leaves the view but keeps its user, and the
+	// bootstrapped team a (never applied) keeps its own.
+	if err := admin.PutTeam(ctx, policy.Team{Name: "audio", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	var audio *fleet.TeamCreds
+	testutil.Eventually(t, 20*time.Second, "team audio's etcd user", func() (bool, string) {
+		var err error
+		audio, err = root.TeamCredsOf(ctx, "audio")
+		return audio != nil, fmt.Sprint(err)
+	})
+	if _, err := admin.Cli.Put(ctx, admin.Keys.Team("audio"), "{not a team"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Cli.Delete(ctx, admin.Keys.Team("vision")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, "team vision's user to be removed", func() (bool, string) {
+		_, err := root.Cli.UserGet(ctx, creds.User)
+		return err != nil && strings.Contains(err.Error(), "user name not found"), fmt.Sprint(err)
+	})
+	if _, err := login(creds.User, creds.Password); err == nil {
+		t.Error("deleted team vision's user still logs in with its old password")
+	}
+	if r, err := root.Cli.RoleGet(ctx, etcdauth.TeamRole("vision")); err == nil {
+		t.Errorf("deleted team vision's role is still there: %v", r.Perm)
+	}
+	if cr, err := root.TeamCredsOf(ctx, "vision"); err != nil || cr != nil {
+		t.Errorf("deleted team vision's kept password is still there: %+v %v", cr, err)
+	}
+	for _, team := range []string{"audio", "a"} {
+		if _, err := root.Cli.UserGet(ctx, etcdauth.TeamRole(team)); err != nil {
+			t.Errorf("team %s's user was removed: %v", team, err)
+		}
+	}
+	if _, err := login(audio.User, audio.Password); err != nil {
+		t.Errorf("team audio (malformed record) can no longer log in: %v", err)
+	}
+}
+
+func TestTeamsGone(t *testing.T) {
+	for _, tc := range []struct {
+		rule     string
+		madeSure []string
+		inView   []string
+		want     []string
+	}{
+		{rule: "every team still in the view keeps its user", madeSure: []string{"a", "b"}, inView: []string{"a", "b"}},
+		{rule: "a team that left the view is a candidate", madeSure: []string{"a", "b", "c"}, inView: []string{"b"}, want: []string{"a", "c"}},
+		{rule: "a team made sure of that left an empty view is a candidate", madeSure: []string{"a"}, inView: nil, want: []string{"a"}},
+		{rule: "no team made sure of, nothing to remove", inView: []string{"a"}},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			made := map[string]bool{}
+			for _, n := range tc.madeSure {
+				made[n] = true
+			}
+			view := map[string]api.Team{}
+			for _, n := range tc.inView {
+				view[n] = api.Team{Name: n}
+			}
+			if got := teamsGone(made, view); !slices.Equal(got, tc.want) {
+				t.Errorf("teamsGone = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
