@@ -3,7 +3,6 @@ package etcdauth
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -54,23 +53,6 @@ func EnsureTeamUser(ctx context.Context, cli *clientv3.Client, k fleet.Keys, tea
 		return false, fmt.Errorf("grant role %s to user %s: %w", r.Name, r.Name, err)
 	}
 	return created, nil
-}
-
-// TeamUsers lists the teams that have a team user (users named
-// TeamRole(team)).
-func TeamUsers(ctx context.Context, cli *clientv3.Client) ([]string, error) {
-	var r *clientv3.AuthUserListResponse
-	err := call(ctx, func(ctx context.Context) error { var err error; r, err = cli.UserList(ctx); return err })
-	if err != nil {
-		return nil, fmt.Errorf("list etcd users: %w", err)
-	}
-	var teams []string
-	for _, u := range r.Users {
-		if team, ok := strings.CutPrefix(u, teamRolePrefix); ok && team != "" {
-			teams = append(teams, team)
-		}
-	}
-	return teams, nil
 }
 
 // RemoveTeamUser deletes a deleted team's etcd user and role (what exists
