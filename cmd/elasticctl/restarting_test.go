@@ -152,6 +152,7 @@ func TestDescribeShowsHyperpodrunsRestartsAndLastError(t *testing.T) {
 	for _, want := range []string{
 		"Restarts:   3 of maxRestarts 4 (workers restarted by hyperpodrun after failures)",
 		"Last error: round 7 on node-b:",
+		"            worker 1 exited 1\n            [default0]:Traceback",
 		"            [default0]:OSError: [Errno 28] No space left on device",
 	} {
 		if !strings.Contains(out, want) {

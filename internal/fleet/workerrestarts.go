@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -23,8 +24,8 @@ type WorkerRestarts struct {
 	LastRound int64 `json:"lastRound,omitempty"`
 	// LastNode is the node that reported it.
 	LastNode string `json:"lastNode,omitempty"`
-	// LastError is its failure summary (torchrun's ChildFailedError text),
-	// or its one-line detail when it has none.
+	// LastError is its one-line detail (what the reporting node saw)
+	// followed by its failure summary (torchrun's ChildFailedError text).
 	LastError string `json:"lastError,omitempty"`
 }
 
@@ -45,10 +46,9 @@ func DecodeFailureReport(k RdzvKeys, key string, v []byte, w *WorkerRestarts) {
 		w.LastNode, w.LastError = "", fmt.Sprintf("malformed failure record at %s: %q", ClipKey(key), clip(v))
 		return
 	}
-	w.LastNode, w.LastError = f.Node, f.Summary
-	if w.LastError == "" {
-		w.LastError = f.Detail
-	}
+	// The detail says what the node saw (a failed save and the steps it
+	// lost, say), the summary which ranks failed and how.
+	w.LastNode, w.LastError = f.Node, strings.TrimSpace(strings.Join([]string{f.Detail, f.Summary}, "\n"))
 }
 
 // WorkerRestarts reads a job's failure-restart count and its latest
