@@ -818,7 +818,7 @@ func (s *soak) report(w io.Writer) {
 		fmt.Fprintf(w, "  %d. [%s] %s\n     preceded by: %s\n     %s\n", i+1, s.since(v.at), v.invariant, v.after,
 			strings.ReplaceAll(v.detail, "\n", "\n     "))
 	}
-	for _, k := range faultKinds {
+	for _, k := range s.cfg.reportKinds() {
 		fmt.Fprintf(w, "BENCH soak_faults_%s %d count\n", k, byKind[k])
 	}
 	fmt.Fprintf(w, "BENCH soak_jobs_completed %d count\n", s.completed)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -448,4 +449,16 @@ func envInt(name string, def int) int {
 		return n
 	}
 	return def
+}
+
+// reportKinds are the kinds the report counts: every kind, the member
+// faults once each with 3 members or more.
+func (c config) reportKinds() []string {
+	out := append([]string(nil), faultKinds...)
+	for _, k := range c.memberKinds() {
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
 }

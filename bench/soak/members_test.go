@@ -58,3 +58,13 @@ func TestClusterClaim(t *testing.T) {
 		t.Fatalf("after the member came back: %v", err)
 	}
 }
+
+// The report counts each member fault once with 3 members, none with one.
+func TestReportKinds(t *testing.T) {
+	if got, want := len(config{etcdMembers: 3}.reportKinds()), len(faultKinds)+4; got != want {
+		t.Errorf("3 members: %d kinds reported, want %d", got, want)
+	}
+	if got := len(config{etcdMembers: 1}.reportKinds()); got != len(faultKinds) {
+		t.Errorf("1 member: %d kinds reported, want %d", got, len(faultKinds))
+	}
+}
