@@ -60,8 +60,8 @@ const (
 	ruleWipeCheckpointNew   = "checkpoint-record-created-again"
 	ruleWipeEtcdPrefix      = "etcd-"
 	wipeAdvice              = "the job's records in etcd are gone; resubmit the job (its checkpoint files are where it wrote them)"
-	wipeLogMessage          = "etcd lost this job's records: not starting workers; leaving the job"
-	wipeErrorMessagePattern = "etcd lost this job's records (%s: %s); %s"
+	wipeLogMessage          = fleet.JobRecordsLost + ": not starting workers; leaving the job"
+	wipeErrorMessagePattern = fleet.JobRecordsLost + " (%s: %s); %s"
 )
 
 // dataLost decides whether etcd lost the job's data since the agent last

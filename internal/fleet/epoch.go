@@ -102,6 +102,12 @@ const (
 	LossRevisionBackward = "revision-went-backwards"
 )
 
+// JobRecordsLost begins the error a hyperpodrun exits with when its wipe
+// guard finds that etcd lost its job's records: the node agent that ran it
+// knows by it that the exit is the data loss, not a node failure to
+// restart into the emptied etcd.
+const JobRecordsLost = "etcd lost this job's records"
+
 // EtcdDataLost decides from what a component remembers of etcd (before:
 // the view it registered under, its Revision the highest it saw) and what
 // it sees now whether etcd lost its data since, and by which rule:

@@ -3,6 +3,7 @@ package jobrunner
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
@@ -33,6 +34,8 @@ func (r *Runner) StopAll(ctx context.Context, why string) ([]string, error) {
 			stopped = append(stopped, job) // waiting to restart: it does not
 		}
 	}
+	stopped = append(stopped, r.lostData...) // their hyperpodruns found the loss first
+	r.lostData = nil
 	waits := map[string]chan struct{}{}
 	for job, p := range r.jobs {
 		if !p.draining {
@@ -44,6 +47,7 @@ func (r *Runner) StopAll(ctx context.Context, why string) ([]string, error) {
 	}
 	r.mu.Unlock()
 	sort.Strings(stopped)
+	stopped = slices.Compact(stopped)
 	for job, w := range waits {
 		select {
 		case <-w:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strings"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -96,6 +97,18 @@ func (r *Runner) exited(job string, err error, draining bool, ran time.Duration,
 		return
 	}
 	why := describeExit(err)
+	if strings.Contains(why, fleet.JobRecordsLost) {
+		// The job's hyperpodrun found etcd lost the job's records before
+		// this agent did: not a node failure, and never restarted into the
+		// emptied etcd (it would train from step 0 unseen). The agent's own
+		// data-loss handling names the job on the node's record.
+		r.forget(job)
+		r.mu.Lock()
+		r.lostData = append(r.lostData, job)
+		r.mu.Unlock()
+		r.log.Error("the job's hyperpodrun found that etcd lost the job's records; not restarting it: resubmit the job", "job", job, "why", why)
+		return
+	}
 	n, problem, rerr := js.Restarts(ctx, job)
 	if problem != nil {
 		r.log.Warn("malformed restart count", "job", job, "err", problem)

@@ -111,11 +111,14 @@ type Config struct {
 
 // Runner implements nodeagent.Workloads.
 type Runner struct {
-	cfg   Config
-	log   *slog.Logger
-	mu    sync.Mutex
-	jobs  map[string]*proc  // the running hyperpodrun of each job
-	retry map[string]*retry // jobs whose hyperpodrun failed on this node
+	cfg  Config
+	log  *slog.Logger
+	mu   sync.Mutex
+	jobs map[string]*proc // the running hyperpodrun of each job
+	// lostData are the jobs whose hyperpodrun exited on finding that etcd
+	// lost their records, until StopAll names them.
+	lostData []string
+	retry    map[string]*retry // jobs whose hyperpodrun failed on this node
 	// doneHere holds the jobs whose hyperpodrun finished its part on this
 	// node while other nodes still train: they are not started again here.
 	doneHere map[string]bool
