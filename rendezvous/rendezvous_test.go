@@ -701,7 +701,13 @@ func TestLeftOutAfterShrink(t *testing.T) {
 	defer cancel()
 	var cfgs []Config
 	for _, id := range []string{"a", "b", "c"} {
-		cfgs = append(cfgs, h.cfg(id, 1, 3))
+		cfg := h.cfg(id, 1, 3)
+		// All three must be in the first round: the round closes as soon as
+		// the third registers (max), so a long last call costs nothing and
+		// a slow registration (over 300 ms on 2 loaded cores) cannot leave
+		// c out of it.
+		cfg.LastCallTimeout = 10 * time.Second
+		cfgs = append(cfgs, cfg)
 	}
 	nodes := h.register(ctx, cfgs...)
 	rs := mustJoinAll(t, ctx, nodes...)
