@@ -32,15 +32,22 @@
 // list in chunks rdzv/r/c/<round>/<nonce>/<i> of about 100 members, placed
 // by a hash of the node id, so a member of a 10,000-node round reads one
 // 5 KiB chunk instead of the whole list, and the record stays far below
-// etcd's request limit. No key is raced by every node.
+// etcd's request limit. No key is raced by every node. The ready barrier
+// of a round (fence.go): the first member to arrive claims
+// rdzv/b/<round>/counter in its arrival's transaction, alone watches the
+// arrivals, and writes rdzv/b/<round>/pass once every member arrived and no
+// older round's running marker is left outside the round; the other
+// members watch only the pass key.
 //
 // # Costs
 //
 // Joining costs a node three writes (lease grant; member record together
 // with a read of the header; queue entry together with the first
 // predecessor lookup), two watches (the header and its predecessor in the
-// election), one read of its chunk per round, and one keepalive every TTL/3
-// (multiplexed per client). Only the closer watches the members.
+// election), one read of its chunk per round, and one keepalive every TTL/6
+// (multiplexed per client; see lease.go for why so often). Passing the ready
+// barrier costs two writes (the arrival, the running marker) and one watch
+// of one key. Only the closer watches the members.
 //
 // # Closer
 //
