@@ -63,29 +63,55 @@ func StartClusterArgs(t testing.TB, n int, args ...string) *Cluster {
 		t.Fatalf("StartCluster: %d members", n)
 	}
 	c := &Cluster{t: t, bin: bin, args: args}
-	var initial []string
-	for i := 1; i <= n; i++ {
-		m := &Member{Name: fmt.Sprintf("m%d", i), c: c, dir: t.TempDir(),
-			URL:  fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t)),
-			peer: fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(t))}
-		c.Members = append(c.Members, m)
-		initial = append(initial, m.Name+"="+m.peer)
-	}
 	t.Cleanup(func() {
 		for _, m := range c.Members {
 			m.Stop()
 		}
 	})
-	for _, m := range c.Members {
-		if err := m.spawn(strings.Join(initial, ",")); err != nil {
-			t.Fatal(err)
+	// A port found free can be taken (an outgoing connection's ephemeral
+	// port) before etcd binds it: a member that exits while the cluster
+	// forms is tried again, all members on fresh ports.
+	const tries = 3
+	for try := 1; ; try++ {
+		err := c.form(n)
+		if err == nil {
+			break
 		}
-	}
-	for _, m := range c.Members {
-		m.waitReady()
+		if try == tries {
+			t.Fatalf("start a %d-member etcd cluster (%d tries): %v", n, tries, err)
+		}
+		t.Logf("etcd cluster did not form, trying again on fresh ports: %v", err)
+		for _, m := range c.Members {
+			m.Stop()
+		}
 	}
 	c.Leader()
 	return c
+}
+
+// form starts n fresh members on newly found ports and waits until every
+// one answers; it fails early when a member exits.
+func (c *Cluster) form(n int) error {
+	c.Members = nil
+	var initial []string
+	for i := 1; i <= n; i++ {
+		m := &Member{Name: fmt.Sprintf("m%d", i), c: c, dir: c.t.TempDir(),
+			URL:  fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(c.t)),
+			peer: fmt.Sprintf("http://127.0.0.1:%d", testutil.FreePort(c.t))}
+		c.Members = append(c.Members, m)
+		initial = append(initial, m.Name+"="+m.peer)
+	}
+	for _, m := range c.Members {
+		if err := m.spawn(strings.Join(initial, ",")); err != nil {
+			return err
+		}
+	}
+	for _, m := range c.Members {
+		if err := m.ready(30 * time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Endpoints are every member's client URL.
@@ -270,10 +296,56 @@ func (m *Member) spawn(initial string) error {
 // waitReady waits (up to 30 s) until the member answers Status.
 func (m *Member) waitReady() {
 	m.c.t.Helper()
-	testutil.Eventually(m.c.t, 30*time.Second, "etcd member "+m.Name+" to answer at "+m.URL, func() (bool, string) {
+	if err := m.ready(30 * time.Second); err != nil {
+		m.c.t.Fatal(err)
+	}
+}
+
+// ready waits until the member answers Status; it fails when the process
+// exits first or within passes, naming the member's last log lines.
+func (m *Member) ready(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
 		_, err := m.status()
-		return err == nil, fmt.Sprintf("%v (log: %s)", err, m.LogPath())
-	})
+		if err == nil {
+			return nil
+		}
+		if m.exited() {
+			return fmt.Errorf("etcd member %s exited before it answered at %s; its log ends: %s", m.Name, m.URL, m.logTail())
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("etcd member %s did not answer at %s within %s (%v); its log ends: %s", m.Name, m.URL, within, err, m.logTail())
+		}
+		time.Sleep(testutil.Poll)
+	}
+}
+
+// exited reports whether the member's last process has exited.
+func (m *Member) exited() bool {
+	m.mu.Lock()
+	waited := m.waited
+	m.mu.Unlock()
+	if waited == nil {
+		return false
+	}
+	select {
+	case <-waited:
+		return true
+	default:
+		return false
+	}
+}
+
+// logTail is the last 1 KiB of the member's log.
+func (m *Member) logTail() string {
+	b, err := os.ReadFile(m.LogPath())
+	if err != nil {
+		return fmt.Sprintf("(unreadable: %v)", err)
+	}
+	if len(b) > 1024 {
+		b = b[len(b)-1024:]
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // ID is the member's id in hex, as etcdctl move-leader takes it.

@@ -122,9 +122,12 @@ func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
 	if _, err := admin.Cli.Delete(ctx, admin.Keys.Team("vision")); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 20*time.Second, "team vision's user to be removed", func() (bool, string) {
+	// The user goes first, then its kept password: wait for both.
+	testutil.Eventually(t, 20*time.Second, "team vision's user and kept password to be removed", func() (bool, string) {
 		_, err := root.Cli.UserGet(ctx, creds.User)
-		return err != nil && strings.Contains(err.Error(), "user name not found"), fmt.Sprint(err)
+		cr, cerr := root.TeamCredsOf(ctx, "vision")
+		gone := err != nil && strings.Contains(err.Error(), "user name not found")
+		return gone && cerr == nil && cr == nil, fmt.Sprint(err, cr, cerr)
 	})
 	if _, err := login(creds.User, creds.Password); err == nil {
 		t.Error("deleted team vision's user still logs in with its old password")
