@@ -21,6 +21,6 @@ cp -r "$src/." "$work/" && chmod -R u+w "$work"
 cd "$work"
 rm -f go.work go.work.sum
 echo "jaeger.sh: building jaeger $ver (a few minutes on 2 cores)" >&2
-nice -n 19 go build -o "$bin.tmp" ./cmd/jaeger
+nice -n 19 go build -trimpath -o "$bin.tmp" ./cmd/jaeger
 mv "$bin.tmp" "$bin"
 echo "$bin"
