@@ -6,6 +6,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
@@ -141,6 +142,9 @@ type failureRec struct {
 	// Summary is the reporting node's failure summary (torchrun's
 	// ChildFailedError text), carried into the next round's header.
 	Summary string `json:"summary,omitempty"`
+	// Time is when the node reported it (elasticctl get jobs shows a job
+	// Restarting while its last failure is recent).
+	Time time.Time `json:"time,omitzero"`
 }
 
 func clip(v []byte) string {

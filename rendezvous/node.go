@@ -446,7 +446,7 @@ func (n *Node) ReportFailure(ctx context.Context, r *Round, detail, summary stri
 	ctx, cancel := context.WithTimeout(ctx, n.opTimeout())
 	defer cancel()
 	fk := n.k.Failure(r.Number)
-	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail, Summary: clipSummary(summary)})
+	rec, _ := json.Marshal(failureRec{Node: n.cfg.NodeID, Detail: detail, Summary: clipSummary(summary), Time: time.Now().UTC()})
 	t, err := n.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.ModRevision(n.k.Head), "=", r.headRev),
 		clientv3.Compare(clientv3.CreateRevision(fk), "=", 0),
