@@ -563,6 +563,10 @@ func (c *closer) writeChunks(ctx context.Context, h *header, ms []Member) error 
 	return flush()
 }
 
+// keptFailureReports is how many rounds before the one opening keep their
+// failure reports (a failure's round, and one more that may not form).
+const keptFailureReports = 2
+
 // writeHead publishes h if nobody changed the header since we read it and
 // this node is still registered. ms is the member list of a proposal.
 func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
@@ -578,7 +582,10 @@ func (c *closer) writeHead(ctx context.Context, h *header, ms []Member) error {
 		seg := fleet.Hex16(h.Round)
 		ops = append(ops,
 			clientv3.OpDelete(c.k.Chunks, clientv3.WithRange(c.k.Chunks+seg)),
-			clientv3.OpDelete(c.k.Failures, clientv3.WithRange(c.k.Failures+seg)),
+			// The failure reports of the last keptFailureReports rounds
+			// stay: elasticctl shows the last one and its time (describe's
+			// Last error, get jobs' Restarting).
+			clientv3.OpDelete(c.k.Failures, clientv3.WithRange(c.k.Failures+fleet.Hex16(max(h.Round-keptFailureReports, 0)))),
 			clientv3.OpDelete(c.k.Done, clientv3.WithRange(c.k.Done+seg)),
 		)
 	}

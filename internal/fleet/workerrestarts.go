@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,14 +29,22 @@ type WorkerRestarts struct {
 	// LastError is its one-line detail (what the reporting node saw)
 	// followed by its failure summary (torchrun's ChildFailedError text).
 	LastError string `json:"lastError,omitempty"`
+	// LastTime is when the last failure was reported (zero: a
+	// hyperpodrun that did not say).
+	LastTime time.Time `json:"lastTime,omitzero"`
+	// CheckpointTime is when the job's latest checkpoint was committed
+	// (zero: none): a checkpoint after LastTime is progress since the
+	// last failure.
+	CheckpointTime time.Time `json:"checkpointTime,omitzero"`
 }
 
 // failureReport is the part of a round's failure record (rendezvous's
 // <job>/rdzv/n/f/<round>) that is shown to users.
 type failureReport struct {
-	Node    string `json:"node"`
-	Detail  string `json:"detail,omitempty"`
-	Summary string `json:"summary,omitempty"`
+	Node    string    `json:"node"`
+	Detail  string    `json:"detail,omitempty"`
+	Summary string    `json:"summary,omitempty"`
+	Time    time.Time `json:"time,omitzero"`
 }
 
 // DecodeFailureReport reads a round's failure record into w's Last*
@@ -49,30 +59,56 @@ func DecodeFailureReport(k RdzvKeys, key string, v []byte, w *WorkerRestarts) {
 	// The detail says what the node saw (a failed save and the steps it
 	// lost, say), the summary which ranks failed and how.
 	w.LastNode, w.LastError = f.Node, strings.TrimSpace(strings.Join([]string{f.Detail, f.Summary}, "\n"))
+	w.LastTime = f.Time
 }
 
 // WorkerRestarts reads a job's failure-restart count and its latest
 // failure report at one revision; nil when hyperpodrun never restarted or
 // reported a failure for it.
 func (s *Store) WorkerRestarts(ctx context.Context, job string) (*WorkerRestarts, error) {
-	rk := s.Keys.Rdzv(job)
-	resp, err := s.Cli.Txn(ctx).Then(
-		clientv3.OpGet(s.Keys.Restarts(job)),
-		clientv3.OpGet(rk.Failures, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
-	).Commit()
+	resp, err := s.Cli.Txn(ctx).Then(s.Keys.WorkerRestartsOps(job)...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read job %q's restarts: %w", job, err)
 	}
+	return s.Keys.DecodeWorkerRestarts(job, resp.Responses), nil
+}
+
+// WorkerRestartsOps are the reads of a job's WorkerRestarts, in
+// DecodeWorkerRestarts's order: the restart count, the latest failure
+// report and the latest checkpoint record (opts, e.g. a revision, apply to
+// each).
+func (k Keys) WorkerRestartsOps(job string, opts ...clientv3.OpOption) []clientv3.Op {
+	with := func(o ...clientv3.OpOption) []clientv3.OpOption { return append(o, opts...) }
+	return []clientv3.Op{
+		clientv3.OpGet(k.Restarts(job), opts...),
+		clientv3.OpGet(k.Rdzv(job).Failures, with(clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))...),
+		clientv3.OpGet(k.Checkpoint(job), opts...),
+	}
+}
+
+// DecodeWorkerRestarts decodes the answers to WorkerRestartsOps; nil when
+// hyperpodrun never restarted or reported a failure for the job.
+func (k Keys) DecodeWorkerRestarts(job string, resps []*pb.ResponseOp) *WorkerRestarts {
 	var w WorkerRestarts
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+	if kvs := resps[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		// A malformed counter reads as 0 here; hyperpodrun reports it.
 		w.Count, _ = ParseCount(string(kvs[0].Key), kvs[0].Value, "restart count", 0)
 	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		DecodeFailureReport(rk, string(kvs[0].Key), kvs[0].Value, &w)
+	if kvs := resps[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		DecodeFailureReport(k.Rdzv(job), string(kvs[0].Key), kvs[0].Value, &w)
 	}
 	if w.Count == 0 && w.LastRound == 0 && w.LastError == "" {
-		return nil, nil
+		return nil
 	}
-	return &w, nil
+	if kvs := resps[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		// Only its time is read (package checkpoint owns the record); a
+		// malformed one reads as no checkpoint.
+		var c struct {
+			Time time.Time `json:"time"`
+		}
+		if json.Unmarshal(kvs[0].Value, &c) == nil {
+			w.CheckpointTime = c.Time
+		}
+	}
+	return &w
 }
