@@ -63,6 +63,7 @@ func loadJobViews(ctx context.Context, st *query.Store, warn io.Writer, listing 
 		v.Problems = snap.Problems[j.Name]
 		out = append(out, v)
 	}
+	addWorkerRestarts(ctx, st, out, snap.Revision, warn)
 	return out, snap.Revision, nil
 }
 
@@ -87,6 +88,7 @@ func loadNamedJobs(ctx context.Context, st *query.Store, names []string, warn io
 			missing = append(missing, n)
 		}
 	}
+	addWorkerRestarts(ctx, st, out, rev, warn)
 	return out, missing, rev, nil
 }
 
@@ -103,9 +105,10 @@ func (v jobView) restarting() *fleet.Problem {
 }
 
 // phase is the STATE of a job's table row: its state, or Restarting while
-// a node keeps restarting its failing hyperpodrun (a crash loop).
+// a node keeps restarting its failing hyperpodrun (a crash loop) or
+// hyperpodrun restarted the job's workers recently (workerRestarting).
 func (v jobView) phase() string {
-	if v.Finished == nil && v.restarting() != nil {
+	if v.Finished == nil && (v.restarting() != nil || v.workerRestartingNow()) {
 		return "Restarting"
 	}
 	return v.state()
@@ -117,6 +120,8 @@ func (v jobView) reasonCode() string {
 	switch {
 	case v.Finished == nil && p != nil:
 		return fmt.Sprintf("Restarts:%d", p.Restarts)
+	case v.workerRestartingNow():
+		return fmt.Sprintf("Restarts:%d", v.WorkerRestarts.Count)
 	case v.Finished != nil:
 		return orDash(v.Finished.Message)
 	case v.Status != nil && v.Status.Code != "":
@@ -131,6 +136,8 @@ func (v jobView) message() string {
 	switch {
 	case v.Finished == nil && p != nil:
 		return p.Message
+	case v.workerRestartingNow():
+		return workerRestartsMessage(v.WorkerRestarts, timeNow())
 	case v.Finished != nil:
 		return fmt.Sprintf("%s on %s", v.Finished.Outcome, v.Finished.Node)
 	case v.Status != nil:

@@ -31,7 +31,8 @@ type jobView struct {
 	// Problems are why nodes cannot run the job right now (describe only).
 	Problems []fleet.Problem `json:"problems,omitempty"`
 	// WorkerRestarts are the restarts hyperpodrun made after worker
-	// failures, with the last failure (describe only).
+	// failures, with the last failure (describe, and a running job's
+	// listing row: Restarting while they are recent).
 	WorkerRestarts *fleet.WorkerRestarts `json:"workerRestarts,omitempty"`
 }
 
