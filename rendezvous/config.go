@@ -20,8 +20,16 @@ import (
 )
 
 // Defaults for the Config fields left zero.
+//
+// DefaultLeaseTTL is 6s so that an etcd leader change never fences a
+// node: a node fences when its keepalive stays unconfirmed for TTL -
+// FenceMargin - TTL/6 (lease.go), 3.5s with 6s, while etcd with its
+// default election timeout (1s) elects a new leader in 1-2s, 2.7s seen on
+// a loaded machine (3s left 1.75s, and leader kills fenced most nodes).
+// A lost node is still noticed within the TTL; a dead hyperpodrun's lease
+// is revoked at once by its watchdog.
 const (
-	DefaultLeaseTTL        = 3 * time.Second
+	DefaultLeaseTTL        = 6 * time.Second
 	DefaultLastCallTimeout = 1 * time.Second
 	DefaultJoinTimeout     = 600 * time.Second
 	DefaultAckTimeout      = 1 * time.Second
@@ -57,8 +65,10 @@ type Config struct {
 	// size in MinNodes..MaxNodes. --rdzv-conf sizes=2:4:8 or step=2.
 	Sizes []int
 	Step  int
-	// LeaseTTL is this node's liveness lease (default 3s). etcd rounds it
-	// up to whole seconds and to its own minimum (2s with default timings).
+	// LeaseTTL is this node's liveness lease (default DefaultLeaseTTL,
+	// 6s). etcd rounds it up to whole seconds and to its own minimum (2s
+	// with default timings). Below about 5s an etcd leader change with
+	// etcd's default election timeout can fence nodes.
 	LeaseTTL time.Duration
 	// LastCallTimeout: once at least MinNodes (but fewer than the size
 	// wanted) are present, wait this long for more before closing a round

@@ -34,10 +34,11 @@ import (
 // a fresh one, which the client's balancer puts on another member; the
 // wait doubles with each drop that brought no answer, so a slow but live
 // leader is never abandoned for good (streamVerdict). A leader elected
-// within TTL - FenceMargin - TTL/6 of the old one's death (etcd elects one
-// within two election timeouts, 2 s by default) therefore never fences,
-// while a node cut from every member gets no answer and still fences at
-// s + t - FenceMargin, before its lease can expire.
+// within TTL - FenceMargin - TTL/6 of the old one's death (3.5 s with the
+// default 6 s lease; etcd elects one within two election timeouts, 2 s
+// with its defaults, 2.7 s seen on a loaded machine) therefore never
+// fences, while a node cut from every member gets no answer and still
+// fences at s + t - FenceMargin, before its lease can expire.
 //
 // Like clientv3's lessor, one stream per client carries the keepalives of
 // every lease on that client (many nodes may share a client in one
