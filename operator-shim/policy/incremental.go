@@ -137,7 +137,9 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 		j.setCarried()
 	}
 	if j := fresh[0]; len(fresh) == 1 && j.tf.used+j.per*j.sp.min > j.tf.nominal {
-		if why := e.borrowFresh(j); why != "" {
+		if e.waitsOnQuota(j) {
+			e.pendFresh(j)
+		} else if why := e.borrowFresh(j); why != "" {
 			return e.decline("job " + j.name + ": " + why)
 		}
 	} else if why := e.admitWithin(fresh); why != "" {
@@ -148,7 +150,7 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	}
 	e.d = e.render(fresh, carried)
 	e.jobs += len(fresh)
-	e.admitted = fresh
+	e.admitted = slices.DeleteFunc(fresh, func(j *jobRT) bool { return j.size == 0 })
 	return e.d, true
 }
 
@@ -235,11 +237,55 @@ func (e *Engine) ownWaiting(j *jobRT) string {
 		if e.s.strict {
 			return "its team has jobs waiting (StrictFIFO)"
 		}
-		if o.sp.prio > j.sp.prio {
+		if o.sp.prio > j.sp.prio && e.preemptsOwn(o) {
 			return "its team has a job of higher priority waiting"
 		}
 	}
 	return ""
+}
+
+// preemptsOwn reports whether rule 6 may preempt jobs of j's team for the
+// waiting job j: its team preempts lower priorities and j's minimum fits
+// the team's nominal quota.
+func (e *Engine) preemptsOwn(j *jobRT) bool {
+	return j.tf.team.policy == PreemptLowerPriority && j.per*j.sp.min <= j.tf.nominal
+}
+
+// waitsOnQuota reports whether the submitted job j, beyond its team's
+// nominal quota, waits in the full cycle and changes nothing there: rule 2
+// passes it by (beyond the nominal quota, so never stuck: rules 3 and 4
+// pass it by too), rule 5 finds its quota full on the state the kept
+// cycle left (a fixed point: what rule 5 met), and rule 6 cannot preempt
+// a job of its team of a lower priority for it. Under StrictFIFO it would
+// hold back its team's queue: no. A job that no free nodes fit goes to
+// the full cycle.
+func (e *Engine) waitsOnQuota(j *jobRT) bool {
+	s, tf := e.s, j.tf
+	if s.strict || s.quotaCheck(tf, j.per*j.sp.min, j.vcpu*j.sp.min, j.mem*int64(j.sp.min), false) == "" || !s.canPlace(j, j.sp.min) {
+		return false
+	}
+	if e.preemptsOwn(j) {
+		for _, o := range tf.jobs {
+			if o.size > 0 && o.sp.prio < j.sp.prio {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// pendFresh indexes the new job j as a waiting one.
+func (e *Engine) pendFresh(j *jobRT) {
+	s, tf, f := e.s, j.tf, j.fl
+	s.jobByName[j.name] = j
+	at, _ := slices.BinarySearchFunc(tf.jobs, j.name, byJobName)
+	tf.jobs = slices.Insert(tf.jobs, at, j)
+	at, _ = slices.BinarySearchFunc(f.jobs, j.name, byJobName)
+	f.jobs = slices.Insert(f.jobs, at, j)
+	at, _ = slices.BinarySearchFunc(f.pending, j, jobOrder)
+	f.pending = slices.Insert(f.pending, at, j)
+	at, _ = slices.BinarySearchFunc(tf.queue, j, jobOrder)
+	tf.queue = slices.Insert(tf.queue, at, j)
 }
 
 // attachFresh indexes the new job j and admits it on nodes.
@@ -441,6 +487,9 @@ func (e *Engine) render(fresh, carried []*jobRT) Decision {
 	slices.SortFunc(fresh, func(a, b *jobRT) int { return strings.Compare(a.name, b.name) })
 	i = 0
 	for _, j := range fresh {
+		if j.size == 0 {
+			continue // waits (pendFresh)
+		}
 		k, _ := slices.BinarySearchFunc(old.Allocations[i:], j.name, func(a Allocation, n string) int { return strings.Compare(a.Job, n) })
 		d.Allocations = append(d.Allocations, old.Allocations[i:i+k]...)
 		i += k
@@ -449,11 +498,21 @@ func (e *Engine) render(fresh, carried []*jobRT) Decision {
 		d.Allocations = append(d.Allocations, a)
 	}
 	d.Allocations = append(d.Allocations, old.Allocations[i:]...)
+	if len(d.Allocations) == 0 {
+		d.Allocations = nil // as the full cycle's, when it places none
+	}
 	for k := range d.Teams {
 		u := &d.Teams[k]
 		if t := s.teamByName[u.Team]; t != nil {
 			if tf := t.flavors[u.Flavor]; tf != nil && tfs[tf] {
 				u.Used, u.Borrowed, u.Running = tf.used, max(0, tf.used-tf.nominal), tf.running
+				u.Pending, u.PendingAccelerators = 0, 0
+				for _, j := range tf.jobs {
+					if j.size == 0 && !j.spec.Suspended {
+						u.Pending++
+						u.PendingAccelerators += j.per * j.sp.min
+					}
+				}
 			}
 		}
 	}

@@ -303,3 +303,75 @@ func TestAdmitAgreesWithTheFullCycle(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmitDecidesOnTheFastPath holds submits the fast path decides that a
+// full cycle decided before (at fleet scale one took hundreds of ms where
+// the fast path takes tens): Admit must decide them, and exactly as the
+// full cycle does, and the next full cycle must keep its allocations.
+func TestAdmitDecidesOnTheFastPath(t *testing.T) {
+	for _, tc := range []struct {
+		rule   string
+		st     State
+		submit Job
+		kind   ReasonKind
+		code   ReasonCode
+	}{
+		{"a submit beyond the nominal quota whose cohort has nothing left to lend waits", State{
+			Nodes: mkNodes("n", 3, 8),
+			Teams: []Team{inCohort(mkTeam("a", 8), "c1"), inCohort(mkTeam("b", 8), "c1"), inCohort(mkTeam("c", 8), "c2")},
+			Jobs:  []Job{frac("a1", "a", 0, 8), frac("b1", "b", 0, 8)},
+		}, frac("b-new", "b", 0, 1), KindPending, CodeCohortExhausted},
+		{"a submit beyond the nominal quota of a team that preempts only priorities lower than its own jobs' waits", State{
+			Nodes: mkNodes("n", 3, 8),
+			Teams: []Team{inCohort(mkTeam("a", 8), "c1"), preempting(inCohort(mkTeam("b", 8), "c1")), inCohort(mkTeam("c", 8), "c2")},
+			Jobs:  []Job{frac("a1", "a", 0, 8), frac("b1", "b", 5, 8)},
+		}, frac("b-new", "b", 5, 1), KindPending, CodeCohortExhausted},
+		{"a higher-priority waiting job of a team that does not preempt keeps no submit off the fast path", State{
+			Nodes:       mkNodes("n", 3, 8),
+			Teams:       []Team{mkTeam("a", 32)},
+			Jobs:        []Job{frac("a1", "a", 0, 4), job("a-wait", "a", 10, 3, 3, false)},
+			Allocations: []Allocation{{Job: "a1", Team: "a", Flavor: h100, Size: 1, Nodes: []string{"n-000"}, AcceleratorsPerNode: 4, Since: t0, LastResize: t0}},
+		}, frac("a-new", "a", 0, 2), KindAdmitted, CodeWithinQuota},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			st := tc.st
+			st.Now = t0
+			var e Engine
+			for i := 0; i < 6; i++ {
+				d := e.Schedule(st)
+				st.Allocations = d.Allocations
+				st.Now = st.Now.Add(time.Second)
+			}
+			j := tc.submit
+			j.SubmitTime = st.Now
+			st.Jobs = append(st.Jobs, j)
+			slices.SortFunc(st.Jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
+			full := Schedule(st)
+			got, ok := e.Admit(st, []string{j.Name})
+			if !ok {
+				t.Fatalf("declined: %s", e.Declined())
+			}
+			if r := reasonOf(t, got, j.Name); r.Kind != tc.kind || r.Code != tc.code {
+				t.Fatalf("%s: %s/%s (%s), want %s/%s", j.Name, r.Kind, r.Code, r.Message, tc.kind, tc.code)
+			}
+			if !reflect.DeepEqual(got.Allocations, full.Allocations) {
+				t.Fatalf("allocations differ:\nfast %+v\nfull %+v", got.Allocations, full.Allocations)
+			}
+			if !reflect.DeepEqual(got.Reasons, full.Reasons) {
+				t.Fatalf("reasons differ:\nfast %+v\nfull %+v", got.Reasons, full.Reasons)
+			}
+			if !reflect.DeepEqual(got.Teams, full.Teams) {
+				t.Fatalf("team usage differs:\nfast %+v\nfull %+v", got.Teams, full.Teams)
+			}
+			st.Allocations = got.Allocations
+			st.Now = st.Now.Add(time.Millisecond)
+			if again := Schedule(st); !reflect.DeepEqual(again.Allocations, got.Allocations) {
+				t.Fatalf("the next full cycle changes the allocations:\n%+v\n%+v", again.Allocations, got.Allocations)
+			}
+		})
+	}
+}
+
+func inCohort(t Team, cohort string) Team { t.Cohort = cohort; return t }
+
+func preempting(t Team) Team { t.Preemption = PreemptLowerPriority; return t }
