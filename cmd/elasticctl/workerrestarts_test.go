@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,48 +15,6 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
-
-// workerRestarting's rules, one row each (and their edges).
-func TestWorkerRestartingRules(t *testing.T) {
-	now := time.Date(2026, 11, 26, 3, 0, 0, 0, time.UTC)
-	const none = time.Duration(math.MinInt64) // no time recorded
-	// rec is a record of count restarts, the last one last ago, and a
-	// checkpoint ckpt ago.
-	rec := func(count int64, last, ckpt time.Duration) *fleet.WorkerRestarts {
-		w := &fleet.WorkerRestarts{Count: count, LastRound: 4, LastNode: "n1", LastError: "worker 0 exited 1"}
-		if last != none {
-			w.LastTime = now.Add(-last)
-		}
-		if ckpt != none {
-			w.CheckpointTime = now.Add(-ckpt)
-		}
-		return w
-	}
-	for _, tc := range []struct {
-		rule     string
-		w        *fleet.WorkerRestarts
-		finished bool
-		want     bool
-	}{
-		{ruleRestartsFinished, rec(3, time.Second, none), true, false},
-		{ruleRestartsNone, nil, false, false},
-		{ruleRestartsNone, rec(0, time.Second, none), false, false}, // a failure not counted (a lost member)
-		{ruleRestartsTimeUnknown, rec(2, none, none), false, false},
-		{ruleRestartsCheckpoint, rec(2, time.Minute, 10*time.Second), false, false},
-		{ruleRestartsRecent, rec(2, time.Minute, 2*time.Minute), false, true}, // the checkpoint is older than the failure
-		{ruleRestartsRecent, rec(1, 0, none), false, true},
-		{ruleRestartsRecent, rec(1, restartingWindow-time.Nanosecond, none), false, true},
-		{ruleRestartsRecent, rec(1, -time.Minute, none), false, true},        // the node's clock is ahead
-		{ruleRestartsRecent, rec(45, time.Second, time.Second), false, true}, // a checkpoint at the failure's instant is not after it
-		{ruleRestartsSettled, rec(1, restartingWindow, none), false, false},
-		{ruleRestartsSettled, rec(7, time.Hour, none), false, false},
-	} {
-		got, rule := workerRestarting(tc.w, tc.finished, now)
-		if got != tc.want || rule != tc.rule {
-			t.Errorf("%s: workerRestarting(%+v, finished %v) = %v by rule %s", tc.rule, tc.w, tc.finished, got, rule)
-		}
-	}
-}
 
 // Issue 24: a job whose workers fail inside hyperpodrun's restart budget
 // restarts inside hyperpodrun, where no node agent's problem record sees
@@ -140,7 +97,7 @@ func TestGetJobsShowsHyperpodrunsWorkerRestarts(t *testing.T) {
 		}
 	}
 	wide := mustCtl(t, ep, "get", "jobs", "flaky", "-o", "wide")
-	if !regexp.MustCompile(`(?m)^flaky\s.*Restarting.*hyperpodrun restarted the workers after failures 2 time\(s\), the last \d+s ago \(round \d+ on node-a\): worker 0 exited 1 \(failure 2\)$`).MatchString(wide) {
+	if !regexp.MustCompile(`(?m)^flaky\s.*Restarting.*hyperpodrun restarted the workers after failures 2 time\(s\) of maxRestarts 5, the last \d+s ago \(round \d+ on node-a\): worker 0 exited 1 \(failure 2\)$`).MatchString(wide) {
 		t.Errorf("get jobs flaky -o wide does not say why:\n%s", wide)
 	}
 	if out := mustCtl(t, ep, "get", "jobs", "-l", "state=Restarting", "-o", "name"); strings.TrimSpace(out) != "job/flaky" {
