@@ -13,8 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +23,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/ociimage"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // Containerd is a private containerd started for a test.
@@ -58,7 +57,7 @@ func Binaries() string {
 func StartContainerd(t testing.TB) *Containerd {
 	t.Helper()
 	if why := Binaries(); why != "" {
-		skipOrFail(t, "containerd cannot start here: "+why)
+		testutil.SkipOrFail(t, "containerd cannot start here: "+why)
 	}
 	// A short path: the socket's must fit in 107 bytes.
 	dir, err := os.MkdirTemp("", "ctrd")
@@ -106,7 +105,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 			c.cmd.Process.Kill()
 			<-exited
 		}
-		killShims(c.State)
+		if left := Survivors(KillContainers(dir), 10*time.Second); len(left) > 0 {
+			t.Logf("containerd %s: container processes still alive 10s after being killed: %v", dir, left)
+		}
 		logf.Close()
 		if t.Failed() {
 			if b, err := os.ReadFile(c.log); err == nil {
@@ -114,101 +115,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 			}
 		}
 		// Unmount what a killed shim left mounted before removing.
-		unmountUnder(dir)
+		UnmountUnder(dir)
 		os.RemoveAll(dir)
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := net.Dial("unix", c.Address)
-		if err == nil {
-			conn.Close()
-			return c
-		}
-		select {
-		case <-exited:
-			b, _ := os.ReadFile(c.log)
-			t.Fatalf("containerd exited at start:\n%s", tail(b, 4096))
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("containerd's socket %s did not answer in 30s", c.Address)
-		}
+	if err := WaitForSocket(c.Address, exited, 30*time.Second); err != nil {
+		b, _ := os.ReadFile(c.log)
+		t.Fatalf("containerd: %v:\n%s", err, tail(b, 4096))
 	}
-}
-
-// skipOrFail skips the test saying why, or fails it when $CI is set:
-// .ci/run installs containerd, runc and docker-registry and runs as root,
-// so a skip there would hide a broken install step behind a green run.
-func skipOrFail(t testing.TB, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s, and $CI is set: .ci/run must install it and run the tests as root", why)
-	}
-	t.Skip(why)
+	return c
 }
 
 // Kill SIGKILLs containerd (a fault test); its shims and containers go on.
 func (c *Containerd) Kill() { c.cmd.Process.Kill() }
-
-// killShims SIGKILLs the shims of a containerd whose state dir is state
-// (every process whose command line names its directory) and their
-// children, the containers' init processes: a container whose init dies
-// takes every process of its PID namespace with it, while one whose shim
-// alone dies would run on. A test that failed half-way leaves nothing.
-func killShims(state string) {
-	dir := filepath.Dir(state)
-	children := map[int][]int{}
-	var shims []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		var pid int
-		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
-			continue
-		}
-		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-			// pid (comm) state ppid ...: comm may hold spaces.
-			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-				var st string
-				var ppid int
-				if _, err := fmt.Sscanf(string(b[i+1:]), " %s %d", &st, &ppid); err == nil {
-					children[ppid] = append(children[ppid], pid)
-				}
-			}
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		if strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), dir) {
-			shims = append(shims, pid)
-		}
-	}
-	for _, shim := range shims {
-		for _, c := range children[shim] {
-			syscall.Kill(c, syscall.SIGKILL)
-		}
-		syscall.Kill(shim, syscall.SIGKILL)
-	}
-}
-
-// unmountUnder lazily unmounts every mount below dir, deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			mounts = append(mounts, f[4])
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
-	for _, m := range mounts {
-		syscall.Unmount(m, syscall.MNT_DETACH)
-	}
-}
 
 func tail(b []byte, n int) []byte {
 	if len(b) > n {
@@ -244,7 +162,7 @@ func startRegistry(t testing.TB, user, password string) *Registry {
 	t.Helper()
 	bin, err := exec.LookPath("docker-registry")
 	if err != nil {
-		skipOrFail(t, "docker-registry is not installed (apt-get install docker-registry)")
+		testutil.SkipOrFail(t, "docker-registry is not installed (apt-get install docker-registry)")
 	}
 	dir := t.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -14,7 +14,6 @@
 package jaegertest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,7 +25,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -38,21 +36,13 @@ import (
 // Version is the Jaeger release the tests run against.
 const Version = "v1.76.0"
 
+// binary is the jaeger of Version that scripts/jaeger.sh builds and caches.
+var binary = testutil.CachedBinary{Name: "jaeger", File: "jaeger-" + Version, Env: "JAEGER", CacheEnv: "JAEGER_CACHE",
+	Build: "scripts/jaeger.sh", Takes: "a few minutes"}
+
 // Binary returns the jaeger binary's path: $JAEGER, else the cache of
 // scripts/jaeger.sh; ok is false when it does not exist.
-func Binary() (path string, ok bool) {
-	if p := os.Getenv("JAEGER"); p != "" {
-		_, err := os.Stat(p)
-		return p, err == nil
-	}
-	dir := os.Getenv("JAEGER_CACHE")
-	if dir == "" {
-		dir = "/var/cache/hyperpodrun"
-	}
-	p := filepath.Join(dir, "jaeger-"+Version)
-	_, err := os.Stat(p)
-	return p, err == nil
-}
+func Binary() (path string, ok bool) { return binary.Path() }
 
 // Jaeger is a running Jaeger.
 type Jaeger struct {
@@ -67,7 +57,7 @@ type Jaeger struct {
 
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *syncBuffer
+	log  *testutil.LogBuffer
 }
 
 // config is a minimal all-in-one configuration: OTLP in, memory storage,
@@ -114,13 +104,7 @@ exporters:
 // is absent and $CI is unset.
 func Start(t testing.TB) *Jaeger {
 	t.Helper()
-	bin, ok := Binary()
-	if !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("no jaeger at %s, and $CI is set: .ci/run must build it (scripts/jaeger.sh)", bin)
-		}
-		t.Skipf("no jaeger at %s: build it with scripts/jaeger.sh (a few minutes; .ci/run does it), or set JAEGER", bin)
-	}
+	bin := binary.Require(t)
 	dir := t.TempDir()
 	var err error
 	for try := 1; ; try++ {
@@ -148,7 +132,7 @@ func start(t testing.TB, bin, dir string) (*Jaeger, error) {
 		OTLPHTTP: "http://127.0.0.1:" + strconv.Itoa(otlpHTTP),
 		OTLPGRPC: "127.0.0.1:" + strconv.Itoa(otlpGRPC),
 		Query:    "http://127.0.0.1:" + strconv.Itoa(queryHTTP),
-		done:     make(chan struct{}), log: &syncBuffer{},
+		done:     make(chan struct{}), log: &testutil.LogBuffer{},
 	}
 	j.cmd = exec.Command(bin, "--config", "file:"+cfg)
 	j.cmd.Env = quietEnv(os.Environ())
@@ -160,7 +144,7 @@ func start(t testing.TB, bin, dir string) (*Jaeger, error) {
 	go func() { j.cmd.Wait(); close(j.done) }()
 	if err := j.waitReady(60 * time.Second); err != nil {
 		j.stop(t)
-		return nil, fmt.Errorf("jaeger not ready: %w\n%s", err, j.log.tail(4000))
+		return nil, fmt.Errorf("jaeger not ready: %w\n%s", err, j.log.Tail(4000))
 	}
 	t.Cleanup(func() {
 		if dir := os.Getenv("JAEGERTEST_DUMP"); dir != "" {
@@ -191,7 +175,7 @@ func (j *Jaeger) Traces(ctx context.Context, service string) ([]tracestore.Trace
 }
 
 // Log is Jaeger's output so far (its last n bytes).
-func (j *Jaeger) Log(n int) string { return j.log.tail(n) }
+func (j *Jaeger) Log(n int) string { return j.log.Tail(n) }
 
 // dump writes, before Jaeger stops, the query API's answer for every
 // service's traces to dir/<test>.<service>.json ($JAEGERTEST_DUMP): real
@@ -282,28 +266,4 @@ func ping(cl *http.Client, url string, want int) error {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return nil
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.b.Len() > 4<<20 {
-		b.b.Reset()
-	}
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.b.String()
-	if len(s) > n {
-		s = s[len(s)-n:]
-	}
-	return s
 }

@@ -1,10 +1,11 @@
 package kubetest
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 // ControlPlaneBinary returns the path of kube-controller-manager or
@@ -12,18 +13,11 @@ import (
 // else the cache of `KUBE_CMD=<name> scripts/kube-apiserver.sh`; ok is
 // false when it does not exist.
 func ControlPlaneBinary(name string) (path string, ok bool) {
-	env := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-	if p := os.Getenv(env); p != "" {
-		_, err := os.Stat(p)
-		return p, err == nil
-	}
-	dir := os.Getenv("KUBE_CACHE")
-	if dir == "" {
-		dir = "/var/cache/hyperpodrun"
-	}
-	p := filepath.Join(dir, name+"-"+Version)
-	_, err := os.Stat(p)
-	return p, err == nil
+	return controlPlaneBinary(name).Path()
+}
+
+func controlPlaneBinary(name string) testutil.CachedBinary {
+	return cached(name, strings.ToUpper(strings.ReplaceAll(name, "-", "_")))
 }
 
 // StartControllerManager runs a real kube-controller-manager of Version
@@ -47,11 +41,7 @@ func (s *Server) StartScheduler(t testing.TB) {
 
 func (s *Server) startControlPlane(t testing.TB, name string, args ...string) {
 	t.Helper()
-	bin, ok := ControlPlaneBinary(name)
-	if !ok {
-		requireUnderCI(t, name, bin)
-		t.Skipf("no %s at %s: build it with KUBE_CMD=%s scripts/kube-apiserver.sh (.ci/run does it)", name, bin, name)
-	}
+	bin := controlPlaneBinary(name).Require(t)
 	dir := t.TempDir()
 	logFile := filepath.Join(dir, name+".log")
 	cmd, done, err := startLogged(logFile, nil, bin, append([]string{"--kubeconfig=" + s.Kubeconfig, "--leader-elect=false",

@@ -8,9 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/ctrdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/ociimage"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
@@ -34,19 +32,7 @@ const CRINamespace = "k8s.io"
 // KubeletBinary returns the kubelet's path: $KUBELET, else the cache of
 // `KUBE_CMD=kubelet scripts/kube-apiserver.sh`; ok is false when it does
 // not exist.
-func KubeletBinary() (path string, ok bool) {
-	if p := os.Getenv("KUBELET"); p != "" {
-		_, err := os.Stat(p)
-		return p, err == nil
-	}
-	dir := os.Getenv("KUBE_CACHE")
-	if dir == "" {
-		dir = "/var/cache/hyperpodrun"
-	}
-	p := filepath.Join(dir, "kubelet-"+Version)
-	_, err := os.Stat(p)
-	return p, err == nil
-}
+func KubeletBinary() (path string, ok bool) { return cached("kubelet", "KUBELET").Path() }
 
 // Kubelet is a real kubelet (built from the same release as the API
 // server) registered as a Node, running pods through its own private
@@ -81,20 +67,14 @@ type Kubelet struct {
 // the kubelet or containerd cannot run here (fails it under $CI).
 func (s *Server) StartKubelet(t testing.TB, name string) *Kubelet {
 	t.Helper()
-	bin, ok := KubeletBinary()
-	if !ok {
-		requireUnderCI(t, "kubelet", bin)
-		t.Skipf("no kubelet at %s: build it with KUBE_CMD=kubelet scripts/kube-apiserver.sh (.ci/run does it), or set KUBELET", bin)
-	}
+	bin := cached("kubelet", "KUBELET").Require(t)
 	for _, b := range []string{"containerd", "runc", "containerd-shim-runc-v2", "ctr", "/usr/lib/cni/loopback", "/bin/busybox"} {
 		if _, err := exec.LookPath(b); err != nil {
-			requireUnderCI(t, b, "PATH")
-			t.Skipf("%s is not installed (apt-get install containerd runc containernetworking-plugins busybox-static)", b)
+			testutil.SkipOrFail(t, b+" is not installed (apt-get install containerd runc containernetworking-plugins busybox-static)")
 		}
 	}
 	if os.Geteuid() != 0 {
-		requireUnderCI(t, "root", "euid")
-		t.Skip("a kubelet and containerd need root")
+		testutil.SkipOrFail(t, "a kubelet and containerd need root")
 	}
 	token, ok := s.NodeTokens[name]
 	if !ok {
@@ -170,21 +150,10 @@ func (k *Kubelet) startContainerd() error {
 		return fmt.Errorf("start containerd: %w", err)
 	}
 	k.containerd, k.ctrdDone = cmd, done
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("unix", k.CRI); err == nil {
-			c.Close()
-			return nil
-		}
-		select {
-		case <-done:
-			return fmt.Errorf("containerd exited at start:\n%s", tailFile(k.containerdLog, 4096))
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("containerd's socket %s did not answer in 30s:\n%s", k.CRI, tailFile(k.containerdLog, 4096))
-		}
+	if err := ctrdtest.WaitForSocket(k.CRI, done, 30*time.Second); err != nil {
+		return fmt.Errorf("containerd: %w:\n%s", err, tailFile(k.containerdLog, 4096))
 	}
+	return nil
 }
 
 // startLogged starts a daemon with its output in logFile (env nil: the
@@ -403,18 +372,12 @@ func (k *Kubelet) stop(t testing.TB) {
 		t.Logf("kubelet %s log (last 6 KB):\n%s\ncontainerd log (last 3 KB):\n%s", k.Name, tailFile(k.kubeletLog, 8192), tailFile(k.containerdLog, 3072))
 	}
 	stopDaemon(k.kubelet, k.kubeletDone)
-	procs := processesUnder(k.Dir)
-	for _, p := range procs {
-		syscall.Kill(p, syscall.SIGKILL)
-	}
+	procs := ctrdtest.KillContainers(k.Dir)
 	stopDaemon(k.containerd, k.ctrdDone)
-	for deadline := time.Now().Add(10 * time.Second); len(alive(procs)) > 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Errorf("node %s: processes still alive 10s after being killed: %v", k.Name, alive(procs))
-			break
-		}
+	if left := ctrdtest.Survivors(procs, 10*time.Second); len(left) > 0 {
+		t.Errorf("node %s: processes still alive 10s after being killed: %v", k.Name, left)
 	}
-	unmountUnder(k.Dir)
+	ctrdtest.UnmountUnder(k.Dir)
 	if err := os.RemoveAll(k.Dir); err != nil {
 		t.Errorf("node %s: %v", k.Name, err)
 	}
@@ -430,81 +393,6 @@ func stopDaemon(cmd *exec.Cmd, done chan struct{}) {
 	case <-time.After(15 * time.Second):
 		cmd.Process.Kill()
 		<-done
-	}
-}
-
-// processesUnder lists this node's shims (their command line names dir)
-// and all their descendants: the pods' processes.
-func processesUnder(dir string) []int {
-	children := map[int][]int{}
-	var roots []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-			// pid (comm) state ppid ...: comm may hold spaces.
-			if i := strings.LastIndexByte(string(b), ')'); i > 0 {
-				var st string
-				var ppid int
-				if _, err := fmt.Sscanf(string(b[i+1:]), " %s %d", &st, &ppid); err == nil {
-					children[ppid] = append(children[ppid], pid)
-				}
-			}
-		}
-		if b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); err == nil &&
-			strings.Contains(string(b), "containerd-shim") && strings.Contains(string(b), dir) {
-			roots = append(roots, pid)
-		}
-	}
-	var out []int
-	var walk func(int)
-	walk = func(p int) {
-		out = append(out, p)
-		for _, c := range children[p] {
-			walk(c)
-		}
-	}
-	for _, r := range roots {
-		walk(r)
-	}
-	return out
-}
-
-// alive are the pids of procs that still exist and are not zombies.
-func alive(procs []int) []int {
-	var out []int
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
-		}
-		if i := strings.LastIndexByte(string(b), ')'); i > 0 && len(b) > i+2 && b[i+2] == 'Z' {
-			continue
-		}
-		out = append(out, p)
-	}
-	return out
-}
-
-// unmountUnder lazily unmounts every mount below dir, deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			mounts = append(mounts, f[4])
-		}
-	}
-	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
-	for _, m := range mounts {
-		syscall.Unmount(m, syscall.MNT_DETACH)
 	}
 }
 

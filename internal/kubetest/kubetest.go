@@ -12,7 +12,6 @@
 package kubetest
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -28,7 +27,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,21 +46,20 @@ import (
 // Version is the Kubernetes release the tests run against.
 const Version = "v1.34.2"
 
+// cached is a binary of Version that scripts/kube-apiserver.sh builds
+// (KUBE_CMD=name) and caches: $env overrides its path (none when env is
+// "").
+func cached(name, env string) testutil.CachedBinary {
+	build := "scripts/kube-apiserver.sh"
+	if name != "kube-apiserver" {
+		build = "KUBE_CMD=" + name + " " + build
+	}
+	return testutil.CachedBinary{Name: name, File: name + "-" + Version, Env: env, CacheEnv: "KUBE_CACHE", Build: build, Takes: "10-20 minutes"}
+}
+
 // Binary returns the kube-apiserver's path: $KUBE_APISERVER, else the
 // cache of scripts/kube-apiserver.sh; ok is false when it does not exist.
-func Binary() (path string, ok bool) {
-	if p := os.Getenv("KUBE_APISERVER"); p != "" {
-		_, err := os.Stat(p)
-		return p, err == nil
-	}
-	dir := os.Getenv("KUBE_CACHE")
-	if dir == "" {
-		dir = "/var/cache/hyperpodrun"
-	}
-	p := filepath.Join(dir, "kube-apiserver-"+Version)
-	_, err := os.Stat(p)
-	return p, err == nil
-}
+func Binary() (path string, ok bool) { return cached("kube-apiserver", "KUBE_APISERVER").Path() }
 
 // Server is a running kube-apiserver.
 type Server struct {
@@ -82,7 +79,7 @@ type Server struct {
 
 	cmd     *exec.Cmd
 	done    chan struct{}
-	log     *syncBuffer
+	log     *testutil.LogBuffer
 	certDir string
 }
 
@@ -104,11 +101,7 @@ func Start(t testing.TB) *Server {
 // StartWith is Start with options.
 func StartWith(t testing.TB, o Options) *Server {
 	t.Helper()
-	bin, ok := Binary()
-	if !ok {
-		requireUnderCI(t, "kube-apiserver", bin)
-		t.Skipf("no kube-apiserver at %s: build it with scripts/kube-apiserver.sh (about 20 minutes; .ci/run does it), or set KUBE_APISERVER", bin)
-	}
+	bin := cached("kube-apiserver", "KUBE_APISERVER").Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
@@ -148,7 +141,7 @@ func StartWith(t testing.TB, o Options) *Server {
 	}
 	port := testutil.FreePort(t)
 	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(port), AdminToken: admin, Etcd: cli, Endpoints: etcd.Endpoints,
-		NodeTokens: nodeTokens, done: make(chan struct{}), log: &syncBuffer{}, certDir: filepath.Join(dir, "certs")}
+		NodeTokens: nodeTokens, done: make(chan struct{}), log: &testutil.LogBuffer{}, certDir: filepath.Join(dir, "certs")}
 	s.cmd = exec.Command(bin,
 		"--etcd-servers="+strings.Join(etcd.Endpoints, ","),
 		"--service-account-issuer=https://kubernetes.default.svc",
@@ -166,7 +159,7 @@ func StartWith(t testing.TB, o Options) *Server {
 	go func() { s.cmd.Wait(); close(s.done) }()
 	t.Cleanup(func() { s.stop(t) })
 	if err := s.waitReady(90 * time.Second); err != nil {
-		t.Fatalf("kube-apiserver not ready: %v\n%s", err, s.log.tail(4000))
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, s.log.Tail(4000))
 	}
 	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
 	kc := fmt.Sprintf(`apiVersion: v1
@@ -196,7 +189,7 @@ func (s *Server) stop(t testing.TB) {
 }
 
 // Log is the API server's output so far (its last n bytes).
-func (s *Server) Log(n int) string { return s.log.tail(n) }
+func (s *Server) Log(n int) string { return s.log.Tail(n) }
 
 func (s *Server) waitReady(timeout time.Duration) error {
 	cl := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
@@ -301,46 +294,11 @@ func (s *Server) Kubectl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	bin, err := exec.LookPath("kubectl")
 	if err != nil {
-		requireUnderCI(t, "kubectl", "PATH")
-		t.Skip("kubectl not installed (Debian's kubectl package)")
+		testutil.SkipOrFail(t, "kubectl not installed (Debian's kubectl package)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"--kubeconfig", s.Kubeconfig}, args...)...)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.b.Len() > 4<<20 {
-		b.b.Reset()
-	}
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.b.String()
-	if len(s) > n {
-		s = s[len(s)-n:]
-	}
-	return s
-}
-
-// requireUnderCI fails the test when a real part it needs is missing and
-// $CI is set: .ci/run installs or builds them, so a skip there would hide
-// a broken install step behind a green run.
-func requireUnderCI(t testing.TB, what, where string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("no %s at %s, and $CI is set: .ci/run must install it (scripts/kube-apiserver.sh)", what, where)
-	}
 }

@@ -1,6 +1,9 @@
 // Package testutil holds the helpers every package's tests share: waiting
-// on a condition with a deadline (Eventually), and free loopback ports.
-// An etcd for tests is package etcdtest; a kube-apiserver, kubetest.
+// on a condition with a deadline (Eventually), free loopback ports, and
+// the real parts a test needs but cannot always have: binaries a script
+// builds and caches (CachedBinary), skipped without them except under $CI
+// (SkipOrFail). An etcd for tests is package etcdtest; a kube-apiserver,
+// kubetest.
 //
 // Negative timing assertions ("nothing restarts within 500 ms") are not
 // made by sleeping: the code under test takes a clock
