@@ -3,7 +3,6 @@ package jobrunner
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,8 +16,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
@@ -47,13 +44,7 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	st := fleet.New(cli, "")
-	logs, out := &syncBuf{}, &syncBuf{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("log:\n%s\njobs' output:\n%s", logs.String(), out.String())
-		}
-	})
+	f := newProcessFleet(t, cli, []string{etcd.URL}, hpr)
 
 	// As root, each job runs as its own uid (the first of the range for
 	// the first job of each epoch): the old job's uid must be released
@@ -62,33 +53,8 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 	if os.Geteuid() == 0 {
 		uids = UIDRange{First: 231000, Last: 231009}
 	}
-	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 200 * time.Millisecond, SessionTTL: 2,
-		Logger: log.With("component", "coordinator"), JobUIDFirst: uids.First, JobUIDLast: uids.Last})
-	cctx, cstop := context.WithCancel(context.Background())
-	cdone := make(chan struct{})
-	go func() { coord.Run(cctx); close(cdone) }()
-	t.Cleanup(func() { cstop(); <-cdone })
-
-	tmp, err := os.MkdirTemp("", "hpa")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	alog := log.With("component", "agent")
-	r := New(Config{Hyperpodrun: hpr, Endpoints: []string{etcd.URL}, RdzvConf: "lease_ttl=2", Output: out, Logger: alog, TempDir: tmp,
-		AllowRootJobs: !uids.Set(), UIDRange: uids, BackoffBase: 200 * time.Millisecond, DrainMargin: 2 * time.Second})
-	agent, err := nodeagent.New(cli, nodeagent.Config{NodeName: "node-a", LeaseTTL: 3 * time.Second, Workloads: r, Logger: alog, Listen: "127.0.0.1:0",
-		Discover: func(context.Context) (*devices.Inventory, error) {
-			return &devices.Inventory{Node: "node-a", Flavor: e2eFlavor, Flavors: []string{e2eFlavor}, VCPUs: 8, MemoryBytes: 8 << 30, UpdatedAt: time.Now().UTC(),
-				Accelerators: []devices.Accelerator{{Kind: devices.KindNVIDIA, Index: 0, Flavor: e2eFlavor, Healthy: true}}}, nil
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, astop := context.WithCancel(context.Background())
-	adone := make(chan struct{})
-	go func() { agent.Run(actx); close(adone) }()
-	t.Cleanup(func() { astop(); <-adone })
+	f.startCoordinator(coordinator.Config{JobUIDFirst: uids.First, JobUIDLast: uids.Last})
+	r, agent := f.startAgent("node-a", Config{AllowRootJobs: !uids.Set(), UIDRange: uids, DrainMargin: 2 * time.Second})
 
 	// Each job's worker appends its pid to <dir>/runs and runs until
 	// stopped.
@@ -173,7 +139,7 @@ func TestEtcdWipedUnderARunningJob(t *testing.T) {
 		t.Fatalf("the old job's processes are left: workers %v, hyperpodrun %d alive %v", pids("j"), hprPID, alive(hprPID))
 	}
 	before := len(pids("j"))
-	if !strings.Contains(logs.String(), "etcd lost its data") || !strings.Contains(logs.String(), "level=ERROR") {
+	if !strings.Contains(f.logs.String(), "etcd lost its data") || !strings.Contains(f.logs.String(), "level=ERROR") {
 		t.Errorf("the agent did not say at error level that etcd lost its data")
 	}
 	// The node's record says so (elasticctl describe node shows it).

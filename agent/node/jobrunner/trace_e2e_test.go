@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,8 +18,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 
-	"github.com/hyperpodrun/hyperpodrun/agent/node/nodeagent"
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/jaegertest"
@@ -89,20 +86,13 @@ func TestResizeIsOneTraceInJaeger(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	st := fleet.New(cli, "")
-	logs, out := &syncBuf{}, &syncBuf{}
-	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	f := newProcessFleet(t, cli, srv.Endpoints, hpr)
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("log:\n%s\njobs' output:\n%s\njaeger:\n%s", logs.String(), out.String(), j.Log(3000))
+			t.Logf("jaeger:\n%s", j.Log(3000))
 		}
 	})
-
-	coord := coordinator.New(cli, coordinator.Config{Engine: policy.Config{MinStablePeriod: -1}, Resync: 200 * time.Millisecond, SessionTTL: 2,
-		Logger: log.With("component", "coordinator"), Tracer: sdkProvider(t, j, "hyperpod-coordinator")})
-	cctx, cstop := context.WithCancel(context.Background())
-	cdone := make(chan struct{})
-	go func() { coord.Run(cctx); close(cdone) }()
-	t.Cleanup(func() { cstop(); <-cdone })
+	f.startCoordinator(coordinator.Config{Tracer: sdkProvider(t, j, "hyperpod-coordinator")})
 
 	headers := filepath.Join(t.TempDir(), "otlp.headers")
 	if err := os.WriteFile(headers, []byte("x-tenant=team%20t\n"), 0o600); err != nil {
@@ -110,27 +100,8 @@ func TestResizeIsOneTraceInJaeger(t *testing.T) {
 	}
 	agentTP := sdkProvider(t, j, "hyperpod-agent")
 	for _, node := range []string{"node-a", "node-b"} {
-		tmp, err := os.MkdirTemp("", "hpa")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(tmp) })
-		alog := log.With("component", "agent", "node", node)
-		r := New(Config{Hyperpodrun: hpr, Endpoints: srv.Endpoints, RdzvConf: "lease_ttl=2", Output: out, Logger: alog, TempDir: tmp,
-			AllowRootJobs: true, BackoffBase: 200 * time.Millisecond, DrainMargin: 5 * time.Second,
+		f.startAgent(node, Config{AllowRootJobs: true, DrainMargin: 5 * time.Second,
 			Tracer: agentTP, JobTracing: JobTracing{Endpoint: j.OTLPHTTP, HeadersFile: headers}})
-		agent, err := nodeagent.New(cli, nodeagent.Config{NodeName: node, LeaseTTL: 3 * time.Second, Workloads: r, Logger: alog, Listen: "127.0.0.1:0",
-			Discover: func(context.Context) (*devices.Inventory, error) {
-				return &devices.Inventory{Node: node, Flavor: e2eFlavor, Flavors: []string{e2eFlavor}, VCPUs: 8, MemoryBytes: 8 << 30, UpdatedAt: time.Now().UTC(),
-					Accelerators: []devices.Accelerator{{Kind: devices.KindNVIDIA, Index: 0, Flavor: e2eFlavor, Healthy: true}}}, nil
-			}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		actx, astop := context.WithCancel(context.Background())
-		adone := make(chan struct{})
-		go func() { agent.Run(actx); close(adone) }()
-		t.Cleanup(func() { astop(); <-adone })
 	}
 
 	dir := t.TempDir()
