@@ -143,6 +143,8 @@ type elastic struct {
 	// steps holds the scaling event waiting for its workers' first report
 	// at the new size (tracing.go).
 	steps stepWatch
+	// hangs is what the hang watch remembers across rounds (hang.go).
+	hangs hangMemory
 }
 
 // workerState is where this node's workers stand, after torch's

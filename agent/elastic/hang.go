@@ -8,8 +8,17 @@ package elastic
 // stacks (faulthandler, on hangStacksSignal) into the log directory, stops
 // them and reports the failure, so the job restarts from its last
 // committed checkpoint, counted, long before torch's collective timeout.
-// A worker that never sent a heartbeat is not watched (its loop does not
-// call the helper), nor are workers saving for a planned change.
+// Workers saving for a planned change are not watched.
+//
+// Start-up (--hang-startup-timeout, as NVRx's initial heartbeat timeout): a
+// worker that sent no heartbeat yet in its round is hung once the start-up
+// timeout has passed since the round's workers were started, but only when
+// its loop is known to call the helper: a worker of the same local rank on
+// this node sent heartbeats in an earlier round (or attempt) of this
+// hyperpodrun. A loop that never calls the helper is never taken for hung,
+// and neither is the first round's start-up (its workers may import,
+// download and load for as long as they need); a restarted round's is
+// (a worker stuck in init_process_group, or stopped before its first step).
 
 import (
 	"context"
@@ -19,6 +28,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +43,14 @@ import (
 // for what a loop commonly does between two steps without calling the
 // helper (a periodic checkpoint save, an evaluation pass of a few minutes).
 const DefaultHangTimeout = 10 * time.Minute
+
+// DefaultHangStartupTimeout is --hang-startup-timeout's default: as
+// --hang-timeout's. It bounds a restarted round's start-up (workers start,
+// import torch, init_process_group, load the last checkpoint): minutes on
+// a large job, the order of an evaluation pass the hang timeout already
+// allows for; and a worker stuck in that start-up is found as soon as one
+// stuck in a step.
+const DefaultHangStartupTimeout = DefaultHangTimeout
 
 // hangStacksSignal makes a worker's helper write every thread's Python
 // stack to its stacks file (faulthandler.register). SIGUSR2: the elastic
@@ -53,6 +71,23 @@ type hangView struct {
 	Planned bool
 	// Beats are the current round's heartbeats.
 	Beats []control.Heartbeat
+	// StartupTimeout is --hang-startup-timeout (0: start-up not watched).
+	StartupTimeout time.Duration
+	// Started is when the round's workers were started (or given the round).
+	Started time.Time
+	// Silent are the round's live workers that sent no heartbeat yet.
+	Silent []silentWorker
+}
+
+// silentWorker is a live worker of the round that sent no heartbeat yet.
+type silentWorker struct {
+	// PID is the worker's process (group).
+	PID int
+	// Rank is its global rank; LocalRank its rank on this node.
+	Rank, LocalRank int
+	// Known: the worker of this local rank sent heartbeats in an earlier
+	// round or attempt of this hyperpodrun (its loop calls the helper).
+	Known bool
 }
 
 // hangVerdict is the hang decision: the hung workers (none: all is well)
@@ -66,21 +101,24 @@ type hangVerdict struct {
 const (
 	ruleHangDisabled    = "disabled: --hang-timeout 0"
 	ruleHangPlanned     = "planned change under way: the workers checkpoint"
-	ruleHangNoHeartbeat = "no heartbeat yet: the clock starts at a worker's first"
+	ruleHangNoHeartbeat = "no heartbeat yet and none from an earlier round: the loop may not call the helper, not watched"
 	ruleHangProgressing = "every worker sent a heartbeat within the hang timeout"
 	ruleHangHung        = "a worker sent no heartbeat for the hang timeout"
+	ruleStartupOff      = "no heartbeat yet, start-up not watched: --hang-startup-timeout 0"
+	ruleStartupStarting = "a worker that called the helper in an earlier round has not sent its first heartbeat yet, within the start-up timeout"
+	ruleStartupHung     = "a worker that called the helper in an earlier round sent no heartbeat within the start-up timeout of its round"
 )
 
 // hungWorkers decides which workers are hung: those whose last heartbeat
-// is Timeout old or older.
+// is Timeout old or older, and those that sent none StartupTimeout after
+// the round's start although their loop is known to call the helper (a
+// silent worker is named by a Heartbeat with its rank and pid, Count 0).
 func hungWorkers(v hangView) hangVerdict {
 	switch {
 	case v.Timeout <= 0:
 		return hangVerdict{Rule: ruleHangDisabled}
 	case v.Planned:
 		return hangVerdict{Rule: ruleHangPlanned}
-	case len(v.Beats) == 0:
-		return hangVerdict{Rule: ruleHangNoHeartbeat}
 	}
 	var hung []control.Heartbeat
 	for _, b := range v.Beats {
@@ -88,16 +126,28 @@ func hungWorkers(v hangView) hangVerdict {
 			hung = append(hung, b)
 		}
 	}
-	if len(hung) == 0 {
-		return hangVerdict{Rule: ruleHangProgressing}
+	if len(hung) > 0 {
+		return hangVerdict{Hung: hung, Rule: ruleHangHung}
 	}
-	return hangVerdict{Hung: hung, Rule: ruleHangHung}
+	known := knownSilent(v)
+	switch {
+	case len(known) == 0 && len(v.Beats) > 0:
+		return hangVerdict{Rule: ruleHangProgressing}
+	case len(known) == 0:
+		return hangVerdict{Rule: ruleHangNoHeartbeat}
+	case v.StartupTimeout <= 0:
+		return hangVerdict{Rule: ruleStartupOff}
+	case v.Now.Sub(v.Started) < v.StartupTimeout:
+		return hangVerdict{Rule: ruleStartupStarting}
+	}
+	return hangVerdict{Hung: known, Rule: ruleStartupHung}
 }
 
 // stalled says whether, when the round is stopped by a failure elsewhere,
 // this node's workers are worth a stack dump: one of them sent no
 // heartbeat for half the hang timeout (they are likely stuck in the same
-// collective as the hung worker another node found).
+// collective as the hung worker another node found), or one known to call
+// the helper sent none yet for half the start-up timeout.
 func stalled(v hangView) bool {
 	if v.Timeout <= 0 || v.Planned {
 		return false
@@ -107,7 +157,19 @@ func stalled(v hangView) bool {
 			return true
 		}
 	}
-	return false
+	return len(knownSilent(v)) > 0 && v.StartupTimeout > 0 && v.Now.Sub(v.Started) >= v.StartupTimeout/2
+}
+
+// knownSilent are v's silent workers known to call the helper, each named
+// by a Heartbeat with its rank and pid (Count 0).
+func knownSilent(v hangView) []control.Heartbeat {
+	var out []control.Heartbeat
+	for _, s := range v.Silent {
+		if s.Known {
+			out = append(out, control.Heartbeat{Rank: s.Rank, PID: s.PID})
+		}
+	}
+	return out
 }
 
 // heartbeatInterval is the least time between two heartbeats of a worker:
@@ -146,30 +208,106 @@ func hangEnvFor(o Options, log *slog.Logger, env map[string]string, attempt int)
 	env[control.EnvStacksDir] = dir
 }
 
+// hangMemory is what the hang watch remembers across rounds: the local
+// ranks whose workers sent heartbeats (their loop calls the helper), and
+// when the watched round's workers started.
+type hangMemory struct {
+	mu      sync.Mutex
+	beat    map[int]bool
+	started time.Time
+}
+
+// start records that the watched round's workers start now.
+func (m *hangMemory) start() {
+	m.mu.Lock()
+	m.started = time.Now()
+	m.mu.Unlock()
+}
+
+// roundStart is when the watched round's workers started.
+func (m *hangMemory) roundStart() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.started
+}
+
+// remember records the local ranks of beats (global ranks; base is the
+// global rank of local rank 0).
+func (m *hangMemory) remember(beats []control.Heartbeat, base int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.beat == nil {
+		m.beat = map[int]bool{}
+	}
+	for _, b := range beats {
+		m.beat[b.Rank-base] = true
+	}
+}
+
+// known says whether local rank lr's workers sent heartbeats before.
+func (m *hangMemory) known(lr int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.beat[lr]
+}
+
 // hangView is the hang decision's input now, for round r's workers g.
 func (e *elastic) hangView(g *launcher.Group, r *rendezvous.Round) hangView {
-	return hangView{Timeout: e.o.HangTimeout, Now: time.Now(), Planned: e.stopping.Load() == r.Number, Beats: liveBeats(e.ch, g)}
+	base := r.Self.BaseRank
+	beats, silent := roundWorkers(e.ch, g, e.o.Spec.NProcPerNode, base, e.hangs.known)
+	e.hangs.remember(beats, base)
+	return hangView{Timeout: e.o.HangTimeout, Now: time.Now(), Planned: e.stopping.Load() == r.Number, Beats: beats,
+		StartupTimeout: e.o.HangStartupTimeout, Started: e.hangs.roundStart(), Silent: silent}
 }
 
 // liveBeats are the heartbeats of ch sent by g's live workers (a worker's
 // process group is its pid): none of an earlier attempt's.
 func liveBeats(ch *control.Channel, g *launcher.Group) []control.Heartbeat {
-	groups := map[int]bool{}
-	for _, pid := range g.PIDs() {
-		groups[pid] = true
+	beats, _ := roundWorkers(ch, g, 0, 0, nil)
+	return beats
+}
+
+// roundWorkers splits g's live workers into those that sent heartbeats on
+// ch (their heartbeats) and the silent rest. nproc is the group's size and
+// base the global rank of its local rank 0; a silent worker is Known when
+// known says its local rank's workers sent heartbeats before (never when
+// a worker has exited: the live workers' local ranks are then unknown).
+func roundWorkers(ch *control.Channel, g *launcher.Group, nproc, base int, known func(lr int) bool) ([]control.Heartbeat, []silentWorker) {
+	pids := g.PIDs()
+	beaten := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		beaten[pid] = false
 	}
-	var out []control.Heartbeat
+	var beats []control.Heartbeat
 	for _, b := range ch.Heartbeats() {
-		if pgid, err := syscall.Getpgid(b.PID); err == nil && groups[pgid] {
-			out = append(out, b)
+		if pgid, err := syscall.Getpgid(b.PID); err == nil {
+			if _, ok := beaten[pgid]; ok {
+				beats = append(beats, b)
+				beaten[pgid] = true
+			}
 		}
 	}
-	return out
+	var silent []silentWorker
+	for i, pid := range pids { // in local rank order
+		if beaten[pid] {
+			continue
+		}
+		s := silentWorker{PID: pid, Rank: -1, LocalRank: -1}
+		if len(pids) == nproc {
+			s.LocalRank, s.Rank = i, base+i
+			s.Known = known != nil && known(i)
+		}
+		silent = append(silent, s)
+	}
+	return beats, silent
 }
 
 // watchHang checks the round's heartbeats until ctx ends; the channel gets
 // the verdict once a worker is hung. Without a hang timeout it never does.
+// The start-up clock starts now (the round's workers were just started,
+// or given the round).
 func (e *elastic) watchHang(ctx context.Context, g *launcher.Group, r *rendezvous.Round) <-chan hangVerdict {
+	e.hangs.start()
 	return watchHangWith(ctx, e.o.HangTimeout, func() hangView { return e.hangView(g, r) })
 }
 
@@ -198,23 +336,70 @@ func watchHangWith(ctx context.Context, timeout time.Duration, view func() hangV
 	return out
 }
 
-// hangDetail names the hung ranks and the timeout.
-func hangDetail(v hangVerdict, timeout time.Duration) string {
+// hangDetail names the hung ranks and the timeout that found them.
+func hangDetail(v hangVerdict, o Options) string {
 	ranks := make([]string, 0, len(v.Hung))
 	for _, b := range v.Hung {
 		ranks = append(ranks, strconv.Itoa(b.Rank))
 	}
-	return fmt.Sprintf("rank %s made no progress for %s (--hang-timeout)", strings.Join(ranks, ","), timeout)
+	if v.Rule == ruleStartupHung {
+		return fmt.Sprintf("rank %s sent no heartbeat within %s of the round's start although its loop called the helper before (--hang-startup-timeout)",
+			strings.Join(ranks, ","), o.HangStartupTimeout)
+	}
+	return fmt.Sprintf("rank %s made no progress for %s (--hang-timeout)", strings.Join(ranks, ","), o.HangTimeout)
+}
+
+// hangTimeoutFlag is the flag whose timeout found v's hang.
+func hangTimeoutFlag(v hangVerdict) string {
+	if v.Rule == ruleStartupHung {
+		return "--hang-startup-timeout"
+	}
+	return "--hang-timeout"
+}
+
+// hangTargets are the workers to ask for their stacks: every live worker
+// of g that sent a heartbeat on ch (with the stacks file it named), and the
+// silent ones of hung (Count 0) whose helper opened a stacks file under
+// logDir (it does at import, see hyperpodrun_elastic).
+func hangTargets(ch *control.Channel, g *launcher.Group, hung []control.Heartbeat, logDir string) []control.Heartbeat {
+	targets := liveBeats(ch, g)
+	for _, b := range hung {
+		if b.Count > 0 {
+			continue
+		}
+		if f := silentStacksFile(logDir, b.PID); f != "" {
+			b.Stacks = f
+			targets = append(targets, b)
+		}
+	}
+	return targets
+}
+
+// silentStacksFile is the stacks file the helper of worker pid opened
+// under the run's log directory (<logDir>/attempt_*/stacks/
+// stacks_rank*_pid<pid>.txt, the newest), "" if none.
+func silentStacksFile(logDir string, pid int) string {
+	if logDir == "" || pid <= 0 {
+		return ""
+	}
+	files, _ := filepath.Glob(filepath.Join(logDir, "attempt_*", "stacks", "stacks_rank*_pid"+strconv.Itoa(pid)+".txt"))
+	newest, at := "", time.Time{}
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && fi.ModTime().After(at) {
+			newest, at = f, fi.ModTime()
+		}
+	}
+	return newest
 }
 
 // hung ends a round whose worker hung: stacks dumped, workers stopped, the
 // failure reported (the job restarts from its last committed checkpoint,
 // and the restart counts).
 func (e *elastic) hung(ctx context.Context, g *launcher.Group, r *rendezvous.Round, v hangVerdict) roundEnd {
-	files := dumpStacks(e.ch, g, e.log)
-	detail := hangDetail(v, e.o.HangTimeout)
-	e.log.Error("workers hung: no heartbeat within --hang-timeout; stacks dumped, stopping the workers", "round", r.Number,
-		"detail", detail, "hang_timeout", e.o.HangTimeout, "stacks", strings.Join(files, ","))
+	files := dumpStacks(hangTargets(e.ch, g, v.Hung, e.o.Spec.LogDir), e.log)
+	detail := hangDetail(v, e.o)
+	e.log.Error("workers hung: no heartbeat within "+hangTimeoutFlag(v)+"; stacks dumped, stopping the workers", "round", r.Number,
+		"detail", detail, "hang_timeout", e.o.HangTimeout, "hang_startup_timeout", e.o.HangStartupTimeout, "stacks", strings.Join(files, ","))
 	g.Stop(e.o.ShutdownSignal, e.o.ShutdownTimeout)
 	summary := fmt.Sprintf("hyperpodrun: %s on node %s; Python stacks in %s\n", detail, e.node.ID(), strings.Join(files, ", "))
 	e.printSummary(summary)
@@ -229,24 +414,25 @@ func (e *elastic) hung(ctx context.Context, g *launcher.Group, r *rendezvous.Rou
 // dumpIfStalled dumps this node's workers' stacks before they are stopped
 // for a failure elsewhere when they look stuck too (stalled).
 func (e *elastic) dumpIfStalled(g *launcher.Group, r *rendezvous.Round) {
-	if !stalled(e.hangView(g, r)) {
+	v := e.hangView(g, r)
+	if !stalled(v) {
 		return
 	}
-	if files := dumpStacks(e.ch, g, e.log); len(files) > 0 {
-		e.log.Warn("workers made no progress for half the hang timeout before the round failed; stacks dumped", "round", r.Number, "stacks", strings.Join(files, ","))
+	if files := dumpStacks(hangTargets(e.ch, g, knownSilent(v), e.o.Spec.LogDir), e.log); len(files) > 0 {
+		e.log.Warn("workers made no progress for half the hang timeout (or the start-up timeout) before the round failed; stacks dumped", "round", r.Number, "stacks", strings.Join(files, ","))
 	}
 }
 
-// dumpStacks has every worker of g that sent a heartbeat on ch with a
-// stacks file dump its Python stacks there, and waits (stacksWait at most)
-// until each file has grown. It returns the files written.
-func dumpStacks(ch *control.Channel, g *launcher.Group, log *slog.Logger) []string {
+// dumpStacks has every target with a stacks file dump its Python stacks
+// there, and waits (stacksWait at most) until each file has grown. It
+// returns the files written.
+func dumpStacks(targets []control.Heartbeat, log *slog.Logger) []string {
 	type dump struct {
 		file string
 		size int64
 	}
 	var pending []dump
-	for _, b := range liveBeats(ch, g) {
+	for _, b := range targets {
 		if b.Stacks == "" {
 			continue
 		}
@@ -298,8 +484,17 @@ func watchStaticHang(ctx context.Context, o Options, ch *control.Channel, g *lau
 	if ch == nil {
 		return h
 	}
+	started := time.Now()
 	in := watchHangWith(wctx, o.HangTimeout, func() hangView {
-		return hangView{Timeout: o.HangTimeout, Now: time.Now(), Beats: liveBeats(ch, g)}
+		// The channel keeps every attempt's heartbeats (no rounds): the
+		// local ranks that sent any are known to call the helper.
+		seen := map[int]bool{}
+		for _, b := range ch.Heartbeats() {
+			seen[b.Rank] = true
+		}
+		beats, silent := roundWorkers(ch, g, o.Spec.NProcPerNode, 0, func(lr int) bool { return seen[lr] })
+		return hangView{Timeout: o.HangTimeout, Now: time.Now(), Beats: beats,
+			StartupTimeout: o.HangStartupTimeout, Started: started, Silent: silent}
 	})
 	out := make(chan hangVerdict, 1)
 	go func() {
@@ -317,9 +512,9 @@ func watchStaticHang(ctx context.Context, o Options, ch *control.Channel, g *lau
 // stopHung dumps the stacks of a hung attempt's workers, stops them and
 // returns the attempt's result with the hang as its root cause.
 func (h *staticHang) stopHung(g *launcher.Group, log *slog.Logger) launcher.Result {
-	files := dumpStacks(h.ch, g, log)
-	detail := hangDetail(h.last, h.o.HangTimeout)
-	log.Error("workers hung: no heartbeat within --hang-timeout; stacks dumped, restarting all local workers",
+	files := dumpStacks(hangTargets(h.ch, g, h.last.Hung, h.o.Spec.LogDir), log)
+	detail := hangDetail(h.last, h.o)
+	log.Error("workers hung: no heartbeat within "+hangTimeoutFlag(h.last)+"; stacks dumped, restarting all local workers",
 		"detail", detail, "stacks", strings.Join(files, ","))
 	g.Stop(h.o.ShutdownSignal, h.o.ShutdownTimeout)
 	return g.Result()

@@ -80,6 +80,13 @@ type Options struct {
 	// into the log directory and the node's workers fail (hang.go). Zero:
 	// not watched.
 	HangTimeout time.Duration
+	// HangStartupTimeout (--hang-startup-timeout) is how long after its
+	// round's start a worker may go without its first heartbeat before it
+	// is taken for hung, when the worker of its local rank sent heartbeats
+	// in an earlier round or attempt of this hyperpodrun (its loop calls
+	// the helper; hang.go). Zero: start-up not watched. Without a
+	// HangTimeout the workers send no heartbeats and nothing is watched.
+	HangStartupTimeout time.Duration
 
 	PreTrain  []string // script and args, run once before the first start
 	PostTrain []string // run after the workers succeed

@@ -23,7 +23,9 @@ const (
 	faultDiskFull = "checkpoint_disk_full"
 	// faultWorkerHang SIGSTOPs one worker of a DDP job: the others wait in
 	// their collective; hyperpodrun's hang detection (the soak's DDP jobs
-	// run with --hang-timeout soakHangTimeout) must find it.
+	// run with --hang-timeout and --hang-startup-timeout soakHangTimeout:
+	// a worker stopped right after a restart, before its first heartbeat
+	// of the round, is found by the latter) must find it.
 	faultWorkerHang = "worker_hang"
 	// faultLongFreeze SIGSTOPs a node's hyperpodrun for longFreezeFor,
 	// longer than its rendezvous lease: fenced, it must rejoin its job.
@@ -36,7 +38,9 @@ const (
 	// commit a checkpoint past its last one (or end visibly).
 	diskBackWithin = 2 * time.Minute
 	// hangFoundWithin bounds how long a hung worker may live: the hang
-	// timeout, a heartbeat interval, the stack dumps, the shutdown timeout.
+	// timeout, a heartbeat interval, the stack dumps, the shutdown timeout
+	// (stopped before its first heartbeat of a round: the start-up timeout,
+	// as long, from the round's start, which came before).
 	hangFoundWithin = soakHangTimeout + 45*time.Second
 	// rejoinWithin bounds how long a frozen node may take to run its job's
 	// workers again after SIGCONT.
@@ -49,10 +53,12 @@ var faults24Kinds = []string{faultDiskFull, faultWorkerHang, faultLongFreeze}
 func init() { faultKinds = append(faultKinds, faults24Kinds...) }
 
 // hangTimeoutEnv is the job-spec environment that gives the soak's jobs a
-// short --hang-timeout (hyperpodrun reads PET_HANG_TIMEOUT, as torchrun
-// reads PET_* for its flags).
+// short --hang-timeout and --hang-startup-timeout (hyperpodrun reads
+// PET_HANG_TIMEOUT and PET_HANG_STARTUP_TIMEOUT, as torchrun reads PET_*
+// for its flags).
 func hangTimeoutEnv(env map[string]string) {
 	env["PET_HANG_TIMEOUT"] = fmt.Sprintf("%.0f", soakHangTimeout.Seconds())
+	env["PET_HANG_STARTUP_TIMEOUT"] = fmt.Sprintf("%.0f", soakHangTimeout.Seconds())
 }
 
 // inject24 carries out one of faults24Kinds; handled is false for the

@@ -92,8 +92,8 @@ func (s *soak) startAgent(i int) error {
 		"--disable-nvml", "--neuron-sysfs-root", filepath.Join(fixture, "sys", "devices", "virtual", "neuron_device"),
 		"--dev-root", filepath.Join(fixture, "dev"),
 		"--run-jobs", "--hyperpodrun", filepath.Join(s.bin, "hyperpodrun"), "--job-log-dir", filepath.Join(s.work, "joblogs"),
-		// The DDP jobs' short hang timeout (faults24.go's worker_hang).
-		"--allow-job-env", "PET_HANG_TIMEOUT")
+		// The DDP jobs' short hang timeouts (faults24.go's worker_hang).
+		"--allow-job-env", "PET_HANG_TIMEOUT", "--allow-job-env", "PET_HANG_STARTUP_TIMEOUT")
 	if s.perJobUIDs {
 		// Each job as its own uid, in a run-dir base of the soak's own
 		// (removed with it, whatever a killed agent left there).

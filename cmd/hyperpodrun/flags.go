@@ -128,7 +128,8 @@ func flags() []cli.Flag {
 		str("shutdown-signal", "SIGTERM", "signal sent to workers when hyperpodrun stops them"),
 		float("shutdown-timeout", 30, "seconds between the shutdown signal and SIGKILL"),
 		float("graceful-timeout", 30, "seconds workers get to checkpoint and exit on a planned change"),
-		float("hang-timeout", elastic.DefaultHangTimeout.Seconds(), "seconds a worker may go without a heartbeat (hyperpodrun_elastic sends one from every elastic_event_detected() call) before it is taken for hung: its Python stacks are dumped into the log directory and the node's workers fail (restarted from the last checkpoint, counted); the clock starts at a worker's first heartbeat; 0 disables"),
+		float("hang-timeout", elastic.DefaultHangTimeout.Seconds(), "seconds a worker may go without a heartbeat (hyperpodrun_elastic sends one from every elastic_event_detected() call) before it is taken for hung: its Python stacks are dumped into the log directory and the node's workers fail (restarted from the last checkpoint, counted); the clock starts at a worker's first heartbeat (before it, --hang-startup-timeout); 0 disables"),
+		float("hang-startup-timeout", elastic.DefaultHangStartupTimeout.Seconds(), "seconds after a restarted round's start a worker may go without its first heartbeat before it is taken for hung as with --hang-timeout (stuck in init_process_group or stopped before its first step); watched only when this node's worker of the same local rank sent heartbeats in an earlier round, so a loop that never calls the helper and a job's first start-up are never taken for hung; the default, as --hang-timeout's, allows minutes to start, import and load a checkpoint; 0 disables"),
 		str("elastic-signal", "SIGUSR1", "signal announcing a planned change to workers"),
 		str("pre-train-script", "", "script run once on this node before training starts"),
 		str("pre-train-args", "", "arguments of --pre-train-script"),
@@ -437,7 +438,7 @@ func timeoutFlags(c *cli.Context, o *elastic.Options) error {
 	}{
 		{"shutdown-timeout", &o.ShutdownTimeout}, {"graceful-timeout", &o.GracefulTimeout},
 		{"monitor-interval", &o.MonitorInterval}, {"inprocess-prewarm-timeout", &o.PrewarmTimeout},
-		{"hang-timeout", &o.HangTimeout},
+		{"hang-timeout", &o.HangTimeout}, {"hang-startup-timeout", &o.HangStartupTimeout},
 	} {
 		v := c.Float64(t.name)
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || v > maxTimeout.Seconds() {

@@ -26,6 +26,7 @@ HYPERPODRUN_ELASTIC_SIGNAL): without it the signal would kill the process.
 from ._control import report_checkpoint, report_stopping, under_hyperpodrun
 from ._discovery import CheckpointDiscoverySocketClient, CheckpointType, HyperPodIPCException
 from ._heartbeat import heartbeat
+from ._heartbeat import init_stacks as _init_stacks
 from ._events import (
     Event,
     elastic_event_detected,
@@ -81,3 +82,4 @@ __all__ = [
 
 install_signal_handler()
 _init_prewarm()
+_init_stacks()

@@ -8,10 +8,14 @@ heartbeat and is not watched: call ``heartbeat()`` (or
 
 The agent sets ``HYPERPODRUN_HANG_TIMEOUT`` only when it watches; the
 heartbeats are throttled to one per ``HYPERPODRUN_HEARTBEAT_INTERVAL``
-seconds. With the first heartbeat the helper registers a ``faulthandler``
-dump of every thread's Python stack on ``HYPERPODRUN_STACKS_SIGNAL`` into a
-file of ``HYPERPODRUN_STACKS_DIR`` (the run's log directory): the agent
-sends that signal to a hung worker before it stops it.
+seconds. When the package is imported (and at the latest with the first
+heartbeat) the helper registers a ``faulthandler`` dump of every thread's
+Python stack on ``HYPERPODRUN_STACKS_SIGNAL`` into a file of
+``HYPERPODRUN_STACKS_DIR`` (the run's log directory): the agent sends that
+signal to a hung worker before it stops it, also to one that hangs before
+its first heartbeat (``--hang-startup-timeout``), which it finds by that
+file. Should the program install its own handler on that signal later, the
+first heartbeat removes the file: the agent then sends it nothing.
 """
 
 import faulthandler
@@ -35,6 +39,7 @@ class _Beat:
         self.last = None  # time.monotonic() of the last heartbeat sent
         self.stacks = None  # the open stack dump file
         self.signum = None  # its signal
+        self.offered = False  # the heartbeats name the stack dump file
         self.key = None  # (pid, environment) of the setup: a fork or a new assignment starts over
 
 
@@ -104,7 +109,43 @@ def _install_stacks():
     except (OSError, RuntimeError, ValueError) as e:
         log.warning("hyperpodrun_elastic: no stack dumps on a hang: %s", e)
         return
-    _beat.stacks, _beat.signum = f, signum
+    _beat.stacks, _beat.signum, _beat.offered = f, signum, True
+
+
+def init_stacks():
+    """Install the stack dump at import when hyperpodrun watches this
+    worker, so a worker that hangs before its first heartbeat can be dumped
+    too. Never raises."""
+    from ._inprocess import prewarmed
+    if prewarmed():  # no RANK yet (reading it would wait for the assignment)
+        return
+    try:
+        if _env_float(ENV_HANG_TIMEOUT) and os.environ.get(ENV_STACKS_DIR, "").strip():
+            _setup()
+    except Exception as e:  # never break the import over it
+        log.warning("hyperpodrun_elastic: no stack dumps on a hang: %s", e)
+
+
+def _keep_stacks():
+    """Give up the stack dump if the program has since taken its signal
+    (signal.signal after our import): the file goes, so that the agent,
+    which signals only workers that name one or have one, sends nothing."""
+    if not _beat.offered:
+        return
+    try:
+        current = signal.getsignal(_beat.signum)
+    except (ValueError, OSError):
+        return
+    if current in (signal.SIG_DFL, None):
+        return
+    log.warning("hyperpodrun_elastic: no stack dumps on a hang: %s has a handler of the program's", _beat.signum.name)
+    try:
+        os.remove(_beat.stacks.name)
+    except OSError:
+        pass
+    # Unregistering would put back the default action over the program's
+    # handler: only the file is let go (closed by _reset).
+    _beat.signum, _beat.offered = None, False
 
 
 def heartbeat() -> bool:
@@ -119,13 +160,15 @@ def heartbeat() -> bool:
     if _beat.off:
         return False
     now = time.monotonic()
+    if _beat.last is None:
+        _keep_stacks()
     if _beat.last is not None and now - _beat.last < _beat.interval:
         return False
     _beat.last = now
     from ._control import _env_int, send_message
     msg = {"type": "heartbeat", "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1),
            "pid": os.getpid()}
-    if _beat.stacks is not None:
+    if _beat.offered:
         msg["stacks"] = _beat.stacks.name
     try:
         return send_message(msg, 5.0)
@@ -140,4 +183,4 @@ def _reset():
         faulthandler.unregister(_beat.signum)
     if _beat.stacks is not None:
         _beat.stacks.close()
-    _beat.key, _beat.off, _beat.last, _beat.stacks, _beat.signum = None, False, None, None, None
+    _beat.key, _beat.off, _beat.last, _beat.stacks, _beat.signum, _beat.offered = None, False, None, None, None, False

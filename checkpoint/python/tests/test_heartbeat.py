@@ -78,6 +78,35 @@ class HeartbeatTest(unittest.TestCase):
         time.sleep(0.05)
         self.assertEqual(seen, [signal.SIGUSR2], "the program's own handler still runs")
 
+    def test_import_installs_the_dump_for_a_worker_hung_before_its_first_heartbeat(self):
+        env = dict(RANK="1", WORLD_SIZE="2", HYPERPODRUN_HANG_TIMEOUT="5", HYPERPODRUN_STACKS_DIR=self.stacks,
+                   HYPERPODRUN_STACKS_SIGNAL="SIGUSR2", **self.agent.env())
+        with clean_env(**env):
+            _heartbeat.init_stacks()  # as at import
+            path = os.path.join(self.stacks, "stacks_rank1_pid%d.txt" % os.getpid())
+            self.assertTrue(os.path.exists(path), "the agent finds a silent worker's dump file by its pid")
+            os.kill(os.getpid(), signal.SIGUSR2)
+            self.assertTrue(dump_names(path, "in test_import_installs_the_dump_for_a_worker_hung_before_its_first_heartbeat"),
+                            "the dump names the running frame before any heartbeat")
+            self.assertEqual(beats(self.agent), [])
+            self.assertTrue(he.heartbeat())
+        self.assertEqual(beats(self.agent)[0]["stacks"], path, "the first heartbeat names the same file")
+
+    def test_a_handler_the_program_installs_after_import_removes_the_dump_file(self):
+        with clean_env(RANK="0", WORLD_SIZE="1", HYPERPODRUN_HANG_TIMEOUT="5", HYPERPODRUN_STACKS_DIR=self.stacks,
+                       HYPERPODRUN_STACKS_SIGNAL="SIGUSR2", **self.agent.env()):
+            _heartbeat.init_stacks()
+            path = os.path.join(self.stacks, "stacks_rank0_pid%d.txt" % os.getpid())
+            self.assertTrue(os.path.exists(path))
+            seen = []
+            signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+            self.assertTrue(he.heartbeat())
+        self.assertNotIn("stacks", beats(self.agent)[0], "no dump file offered: the agent must not send the signal")
+        self.assertFalse(os.path.exists(path), "no dump file left for the agent to find at start-up")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        self.assertEqual(seen, [signal.SIGUSR2], "the program's own handler still runs")
+
     def test_no_heartbeat_without_hang_detection(self):
         with clean_env(RANK="0", WORLD_SIZE="1", **self.agent.env()):
             he.elastic_event_detected()
