@@ -49,6 +49,8 @@ type cand struct {
 	rec       memberRec
 	createRev int64
 	suspect   bool
+	// suspectedAt is when the node became a suspect (suspicionEnded).
+	suspectedAt time.Time
 }
 
 type closer struct {
@@ -443,7 +445,15 @@ func (c *closer) evaluate(ctx context.Context) error {
 // there is none to make it arms the timer for the next deadline (last
 // call, acknowledgements).
 func (c *closer) step(ctx context.Context) error {
+	ended, forgiveAt := suspicionEnded(c.members, time.Now(), suspectFor(c.cfg.LeaseTTL))
+	for _, id := range ended {
+		c.members[id].suspect = false
+		c.log.Info("rendezvous: closer: a node left out for a missed acknowledgement still holds its lease: it is alive and waits as a spare", "node", id)
+	}
 	a := decide(c.view(), time.Now())
+	if a.kind == actWake && !forgiveAt.IsZero() && (a.wake.IsZero() || forgiveAt.Before(a.wake)) {
+		a.wake = forgiveAt
+	}
 	c.lastCall = a.lastCall
 	switch a.kind {
 	case actPropose:
@@ -493,7 +503,7 @@ func (c *closer) ackTimeout(ctx context.Context) error {
 	missing := v.missingAcks()
 	for _, id := range missing {
 		if cm := c.members[id]; cm != nil {
-			cm.suspect = true
+			cm.suspect, cm.suspectedAt = true, time.Now()
 		}
 	}
 	c.log.Warn("rendezvous: closer: leaving out nodes that did not acknowledge the proposed round (dead agent?)",

@@ -272,6 +272,33 @@ func (v view) proposal(reason Reason, detail string) action {
 	return a
 }
 
+// suspectFor is how long a node left out for a missed acknowledgement
+// stays a suspect while its member key lives: a dead agent's lease expires
+// within one TTL of its last keepalive (before the acknowledgement it
+// missed), so a key that outlives two is a live node's.
+func suspectFor(ttl time.Duration) time.Duration { return 2 * ttl }
+
+// suspicionEnded lists, in id order, the suspects whose suspicion ended by
+// now (suspected for at least after while still registered), and the
+// earliest time another one ends (zero: none). A live node that never
+// acknowledges anything again (its watch delivered only the round that
+// superseded the proposal it missed, as after a freeze) would otherwise
+// stay out of every round for good.
+func suspicionEnded(members map[string]*cand, now time.Time, after time.Duration) (ended []string, next time.Time) {
+	for id, m := range members {
+		if !m.suspect {
+			continue
+		}
+		if at := m.suspectedAt.Add(after); !now.Before(at) {
+			ended = append(ended, id)
+		} else if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	slices.Sort(ended)
+	return ended, next
+}
+
 // available counts the candidates: live members neither suspect nor
 // draining.
 func (v view) available() int {
