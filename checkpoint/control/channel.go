@@ -73,6 +73,7 @@ type Channel struct {
 
 	ln      *net.UnixListener
 	handler Handler
+	advisor Advisor
 	log     *slog.Logger
 	reports chan Report
 
@@ -273,6 +274,10 @@ type ack struct {
 	Error string `json:"error,omitempty"`
 	// Assignment answers a ReportReconfigure.
 	Assignment *Assignment `json:"assignment,omitempty"`
+	// Advice and RetryAfter (seconds) answer a ReportCheckpointFailed
+	// (advice.go).
+	Advice     string  `json:"advice,omitempty"`
+	RetryAfter float64 `json:"retry_after_s,omitempty"`
 }
 
 func (c *Channel) serve(conn *net.UnixConn) {
@@ -314,6 +319,8 @@ func (c *Channel) serve(conn *net.UnixConn) {
 		if err != nil {
 			a.Error = err.Error()
 			c.log.Warn("worker report refused", "err", err)
+		} else {
+			c.advise(r, &a)
 		}
 		if !c.reply(conn, a) {
 			return

@@ -309,6 +309,9 @@ func describeJob(w io.Writer, v jobView, history []fleet.Event, queue *queueInfo
 		}
 	}
 	describeWorkerRestarts(w, v.WorkerRestarts)
+	if v.WorkerRestarts != nil {
+		describeCheckpointFailure(w, v.WorkerRestarts.CheckpointFailure)
+	}
 	if st := v.Status; st != nil {
 		fmt.Fprintf(w, "Reason:     %s\n", orDash(string(st.Code)))
 		fmt.Fprintf(w, "Why:        %s\n", st.Message)

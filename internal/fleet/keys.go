@@ -263,6 +263,11 @@ func (k Keys) RestartsCounted(job string) string { return k.Job(job) + "restarts
 // Checkpoint is a job's latest committed checkpoint (checkpoint.Record).
 func (k Keys) Checkpoint(job string) string { return k.Job(job) + "checkpoint" }
 
+// CheckpointFailed is the last planned change of a job whose checkpoint
+// could not be saved (CheckpointFailure): what it cost, for elasticctl
+// describe.
+func (k Keys) CheckpointFailed(job string) string { return k.Job(job) + "checkpoint-failed" }
+
 // ReadyPrefix is the prefix of a job's ready barriers.
 func (k Keys) ReadyPrefix(job string) string { return k.Job(job) + "ready/" }
 
@@ -405,6 +410,7 @@ func (k Keys) Documented() []string {
 		k.Restarts("<job>"),
 		k.RestartsCounted("<job>"),
 		k.Checkpoint("<job>"),
+		k.CheckpointFailed("<job>"),
 		k.ReadyPrefix("<job>") + "<round>/<node>",
 		k.Running("<job>", "<node>"),
 		k.Desired("<job>"),

@@ -36,6 +36,11 @@ type WorkerRestarts struct {
 	// (zero: none): a checkpoint after LastTime is progress since the
 	// last failure.
 	CheckpointTime time.Time `json:"checkpointTime,omitzero"`
+	// CheckpointFailure is the last planned change whose checkpoint could
+	// not be saved (nil: none; checkpointfailure.go): no restart is
+	// counted for it, but it may have cost the steps since the last
+	// committed checkpoint.
+	CheckpointFailure *CheckpointFailure `json:"checkpointFailure,omitempty"`
 }
 
 // failureReport is the part of a round's failure record (rendezvous's
@@ -62,9 +67,10 @@ func DecodeFailureReport(k RdzvKeys, key string, v []byte, w *WorkerRestarts) {
 	w.LastTime = f.Time
 }
 
-// WorkerRestarts reads a job's failure-restart count and its latest
-// failure report at one revision; nil when hyperpodrun never restarted or
-// reported a failure for it.
+// WorkerRestarts reads a job's failure-restart count, its latest failure
+// report and its last failed planned checkpoint at one revision; nil when
+// hyperpodrun never restarted, reported a failure or a failed planned
+// checkpoint for it.
 func (s *Store) WorkerRestarts(ctx context.Context, job string) (*WorkerRestarts, error) {
 	resp, err := s.Cli.Txn(ctx).Then(s.Keys.WorkerRestartsOps(job)...).Commit()
 	if err != nil {
@@ -75,19 +81,21 @@ func (s *Store) WorkerRestarts(ctx context.Context, job string) (*WorkerRestarts
 
 // WorkerRestartsOps are the reads of a job's WorkerRestarts, in
 // DecodeWorkerRestarts's order: the restart count, the latest failure
-// report and the latest checkpoint record (opts, e.g. a revision, apply to
-// each).
+// report, the latest checkpoint record and the last failed planned
+// checkpoint (opts, e.g. a revision, apply to each).
 func (k Keys) WorkerRestartsOps(job string, opts ...clientv3.OpOption) []clientv3.Op {
 	with := func(o ...clientv3.OpOption) []clientv3.OpOption { return append(o, opts...) }
 	return []clientv3.Op{
 		clientv3.OpGet(k.Restarts(job), opts...),
 		clientv3.OpGet(k.Rdzv(job).Failures, with(clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1))...),
 		clientv3.OpGet(k.Checkpoint(job), opts...),
+		clientv3.OpGet(k.CheckpointFailed(job), opts...),
 	}
 }
 
 // DecodeWorkerRestarts decodes the answers to WorkerRestartsOps; nil when
-// hyperpodrun never restarted or reported a failure for the job.
+// hyperpodrun never restarted, reported a failure or a failed planned
+// checkpoint for the job.
 func (k Keys) DecodeWorkerRestarts(job string, resps []*pb.ResponseOp) *WorkerRestarts {
 	var w WorkerRestarts
 	if kvs := resps[0].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -97,7 +105,10 @@ func (k Keys) DecodeWorkerRestarts(job string, resps []*pb.ResponseOp) *WorkerRe
 	if kvs := resps[1].GetResponseRange().Kvs; len(kvs) > 0 {
 		DecodeFailureReport(k.Rdzv(job), string(kvs[0].Key), kvs[0].Value, &w)
 	}
-	if w.Count == 0 && w.LastRound == 0 && w.LastError == "" {
+	if kvs := resps[3].GetResponseRange().Kvs; len(kvs) > 0 {
+		w.CheckpointFailure = DecodeCheckpointFailure(string(kvs[0].Key), kvs[0].Value)
+	}
+	if w.Count == 0 && w.LastRound == 0 && w.LastError == "" && w.CheckpointFailure == nil {
 		return nil
 	}
 	if kvs := resps[2].GetResponseRange().Kvs; len(kvs) > 0 {

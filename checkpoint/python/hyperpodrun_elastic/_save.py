@@ -3,6 +3,7 @@
 import logging
 import os
 import tempfile
+import time
 from typing import Callable, Optional
 
 from . import _control, _events
@@ -127,6 +128,14 @@ def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Option
     the checkpoint to the agent, and every rank learns whether the agent
     recorded it. Must be called by every rank. Returns True on every rank iff
     the checkpoint is committed; raises on the rank whose save failed.
+
+    A rank whose save fails tells the agent (``checkpoint_failed``), which
+    answers what to do and the ranks agree on it: during a planned change
+    the agent may have the ranks save the same step again after a pause (a
+    transient error), or, under ``--inprocess-resize``, go on without the
+    checkpoint (False on every rank, nothing raised: the survivors keep the
+    state in memory and ``reconfigure()``); otherwise the save's error is
+    raised as before.
     """
     step = int(step)
     dist = _events._distributed()
@@ -137,23 +146,33 @@ def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Option
     collective = dist is not None and world > 1
     path = os.path.abspath(os.fspath(path)) if "://" not in os.fspath(path) else os.fspath(path)
 
-    error = None
-    try:
-        if sharded:
-            os.makedirs(path, exist_ok=True)
-            _fsync_dir(os.path.dirname(path))
-            atomic_save(state, os.path.join(path, "rank-%05d.pt" % rank), save_fn)
-        elif rank == 0:
-            atomic_save(state, path, save_fn)
-    except Exception as e:  # agreed on below, then re-raised
-        error = e
-    failed = 1.0 if error is not None else 0.0
-    if collective:
-        # Also the barrier: nobody reports before every rank has saved.
-        failed = _events.all_reduce_max(dist, failed)
-    if failed > 0:
+    tries = 0
+    while True:
+        tries += 1
+        error = _save_once(state, path, rank, sharded, save_fn)
+        failed = 1.0 if error is not None else 0.0
+        if collective:
+            # Also the barrier: nobody reports before every rank has saved.
+            failed = _events.all_reduce_max(dist, failed)
+        if failed <= 0:
+            break
+        advice, pause = _RAISE, 0.0
         if error is not None:
-            _report_failed(step, path, rank, world, error)
+            advice, pause = _report_failed(step, path, rank, world, error)
+        if collective:
+            # Every rank follows the strongest advice any rank got.
+            advice = int(_events.all_reduce_max(dist, float(advice)))
+            pause = _events.all_reduce_max(dist, pause)
+        if advice == _RETRY and tries < _MAX_TRIES:
+            log.warning("hyperpodrun_elastic: checkpoint of step %d failed (try %d); the agent asks to save it again in %.1fs",
+                        step, tries, pause)
+            time.sleep(max(0.0, min(pause, 60.0)))
+            continue
+        if advice == _GO_ON:
+            log.warning("hyperpodrun_elastic: checkpoint of step %d not committed (%s); the agent says go on without it",
+                        step, error if error is not None else "another rank failed to save")
+            return False
+        if error is not None:
             raise error
         log.warning("hyperpodrun_elastic: checkpoint of step %d not committed: another rank failed to save", step)
         return False
@@ -166,15 +185,47 @@ def save_and_commit(state, path, step, *, sharded: bool = False, save_fn: Option
     return ok
 
 
+# What the agent advises after a failed save (checkpoint/control/advice.go),
+# ordered so that the ranks agree on the strongest with a MAX.
+_RAISE, _GO_ON, _RETRY = 0, 1, 2
+_ADVICE = {"go_on": _GO_ON, "retry": _RETRY}
+# The helper's own bound on the tries of one save, whatever the agent says.
+_MAX_TRIES = 10
+
+
+def _save_once(state, path, rank, sharded, save_fn):
+    """One try of this rank's part of the save; the error, or None."""
+    try:
+        if sharded:
+            os.makedirs(path, exist_ok=True)
+            _fsync_dir(os.path.dirname(path))
+            atomic_save(state, os.path.join(path, "rank-%05d.pt" % rank), save_fn)
+        elif rank == 0:
+            atomic_save(state, path, save_fn)
+    except Exception as e:  # agreed on by the caller, then re-raised or retried
+        return e
+    return None
+
+
 def _report_failed(step, path, rank, world, error):
-    """Tell the agent this rank could not save the checkpoint of ``step``:
-    during a planned change the agent then says which steps the change
-    loses (the next round resumes from the last committed checkpoint)."""
+    """Tell the agent this rank could not save the checkpoint of ``step``
+    and return its advice: (_RAISE, _GO_ON or _RETRY, the pause in seconds
+    before a retry). During a planned change the agent says which steps the
+    change loses when the save cannot be made."""
     if not _control.under_hyperpodrun():
-        return
+        return _RAISE, 0.0
     msg = {"type": "checkpoint_failed", "step": step, "path": path, "rank": rank, "world_size": world,
            "error": ("%s: %s" % (type(error).__name__, error))[:1000], "pid": os.getpid()}
     try:
-        _control.send_message(msg, 5.0)
+        reply = _control._exchange(os.environ[_control.ENV_CONTROL_SOCKET], msg, 5.0)
     except Exception as e:  # the save's own error is what the caller gets
         log.warning("hyperpodrun_elastic: could not tell the agent the checkpoint failed: %s", e)
+        return _RAISE, 0.0
+    if not isinstance(reply, dict) or reply.get("ok") is not True:
+        err = reply.get("error") if isinstance(reply, dict) else repr(reply)
+        log.warning("hyperpodrun_elastic: agent refused checkpoint_failed report: %s", err)
+        return _RAISE, 0.0
+    pause = reply.get("retry_after_s")
+    if isinstance(pause, bool) or not isinstance(pause, (int, float)) or pause < 0:
+        pause = 0.0
+    return _ADVICE.get(reply.get("advice"), _RAISE), float(pause)

@@ -154,6 +154,47 @@ class SaveAndCommitTest(unittest.TestCase):
         self.assertEqual([m["type"] for m in self.agent.messages], ["checkpoint_failed"])
         self.assertEqual((self.agent.messages[0]["step"], self.agent.messages[0]["error"]), (1, "OSError: no space"))
 
+    def test_agent_asks_to_save_again(self):
+        # A planned change's save that fails once (a transient error): the
+        # agent asks for another try, which commits the step (issue 24).
+        agent = FakeAgent(answer=lambda m: {"advice": "retry", "retry_after_s": 0.01} if m["type"] == "checkpoint_failed" else {})
+        self.addCleanup(agent.close)
+        fails = [OSError("no space")]
+
+        def flaky(obj, f):
+            if fails:
+                raise fails.pop()
+            pickle_save(obj, f)
+        p = os.path.join(self.tmp.name, "step-4.pkl")
+        with clean_env(**agent.env()):
+            self.assertTrue(he.save_and_commit({"step": 4}, p, 4, save_fn=flaky))
+        self.assertEqual([m["type"] for m in agent.messages], ["checkpoint_failed", "checkpoint"])
+        with open(p, "rb") as f:
+            self.assertEqual(pickle.load(f), {"step": 4})
+
+    def test_retries_are_bounded(self):
+        agent = FakeAgent(answer=lambda m: {"advice": "retry", "retry_after_s": 0} if m["type"] == "checkpoint_failed" else {})
+        self.addCleanup(agent.close)
+
+        def broken(obj, f):
+            raise OSError("no space")
+        with clean_env(**agent.env()):
+            with self.assertRaises(OSError):
+                he.save_and_commit({}, os.path.join(self.tmp.name, "x"), 1, save_fn=broken)
+        self.assertEqual([m["type"] for m in agent.messages], ["checkpoint_failed"] * 10)
+
+    def test_agent_says_go_on_without_the_checkpoint(self):
+        # In process, the survivors keep the state in memory: the failed
+        # save is not raised, the step is not committed.
+        agent = FakeAgent(answer=lambda m: {"advice": "go_on"} if m["type"] == "checkpoint_failed" else {})
+        self.addCleanup(agent.close)
+
+        def broken(obj, f):
+            raise OSError("no space")
+        with clean_env(**agent.env()):
+            self.assertFalse(he.save_and_commit({}, os.path.join(self.tmp.name, "x"), 1, save_fn=broken))
+        self.assertEqual([m["type"] for m in agent.messages], ["checkpoint_failed"])
+
 
 if __name__ == "__main__":
     unittest.main()
