@@ -40,7 +40,12 @@
 //
 // A heartbeat (sent only under --hang-timeout, see HYPERPODRUN_HANG_TIMEOUT)
 // is progress for the agent's hang detection; a checkpoint_failed report
-// says a rank could not save a step, which is then not committed.
+// says a rank could not save a step, which is then not committed. The
+// agent answers it with what the worker does next ([Advice]):
+// {"ok":true,"advice":"retry","retry_after_s":1.0} (save the step again),
+// {"ok":true,"advice":"go_on"} (go on without the checkpoint: in process,
+// the survivors keep their state in memory) or no advice (the save's error
+// stands).
 //
 // The Python helper sends the "detected" stopping report from every rank as
 // soon as the ranks agree on an event (step unknown), so an agent whose
