@@ -546,6 +546,23 @@ func (e *env) bg(f func(context.Context)) {
 	go func() { defer e.wg.Done(); f(e.ctx) }()
 }
 
+// oneLeader waits until exactly one of the controllers (started with
+// LeaderElection) leads, and returns its index in ctls.
+func (e *env) oneLeader() int {
+	e.t.Helper()
+	leader := -1
+	waitFor(e.t, 30*time.Second, "one leader", func() (bool, string) {
+		n := 0
+		for i, c := range e.ctls {
+			if c.Leading() {
+				n, leader = n+1, i
+			}
+		}
+		return n == 1, fmt.Sprintf("%d leading", n)
+	})
+	return leader
+}
+
 func (e *env) status(name string) v1alpha1.ElasticJobStatus {
 	j, err := e.cl.ElasticJobs("ml").Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {

@@ -186,16 +186,7 @@ func TestBridgedNodesLivenessCannotBeFaked(t *testing.T) {
 // not even once the old controller's alive keys would have expired.
 func TestNewLeaderTakesOverBridgedNodes(t *testing.T) {
 	e := startDebianEnv(t, envOptions{LeaderElection: true})
-	leader := -1
-	waitFor(t, 30*time.Second, "one leader", func() (bool, string) {
-		n := 0
-		for i, c := range e.ctls {
-			if c.Leading() {
-				n, leader = n+1, i
-			}
-		}
-		return n == 1, fmt.Sprintf("%d leading", n)
-	})
+	leader := e.oneLeader()
 	var old map[string]bridged
 	waitFor(t, 30*time.Second, "n1..n4 bridged by the leader with alive keys", func() (bool, string) {
 		var err error

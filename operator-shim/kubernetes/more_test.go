@@ -219,16 +219,7 @@ func TestCredentialsSecret(t *testing.T) {
 // takes the Lease over and carries on with the same jobs.
 func TestLeaderElection(t *testing.T) {
 	e := startEnv(t, envOptions{LeaderElection: true})
-	leader := -1
-	waitFor(t, 30*time.Second, "one leader", func() (bool, string) {
-		n := 0
-		for i, c := range e.ctls {
-			if c.Leading() {
-				n, leader = n+1, i
-			}
-		}
-		return n == 1, fmt.Sprintf("%d leading", n)
-	})
+	leader := e.oneLeader()
 	holder := func() string {
 		l, err := e.cs.CoordinationV1().Leases("hyperpodrun").Get(e.ctx, "hyperpod-kube-controller", metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {
