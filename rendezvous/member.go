@@ -42,6 +42,9 @@ func (n *Node) watchHead(ctx context.Context, kv *mvccpb.KeyValue, rev int64) {
 		}
 		n.onHead(ctx, kv)
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		n.mu.Lock()
+		n.rewatchHead = cancel
+		n.mu.Unlock()
 		for wr := range n.cli.Watch(wctx, n.k.Head, clientv3.WithRev(rev+1)) {
 			if err := wr.Err(); err != nil {
 				if ctx.Err() == nil {

@@ -194,6 +194,9 @@ type Node struct {
 	ackDelay   time.Duration   // tests: a slow agent
 	kaErr      error           // latest keepalive error
 	kaErrAt    time.Time
+	// rewatchHead cancels the current watch of the round record:
+	// watchHead reads the record again and watches it anew.
+	rewatchHead context.CancelFunc
 }
 
 // assignment caches this node's entry of a proposal.
@@ -300,6 +303,10 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 	}
 	timer := time.NewTimer(n.cfg.JoinTimeout)
 	defer timer.Stop()
+	// A node never waits silently for a round that should take it
+	// (register_stall.go).
+	stall := n.newWaitSupervisor()
+	defer stall.stop()
 	for {
 		n.mu.Lock()
 		if err := n.stateErrLocked(); err != nil {
@@ -332,6 +339,7 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 		select {
 		case <-ch:
 		case <-n.lost:
+		case <-stall.check(ctx):
 		case <-ctx.Done():
 			return nil, fmt.Errorf("rendezvous: job %q node %q: join: %w", n.cfg.JobID, n.cfg.NodeID, ctx.Err())
 		case <-timer.C:
