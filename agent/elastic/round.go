@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -67,25 +68,40 @@ func (e *elastic) barrier(ctx context.Context, r *rendezvous.Round, event *scale
 		}
 		passed <- err
 	}()
-	select {
-	case err := <-passed:
-		if err != nil {
-			return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
+	// A long wait says so, with how many members arrived: a node never
+	// waits silently for the others (issue 24).
+	arrived := time.Now()
+	note := time.NewTicker(barrierNoteEvery)
+	defer note.Stop()
+	for {
+		select {
+		case err := <-passed:
+			if err != nil {
+				return nil, fmt.Errorf("round %d barrier: %w", r.Number, err)
+			}
+			return nil, nil
+		case c := <-changed:
+			return &c, nil
+		case err := <-failed:
+			return nil, err
+		case <-e.node.LeaseLost():
+			return nil, rendezvous.ErrLeaseLost
+		case s := <-e.o.Signals:
+			sig, _ := s.(syscall.Signal)
+			return nil, signalError{sig}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-note.C:
+			n, _, err := b.Arrived(bctx)
+			e.log.Info("waiting at the round's ready barrier for the other members to stop their previous workers", "round", r.Number,
+				"arrived", n, "nodes", r.NumNodes, "waited", time.Since(arrived).Round(time.Second), "read_err", err)
 		}
-		return nil, nil
-	case c := <-changed:
-		return &c, nil
-	case err := <-failed:
-		return nil, err
-	case <-e.node.LeaseLost():
-		return nil, rendezvous.ErrLeaseLost
-	case s := <-e.o.Signals:
-		sig, _ := s.(syscall.Signal)
-		return nil, signalError{sig}
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 }
+
+// barrierNoteEvery is how often a node waiting at a round's ready barrier
+// logs how many members arrived.
+const barrierNoteEvery = 10 * time.Second
 
 // serveStore starts the round's TCPStore on MASTER_PORT when this node
 // holds group rank 0 (and the agent store is on); a store of an earlier
