@@ -175,6 +175,8 @@ type Coordinator struct {
 	// at the last cycle.
 	engine     policy.Engine
 	ranSubmits uint64
+	// ranOutside is the view's outside count at the last decision.
+	ranOutside uint64
 	// followUps counts the follow-up cycles run in a row (cycle);
 	// followUp says the running cycle is only a follow-up (writes).
 	followUps int

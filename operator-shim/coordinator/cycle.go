@@ -122,8 +122,14 @@ func (c *Coordinator) decide(st policy.State) (d policy.Decision, fast bool) {
 	submitted := v.submitted
 	v.submitted = nil
 	onlySubmits := v.changed-c.ran == v.submitChanges-c.ranSubmits
-	c.ranSubmits = v.submitChanges
-	if onlySubmits && v.haveLast && len(v.touched) == 0 && len(submitted) > 0 && len(submitted) <= maxFastSubmits {
+	// Jobs whose records changed outside the write diff since the last
+	// decision (re-read, forgotten, expired) are inputs the fast path does
+	// not know of; the statuses a follow-up left to compare in full
+	// (touched too) are not: the plan compares those whichever path
+	// decided.
+	untouched := v.outside == c.ranOutside
+	c.ranSubmits, c.ranOutside = v.submitChanges, v.outside
+	if onlySubmits && v.haveLast && untouched && len(submitted) > 0 && len(submitted) <= maxFastSubmits {
 		if d, ok := c.engine.Admit(st, submitted); ok {
 			return d, true
 		}
@@ -352,7 +358,7 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 			return fmt.Errorf("read resubmitted jobs' records: %w", err)
 		}
 		for i, j := range jobs[:n] {
-			v.touched[j] = true
+			v.touch(j)
 			if kvs := r.Responses[2*i].GetResponseRange().Kvs; len(kvs) == 0 {
 				v.dropDesired(j)
 			} else if d, err := fleet.DecodeDesired(string(kvs[0].Key), kvs[0].Value); err == nil {
@@ -391,7 +397,7 @@ func (c *Coordinator) forgetDeleted(ctx context.Context, leader clientv3.Cmp, ow
 			v.dropDesired(job)
 			delete(v.statuses, job)
 			v.delFinished(job)
-			v.touched[job] = true
+			v.touch(job)
 			c.log.Info("deleted job forgotten: its rendezvous, checkpoint record and status are gone", "job", job)
 		}
 	}
@@ -468,7 +474,7 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 		delete(v.statuses, job)
 		delete(v.assigned, job)
 		v.events.drop(job)
-		v.touched[job] = true
+		v.touch(job)
 		v.changed++
 		c.log.Info("finished job's records removed after the retention period", "job", job, "retention", c.cfg.FinishedRetention)
 	}

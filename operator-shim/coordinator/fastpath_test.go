@@ -132,3 +132,87 @@ func TestSubmitsAreDecidedOnTheFastPath(t *testing.T) {
 		t.Errorf("a full cycle on what the fast path wrote would write %d records: %v", len(keys), keys)
 	}
 }
+
+// A submit after a cycle that left statuses for the next cycle to compare
+// in full (a follow-up leaves those naming who took a job's capacity) is
+// still decided on the fast path: those statuses are the plan's business,
+// not the engine's input. A job whose records were re-read, forgotten or
+// expired since the last cycle is an input the fast path does not know:
+// a full cycle decides.
+func TestFastPathAfterStatusesLeftToCompare(t *testing.T) {
+	for _, tc := range []struct {
+		rule  string
+		mark  func(v *view)
+		fast  bool
+		first string
+	}{
+		{"statuses a follow-up left to compare keep no submit off the fast path", func(v *view) { v.touched["a-0"] = true }, true, "x-1"},
+		{"a job touched outside the write diff sends the submit to a full cycle", func(v *view) { v.touch("a-0") }, false, "x-2"},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, cli := etcdtest.Start(t)
+			st := fleet.New(cli, "")
+			lease, err := cli.Grant(ctx, 3600)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 2; i++ {
+				inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: "trainium2"}
+				for d := 0; d < 8; d++ {
+					inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: "trainium2", Healthy: true})
+				}
+				op, err := st.PutNodeOp(inv, clientv3.WithLease(lease.ID))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := cli.Do(ctx, op); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := st.PutTeam(ctx, policy.Team{Name: "a", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 16}}}); err != nil {
+				t.Fatal(err)
+			}
+			submit := func(name string) {
+				p := 0
+				j := policy.Job{Name: name, Team: "a", Priority: &p, PerNode: policy.Resources{Accelerators: 1}}
+				if err := st.SubmitJob(ctx, fleet.JobSpec{Job: j, Run: fleet.RunSpec{Script: "train.py"}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			submit("a-0")
+			var last CycleStats
+			c := New(cli, Config{OnCycle: func(s CycleStats) { last = s }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			leader := clientv3.Compare(clientv3.CreateRevision("no-such-key"), "=", 0)
+			if err := c.reload(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 4; i++ { // to a fixed point
+				again, err := c.cycle(ctx, leader)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !again {
+					break
+				}
+			}
+			tc.mark(c.view)
+			submit(tc.first)
+			r, err := cli.Get(ctx, st.Keys.Spec("a", tc.first))
+			if err != nil || len(r.Kvs) != 1 {
+				t.Fatalf("read the spec: %v", err)
+			}
+			c.view.apply([]*clientv3.Event{{Type: clientv3.EventTypePut, Kv: r.Kvs[0]}}, time.Now())
+			if _, err := c.cycle(ctx, leader); err != nil {
+				t.Fatal(err)
+			}
+			if last.Fast != tc.fast {
+				t.Fatalf("decided on the fast path: %v, want %v", last.Fast, tc.fast)
+			}
+			if rs, _ := last.Decision.Reason(tc.first); rs.Kind != policy.KindAdmitted {
+				t.Fatalf("%s: %s %s", tc.first, rs.Kind, rs.Message)
+			}
+		})
+	}
+}

@@ -228,7 +228,7 @@ func (pl *planner) placeAll() (left []string) {
 func (pl *planner) place(a api.Allocation) {
 	c, v, p := pl.c, pl.v, pl.p
 	prev, had := v.desired[a.Job]
-	uid := c.uids[a.Job]
+	uid := c.uidOf(a.Job, prev.UID)
 	// A job's uid changes only when it gets its first (or the range
 	// changed): its assignments are written again with it.
 	newUID := prev.UID != uid

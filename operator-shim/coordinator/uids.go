@@ -113,40 +113,70 @@ func clipMsg(s string) string {
 	return s
 }
 
+// freeUIDs gives each job of need, in order, the lowest uid of [first,
+// last] that no live job holds (inUse: the desired records holding each
+// uid) and no job before it got; none are the jobs for which none is free
+// (they wait). It is assignUIDs for jobs without a uid in the range, on
+// the view's count of the uids in use instead of every desired record.
+func freeUIDs(first, last uint32, inUse map[uint32]int, need []string) (uids map[string]uint32, none []string) {
+	uids = make(map[string]uint32, len(need))
+	next := first
+	for _, job := range need {
+		for next <= last && inUse[next] > 0 {
+			next++
+		}
+		if next > last {
+			none = append(none, job)
+			continue
+		}
+		uids[job] = next
+		next++
+	}
+	return uids, none
+}
+
 // decideUIDs gives every job d places a uid (JobUIDFirst..JobUIDLast):
 // the one its desired record holds, else a free one; a job for which no
 // uid is free is taken out of d and waits. The uids are derived from the
 // desired records alone, so they survive restarts and leader changes. It
-// reads every desired record only when some placed job has no uid yet.
+// returns only the uids given now: a job that holds one keeps it
+// (uidOf).
 func (c *Coordinator) decideUIDs(d *policy.Decision) map[string]uint32 {
 	first, last := c.cfg.JobUIDFirst, c.cfg.JobUIDLast
 	if first == 0 {
 		return nil
 	}
 	v := c.view
-	uids := make(map[string]uint32, len(d.Allocations))
 	var need []string
-	for _, a := range d.Allocations {
-		if u := v.desired[a.Job].UID; u >= first && u <= last {
-			uids[a.Job] = u
-		} else {
-			need = append(need, a.Job)
+	for i := range d.Allocations {
+		job := d.Allocations[i].Job
+		if u := v.desired[job].UID; u < first || u > last {
+			need = append(need, job)
 		}
 	}
 	if len(need) == 0 {
-		return uids
+		return nil
 	}
-	held := make(map[string]uint32, len(v.desired))
-	for job, x := range v.desired {
-		held[job] = x.UID
-	}
-	got, none := assignUIDs(first, last, held, need)
-	for job, u := range got {
-		uids[job] = u
-	}
+	got, none := freeUIDs(first, last, v.uidUse, need)
 	if len(none) > 0 {
 		c.log.Warn("no free uid for admitted jobs; they wait", "jobs", len(none), "range", fmt.Sprintf("%d-%d", first, last))
 		withoutUIDs(d, none, first, last)
 	}
-	return uids
+	return got
+}
+
+// uidOf is the uid of placed job a this cycle: the one decideUIDs gave
+// it, else the one its desired record holds in the range (0: none).
+func (c *Coordinator) uidOf(job string, prev uint32) uint32 {
+	first, last := c.cfg.JobUIDFirst, c.cfg.JobUIDLast
+	if first == 0 {
+		return 0
+	}
+	if u, ok := c.uids[job]; ok {
+		return u
+	}
+	if prev >= first && prev <= last {
+		return prev
+	}
+	return 0
 }

@@ -124,3 +124,46 @@ func TestJobUIDsAreUniqueSurviveRestartsAndComeFreeWhenForgotten(t *testing.T) {
 		t.Errorf("j3: %+v, %v; want j1's freed uid %d", d, err, uids["j1"])
 	}
 }
+
+func TestFreeUIDs(t *testing.T) {
+	for _, c := range []struct {
+		rule        string
+		first, last uint32
+		inUse       map[uint32]int
+		need        []string
+		want        map[string]uint32
+		none        []string
+	}{
+		{rule: "a new job gets the lowest free uid", first: 10, last: 12, inUse: map[uint32]int{10: 1}, need: []string{"a"}, want: map[string]uint32{"a": 11}},
+		{rule: "two new jobs get two uids", first: 10, last: 20, need: []string{"a", "b"}, want: map[string]uint32{"a": 10, "b": 11}},
+		{rule: "a uid held by two records is in use", first: 10, last: 11, inUse: map[uint32]int{10: 2}, need: []string{"a"}, want: map[string]uint32{"a": 11}},
+		{rule: "range exhausted: the job waits", first: 10, last: 11, inUse: map[uint32]int{10: 1}, need: []string{"a", "b"}, want: map[string]uint32{"a": 11}, none: []string{"b"}},
+	} {
+		t.Run(c.rule, func(t *testing.T) {
+			got, none := freeUIDs(c.first, c.last, c.inUse, c.need)
+			if !maps.Equal(got, c.want) || !slices.Equal(none, c.none) {
+				t.Errorf("freeUIDs = %v, none %v; want %v, none %v", got, none, c.want, c.none)
+			}
+		})
+	}
+}
+
+// TestViewCountsUIDsInUse: the view's count of the uids in use follows the
+// desired records as they are set, replaced and dropped (a forgotten
+// job's uid comes free; one still held by another record does not).
+func TestViewCountsUIDsInUse(t *testing.T) {
+	v := newView(fleet.NewKeys(""), nil)
+	v.desired, v.deleted, v.owned = map[string]fleet.Desired{}, map[string]bool{}, map[string]specRec{}
+	v.setDesired(fleet.Desired{Allocation: policy.Allocation{Job: "a"}, UID: 10})
+	v.setDesired(fleet.Desired{Allocation: policy.Allocation{Job: "b"}, UID: 10})
+	v.setDesired(fleet.Desired{Allocation: policy.Allocation{Job: "c"}, UID: 11})
+	v.setDesired(fleet.Desired{Allocation: policy.Allocation{Job: "c"}, UID: 12})
+	if want := map[uint32]int{10: 2, 12: 1}; !maps.Equal(v.uidUse, want) {
+		t.Fatalf("in use %v, want %v", v.uidUse, want)
+	}
+	v.dropDesired("a")
+	v.dropDesired("c")
+	if want := map[uint32]int{10: 1}; !maps.Equal(v.uidUse, want) {
+		t.Fatalf("in use %v, want %v", v.uidUse, want)
+	}
+}

@@ -58,6 +58,10 @@ type view struct {
 	usage    []api.TeamUsage
 	events   *eventIndex
 
+	// uidUse counts the desired records holding each uid (0 not counted):
+	// the uids in use, kept as desired records change (decideUIDs).
+	uidUse map[uint32]int
+
 	// changed counts input changes: a cycle runs only when it moved.
 	changed uint64
 	// The engine's input, rebuilt only where it changed (the engine
@@ -83,6 +87,8 @@ type view struct {
 	lastAllocs  []api.Allocation
 	lastReasons []policy.Reason
 	touched     map[string]bool
+	// outside counts the jobs touched outside the write diff (touch).
+	outside uint64
 	// refresh are the jobs whose desired record and status must be read
 	// again before the next cycle: a new spec of that name may have
 	// deleted what an earlier job of that name left (fleet.SubmitJob).
@@ -136,6 +142,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.owned = map[string]specRec{}
 	v.active = nil
 	v.desired = map[string]fleet.Desired{}
+	v.uidUse = map[uint32]int{}
 	v.deleted = map[string]bool{}
 	v.statuses = map[string]*fleet.Status{}
 	v.assigned = map[string]map[string]int64{}
@@ -583,6 +590,10 @@ func (v *view) patchJob(name string) {
 // the engine's allocation list with it (its order is of no consequence:
 // the engine orders the allocations itself).
 func (v *view) setDesired(d fleet.Desired) {
+	if old, ok := v.desired[d.Job]; ok {
+		v.useUID(old.UID, -1)
+	}
+	v.useUID(d.UID, 1)
 	v.desired[d.Job] = d
 	v.recheckDeleted(d.Job)
 	if d.Running() {
@@ -593,10 +604,32 @@ func (v *view) setDesired(d fleet.Desired) {
 }
 
 func (v *view) dropDesired(job string) {
-	if _, ok := v.desired[job]; ok {
+	if old, ok := v.desired[job]; ok {
+		v.useUID(old.UID, -1)
 		delete(v.desired, job)
 		delete(v.deleted, job)
 		v.setAlloc(job, nil)
+	}
+}
+
+// touch marks job's records changed outside the write diff: the next
+// diff checks it in full, and the next decision is a full cycle.
+func (v *view) touch(job string) {
+	v.touched[job] = true
+	v.outside++
+}
+
+// useUID counts one more (n 1) or one less (n -1) desired record holding
+// uid.
+func (v *view) useUID(uid uint32, n int) {
+	if uid == 0 {
+		return
+	}
+	if v.uidUse == nil {
+		v.uidUse = map[uint32]int{}
+	}
+	if v.uidUse[uid] += n; v.uidUse[uid] <= 0 {
+		delete(v.uidUse, uid)
 	}
 }
 

@@ -228,7 +228,8 @@ func (e *Engine) borrowFresh(j *jobRT) string {
 
 // ownWaiting says why a job of j's team that waits keeps j off the fast
 // path: under StrictFIFO j may not pass it, and one of a higher priority
-// might preempt j (rule 6).
+// might preempt j (rule 6, only in a team that preempts lower
+// priorities).
 func (e *Engine) ownWaiting(j *jobRT) string {
 	for _, o := range j.tf.jobs {
 		if o.size > 0 || !o.valid || o.spec.Suspended {
@@ -237,7 +238,7 @@ func (e *Engine) ownWaiting(j *jobRT) string {
 		if e.s.strict {
 			return "its team has jobs waiting (StrictFIFO)"
 		}
-		if o.sp.prio > j.sp.prio && e.preemptsOwn(o) {
+		if o.sp.prio > j.sp.prio && o.tf.team.policy == PreemptLowerPriority {
 			return "its team has a job of higher priority waiting"
 		}
 	}
