@@ -143,9 +143,18 @@ def _keep_stacks():
         os.remove(_beat.stacks.name)
     except OSError:
         pass
-    # Unregistering would put back the default action over the program's
-    # handler: only the file is let go (closed by _reset).
-    _beat.signum, _beat.offered = None, False
+    _beat.offered = False
+    try:
+        # faulthandler.unregister puts back the action it found (the
+        # default): the program's handler goes back on after it.
+        faulthandler.unregister(_beat.signum)
+        signal.signal(_beat.signum, current)
+    except (ValueError, OSError, RuntimeError) as e:  # not the main thread: leave it registered
+        log.warning("hyperpodrun_elastic: stack dump left registered: %s", e)
+        _beat.signum = None  # _reset must not unregister it over the program's handler
+        return
+    _beat.stacks.close()
+    _beat.stacks, _beat.signum = None, None
 
 
 def heartbeat() -> bool:
