@@ -12,12 +12,14 @@ import (
 // A registered node that waits for a round relies on two watches it cannot
 // check from the inside: the closer's watch of the members (it must see the
 // registration to take the node in) and the node's own watch of the round
-// record (it must see the round that includes it). A watch that silently
-// loses an event (a server-side event loss: etcd before 3.4.31 and 3.5.13
-// lost events of slow watchers multiplexed on one stream, as a frozen
-// hyperpodrun's are, etcd issue 17529), or a closer wedged in a call, left
-// a node that was frozen past its lease registered again, with the job one
-// node short, for minutes (issue 24), and nothing said why.
+// record (it must see the round that includes it). A watch that lags or
+// loses an event (etcd issue 17529: events of slow watchers multiplexed on
+// one stream, as a frozen hyperpodrun's are, delayed for minutes, and lost
+// after a compaction, before etcd 3.4.31 and 3.5.13; Debian's is 3.4.23),
+// a closer wedged in a call, or a closer that keeps the node a suspect,
+// leaves a registered node out with the job one node short, and nothing
+// says why: a node frozen 30 s registered again and stayed out for 125 s
+// (issue 24).
 //
 // So a node that waits while the latest round is closed below its size
 // (a round that would grow for it: decide grows a closed round at once, or
