@@ -776,6 +776,7 @@ func TestRdzvIDSignalsAndTimeoutsAreChecked(t *testing.T) {
 		{[]string{"--standalone", "--graceful-timeout", "1e12"}, "between 0 and 86400"},
 		{[]string{"--standalone", "--inprocess-prewarm-timeout", "-1"}, "--inprocess-prewarm-timeout -1: must be a number of seconds"},
 		{[]string{"--standalone", "--inprocess-prewarm-timeout", "NaN"}, "--inprocess-prewarm-timeout"},
+		{[]string{"--standalone", "--hang-startup-timeout", "-1"}, "--hang-startup-timeout -1: must be a number of seconds"},
 	} {
 		r := hpr(t, nil, append(tc.args, "--no-python", w)...)
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
