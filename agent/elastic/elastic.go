@@ -254,7 +254,7 @@ func (e *elastic) run(ctx context.Context) (err error) {
 			}
 			e.sawCommit(ctx, r)
 			return nil
-		}))
+		}), control.WithAdvisor(e.adviseFailedSave))
 	if err != nil {
 		return &ExitError{1, fmt.Errorf("control channel: %w", err)}
 	}
@@ -706,6 +706,9 @@ func (e *elastic) change(ctx context.Context, g *launcher.Group, r *rendezvous.R
 		}
 		if e.handOver(ectx, g, r, ev) {
 			e.carry = g
+		}
+		if planned {
+			e.sayPlannedOutcome(ectx, r, e.carry == g)
 		}
 		event.workersStopped()
 		return event
