@@ -3,7 +3,6 @@ package query
 import (
 	"encoding/json"
 	"fmt"
-	"path"
 	"slices"
 	"testing"
 	"time"
@@ -57,12 +56,7 @@ func (l *listing10k) decode(tb testing.TB, lean bool) {
 	desDec := decoder[fleet.Desired](fleet.DecodeDesired)
 	statDec := decoder[fleet.Status](fleet.DecodeStatus)
 	if lean {
-		specDec = leanOr(leanSpec, func(key string, j *fleet.JobSpec) bool {
-			team, job, ok := l.k.SpecOwner(key)
-			return ok && job == j.Name && team == j.Team
-		}, specDec)
-		desDec = leanOr(leanDesired, desiredOK, desDec)
-		statDec = leanOr(leanStatus, func(key string, st *fleet.Status) bool { return path.Base(key) == st.Job }, statDec)
+		specDec, desDec, statDec = leanSpecDecoder(l.k), leanDesiredDecoder(), leanStatusDecoder()
 	}
 	owned, _ := l.k.OwnedSpecs(l.specs)
 	specs, bad1 := decodeParallel(owned, specDec)

@@ -3,6 +3,7 @@ package query
 import (
 	"context"
 	"path"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -40,6 +41,27 @@ func leanOr[T any](lean func(v []byte) (*T, error), ok func(key string, x *T) bo
 	}
 }
 
+// The listing's decoders: each record's lean reader, checked as its full
+// decoder checks it, falling back to the full decoder.
+
+// leanSpecDecoder is the listing's decoder of specs under k.
+func leanSpecDecoder(k fleet.Keys) decoder[fleet.JobSpec] {
+	return leanOr(leanSpec, func(key string, j *fleet.JobSpec) bool {
+		team, job, ok := k.SpecOwner(key)
+		return ok && job == j.Name && team == j.Team
+	}, specDecoder(k))
+}
+
+// leanDesiredDecoder is the listing's decoder of desired records.
+func leanDesiredDecoder() decoder[fleet.Desired] {
+	return leanOr(leanDesired, desiredOK, fleet.DecodeDesired)
+}
+
+// leanStatusDecoder is the listing's decoder of statuses.
+func leanStatusDecoder() decoder[fleet.Status] {
+	return leanOr(leanStatus, func(key string, st *fleet.Status) bool { return path.Base(key) == st.Job }, fleet.DecodeStatus)
+}
+
 // desiredOK is whether DecodeDesired would accept d read from key.
 func desiredOK(key string, d *fleet.Desired) bool {
 	switch {
@@ -51,113 +73,115 @@ func desiredOK(key string, d *fleet.Desired) bool {
 	return d.Size >= 1 && (len(d.Nodes) == 0 || len(d.Nodes) == d.Size)
 }
 
-// leanSpec reads a spec's listing fields.
-func leanSpec(v []byte) (*fleet.JobSpec, error) {
-	var j fleet.JobSpec
-	err := jsonscan.Members(v, func(name, raw []byte) error {
-		switch string(name) {
-		case "name":
-			return jsonscan.String(raw, &j.Name)
-		case "team":
-			return jsonscan.String(raw, &j.Team)
-		case "priority":
-			if string(raw) == "null" {
-				j.Priority = nil
-				return nil
-			}
-			p := new(int)
-			j.Priority = p
-			return jsonscan.Int(raw, p)
-		case "priorityClass":
-			return jsonscan.String(raw, &j.PriorityClass)
-		case "flavor":
-			return jsonscan.String(raw, &j.Flavor)
-		case "minNodes":
-			return jsonscan.Int(raw, &j.MinNodes)
-		case "maxNodes":
-			return jsonscan.Int(raw, &j.MaxNodes)
-		case "sizes":
-			return jsonscan.JSON(raw, &j.Sizes)
-		case "elastic":
-			return jsonscan.Bool(raw, &j.Elastic)
-		case "suspended":
-			return jsonscan.Bool(raw, &j.Suspended)
-		case "submitTime":
-			return j.SubmitTime.UnmarshalJSON(raw)
-		}
-		return jsonscan.NotFolded(name, "name", "team", "priority", "priorityClass", "flavor", "minNodes", "maxNodes", "sizes", "elastic", "suspended", "submitTime")
-	})
-	return &j, err
+// field is one member a lean reader reads into a record of type T: its
+// name, and how its raw value is read.
+type field[T any] struct {
+	name string
+	read func(raw []byte, x *T) error
 }
+
+// leanReader reads the members fields name into a new T and steps over
+// the others; a member that is one of them spelt in other case is
+// jsonscan.ErrFallback (encoding/json matches names case-insensitively).
+func leanReader[T any](fields ...field[T]) func(v []byte) (*T, error) {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.name
+	}
+	return func(v []byte) (*T, error) {
+		var x T
+		err := jsonscan.Members(v, func(name, raw []byte) error {
+			for i := range fields {
+				if string(name) == fields[i].name {
+					return fields[i].read(raw, &x)
+				}
+			}
+			return jsonscan.NotFolded(name, names...)
+		})
+		return &x, err
+	}
+}
+
+// The kinds of member the lean readers read: at names the field of T that
+// at points to.
+
+func strField[T any](name string, at func(*T) *string) field[T] {
+	return field[T]{name, func(raw []byte, x *T) error { return jsonscan.String(raw, at(x)) }}
+}
+
+func intField[T any](name string, at func(*T) *int) field[T] {
+	return field[T]{name, func(raw []byte, x *T) error { return jsonscan.Int(raw, at(x)) }}
+}
+
+func boolField[T any](name string, at func(*T) *bool) field[T] {
+	return field[T]{name, func(raw []byte, x *T) error { return jsonscan.Bool(raw, at(x)) }}
+}
+
+func timeField[T any](name string, at func(*T) *time.Time) field[T] {
+	return field[T]{name, func(raw []byte, x *T) error { return at(x).UnmarshalJSON(raw) }}
+}
+
+// jsonField reads a member with encoding/json (a list or an object).
+func jsonField[T, V any](name string, at func(*T) *V) field[T] {
+	return field[T]{name, func(raw []byte, x *T) error { return jsonscan.JSON(raw, at(x)) }}
+}
+
+// leanSpec reads a spec's listing fields.
+var leanSpec = leanReader(
+	strField("name", func(j *fleet.JobSpec) *string { return &j.Name }),
+	strField("team", func(j *fleet.JobSpec) *string { return &j.Team }),
+	field[fleet.JobSpec]{"priority", func(raw []byte, j *fleet.JobSpec) error {
+		if string(raw) == "null" {
+			j.Priority = nil
+			return nil
+		}
+		p := new(int)
+		j.Priority = p
+		return jsonscan.Int(raw, p)
+	}},
+	strField("priorityClass", func(j *fleet.JobSpec) *string { return &j.PriorityClass }),
+	strField("flavor", func(j *fleet.JobSpec) *string { return &j.Flavor }),
+	intField("minNodes", func(j *fleet.JobSpec) *int { return &j.MinNodes }),
+	intField("maxNodes", func(j *fleet.JobSpec) *int { return &j.MaxNodes }),
+	jsonField("sizes", func(j *fleet.JobSpec) *[]int { return &j.Sizes }),
+	boolField("elastic", func(j *fleet.JobSpec) *bool { return &j.Elastic }),
+	boolField("suspended", func(j *fleet.JobSpec) *bool { return &j.Suspended }),
+	timeField("submitTime", func(j *fleet.JobSpec) *time.Time { return &j.SubmitTime }),
+)
 
 // leanDesired reads a desired record's listing fields (and those its
 // checks need).
-func leanDesired(v []byte) (*fleet.Desired, error) {
-	var d fleet.Desired
-	err := jsonscan.Members(v, func(name, raw []byte) error {
-		switch string(name) {
-		case "job":
-			return jsonscan.String(raw, &d.Job)
-		case "team":
-			return jsonscan.String(raw, &d.Team)
-		case "size":
-			return jsonscan.Int(raw, &d.Size)
-		case "nodes":
-			return jsonscan.Strings(raw, &d.Nodes)
-		case "generation":
-			var g int
-			err := jsonscan.Int(raw, &g)
-			d.Generation = int64(g)
-			return err
-		case "stop":
-			return jsonscan.JSON(raw, &d.Stop)
-		}
-		return jsonscan.NotFolded(name, "job", "team", "size", "nodes", "generation", "stop")
-	})
-	return &d, err
-}
+var leanDesired = leanReader(
+	strField("job", func(d *fleet.Desired) *string { return &d.Job }),
+	strField("team", func(d *fleet.Desired) *string { return &d.Team }),
+	intField("size", func(d *fleet.Desired) *int { return &d.Size }),
+	field[fleet.Desired]{"nodes", func(raw []byte, d *fleet.Desired) error { return jsonscan.Strings(raw, &d.Nodes) }},
+	field[fleet.Desired]{"generation", func(raw []byte, d *fleet.Desired) error {
+		var g int
+		err := jsonscan.Int(raw, &g)
+		d.Generation = int64(g)
+		return err
+	}},
+	jsonField("stop", func(d *fleet.Desired) **fleet.Stop { return &d.Stop }),
+)
 
 // leanStatus reads a status's listing fields.
-func leanStatus(v []byte) (*fleet.Status, error) {
-	var st fleet.Status
-	err := jsonscan.Members(v, func(name, raw []byte) error {
-		switch string(name) {
-		case "job":
-			return jsonscan.String(raw, &st.Job)
-		case "team":
-			return jsonscan.String(raw, &st.Team)
-		case "kind":
-			return jsonscan.String(raw, (*string)(&st.Kind))
-		case "code":
-			return jsonscan.String(raw, (*string)(&st.Code))
-		case "message":
-			return jsonscan.String(raw, &st.Message)
-		case "toSize":
-			return jsonscan.Int(raw, &st.ToSize)
-		case "since":
-			return st.Since.UnmarshalJSON(raw)
-		}
-		return jsonscan.NotFolded(name, "job", "team", "kind", "code", "message", "toSize", "since")
-	})
-	return &st, err
-}
+var leanStatus = leanReader(
+	strField("job", func(st *fleet.Status) *string { return &st.Job }),
+	strField("team", func(st *fleet.Status) *string { return &st.Team }),
+	strField("kind", func(st *fleet.Status) *string { return (*string)(&st.Kind) }),
+	strField("code", func(st *fleet.Status) *string { return (*string)(&st.Code) }),
+	strField("message", func(st *fleet.Status) *string { return &st.Message }),
+	intField("toSize", func(st *fleet.Status) *int { return &st.ToSize }),
+	timeField("since", func(st *fleet.Status) *time.Time { return &st.Since }),
+)
 
 // leanFinish reads a finish record's listing fields.
-func leanFinish(v []byte) (*fleet.Finish, error) {
-	var f fleet.Finish
-	err := jsonscan.Members(v, func(name, raw []byte) error {
-		switch string(name) {
-		case "outcome":
-			return jsonscan.String(raw, &f.Outcome)
-		case "node":
-			return jsonscan.String(raw, &f.Node)
-		case "message":
-			return jsonscan.String(raw, &f.Message)
-		}
-		return jsonscan.NotFolded(name, "outcome", "node", "message")
-	})
-	return &f, err
-}
+var leanFinish = leanReader(
+	strField("outcome", func(f *fleet.Finish) *string { return &f.Outcome }),
+	strField("node", func(f *fleet.Finish) *string { return &f.Node }),
+	strField("message", func(f *fleet.Finish) *string { return &f.Message }),
+)
 
 // rangeAt reads the keys in [key, end) at revision rev (0: the newest),
 // without values when keysOnly, and returns them with the revision read.

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 	"runtime"
 	"slices"
 	"sort"
@@ -81,37 +80,10 @@ func (s *Store) JobsSnapshot(ctx context.Context) (*Snapshot, []error, error) {
 func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error, error) {
 	k := s.Keys
 	snap := &Snapshot{}
-	specDec := specDecoder(k)
-	statDec := decoder[fleet.Status](fleet.DecodeStatus)
-	type keyedFinish struct {
-		job string
-		f   fleet.Finish
-	}
-	finDec := func(key string, v []byte) (*keyedFinish, error) {
-		var f fleet.Finish
-		if err := json.Unmarshal(v, &f); err != nil {
-			return nil, fmt.Errorf("malformed finish record at %s: %w", fleet.ClipKey(key), err)
-		}
-		return &keyedFinish{strings.TrimPrefix(key, k.FinishedPrefix()), f}, nil
-	}
-	desDec := decoder[fleet.Desired](fleet.DecodeDesired)
+	specDec, desDec, statDec, finDec := specDecoder(k), decoder[fleet.Desired](fleet.DecodeDesired), decoder[fleet.Status](fleet.DecodeStatus), decodeFinish
 	if lean {
-		specDec = leanOr(leanSpec, func(key string, j *fleet.JobSpec) bool {
-			team, job, ok := k.SpecOwner(key)
-			return ok && job == j.Name && team == j.Team
-		}, specDec)
-		desDec = leanOr(leanDesired, desiredOK, desDec)
-		statDec = leanOr(leanStatus, func(key string, st *fleet.Status) bool { return path.Base(key) == st.Job }, statDec)
-		finDec = leanOr(func(v []byte) (*keyedFinish, error) {
-			f, err := leanFinish(v)
-			if err != nil {
-				return nil, err
-			}
-			return &keyedFinish{f: *f}, nil
-		}, func(key string, f *keyedFinish) bool {
-			f.job = strings.TrimPrefix(key, k.FinishedPrefix())
-			return true
-		}, finDec)
+		specDec, desDec, statDec = leanSpecDecoder(k), leanDesiredDecoder(), leanStatusDecoder()
+		finDec = leanOr(leanFinish, func(string, *fleet.Finish) bool { return true }, finDec)
 	}
 	// Each list decodes as soon as it is read (tens of thousands of
 	// records), while the others are still being read.
@@ -126,28 +98,15 @@ func (s *Store) jobsSnapshot(ctx context.Context, lean bool) (*Snapshot, []error
 		case 1:
 			snap.Desired, badDesired = decodeParallel(kvs, desDec)
 		case 2:
-			var statuses []*fleet.Status
-			statuses, badStatus = decodeParallel(kvs, statDec)
-			snap.Statuses = make(map[string]*fleet.Status, len(statuses))
-			for _, x := range statuses {
-				snap.Statuses[x.Job] = x
-			}
+			snap.Statuses, badStatus = byName(kvs, statDec, func(_ string, st *fleet.Status) string { return st.Job })
 		case 3:
-			var finished []*keyedFinish
-			finished, badFinish = decodeParallel(kvs, finDec)
-			snap.Finished = make(map[string]*fleet.Finish, len(finished))
-			for _, x := range finished {
-				snap.Finished[x.job] = &x.f
-			}
+			snap.Finished, badFinish = byName(kvs, finDec, func(key string, _ *fleet.Finish) string { return strings.TrimPrefix(key, k.FinishedPrefix()) })
 		case 4:
 			// Few (a node's trouble with a job): decoded whole.
-			snap.Problems, badProblems = map[string][]fleet.Problem{}, nil
-			for _, kv := range kvs {
-				var p fleet.Problem
-				if err := json.Unmarshal(kv.Value, &p); err != nil {
-					badProblems = append(badProblems, fmt.Errorf("malformed problem record at %s: %w", fleet.ClipKey(kv.Key), err))
-					continue
-				}
+			var problems []fleet.Problem
+			problems, badProblems = decodeProblems(kvs)
+			snap.Problems = map[string][]fleet.Problem{}
+			for _, p := range problems {
 				snap.Problems[p.Job] = append(snap.Problems[p.Job], p)
 			}
 		}
@@ -207,6 +166,55 @@ func (s *Store) prefixesAt(ctx context.Context, use func(i int, kvs []*mvccpb.Ke
 		}
 	}
 	return rev, nil
+}
+
+// byName decodes records as decodeParallel does, into a map by the name
+// each one's key and record give.
+func byName[T any](kvs []*mvccpb.KeyValue, dec decoder[T], name func(key string, x *T) string) (map[string]*T, []error) {
+	keyed := func(key string, v []byte) (*keyed[T], error) {
+		x, err := dec(key, v)
+		if err != nil {
+			return nil, err
+		}
+		return &keyed[T]{name(key, x), x}, nil
+	}
+	list, bad := decodeParallel(kvs, keyed)
+	out := make(map[string]*T, len(list))
+	for _, x := range list {
+		out[x.name] = x.x
+	}
+	return out, bad
+}
+
+// keyed is a decoded record and its name.
+type keyed[T any] struct {
+	name string
+	x    *T
+}
+
+// decodeFinish decodes a finish record read from key.
+func decodeFinish(key string, v []byte) (*fleet.Finish, error) {
+	var f fleet.Finish
+	if err := json.Unmarshal(v, &f); err != nil {
+		return nil, fmt.Errorf("malformed finish record at %s: %w", fleet.ClipKey(key), err)
+	}
+	return &f, nil
+}
+
+// decodeProblems decodes problem records, in order; malformed ones are
+// problems of their own.
+func decodeProblems(kvs []*mvccpb.KeyValue) ([]fleet.Problem, []error) {
+	var out []fleet.Problem
+	var bad []error
+	for _, kv := range kvs {
+		var p fleet.Problem
+		if err := json.Unmarshal(kv.Value, &p); err != nil {
+			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", fleet.ClipKey(kv.Key), err))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out, bad
 }
 
 // decodeParallel decodes records in chunks on several goroutines, keeping
@@ -311,37 +319,26 @@ func (s *Store) decodeRecord(resps []*pb.ResponseOp) (rec JobRecord, ok bool, ba
 		return rec, false, []error{err}
 	}
 	rec.Spec = spec
-	if kv := get(1); kv != nil {
-		if d, err := fleet.DecodeDesired(string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
-		} else {
-			rec.Desired = d
-		}
+	bad = decodeInto(get(1), fleet.DecodeDesired, &rec.Desired, bad)
+	bad = decodeInto(get(2), fleet.DecodeStatus, &rec.Status, bad)
+	bad = decodeInto(get(3), decodeFinish, &rec.Finished, bad)
+	problems, pbad := decodeProblems(resps[4].GetResponseRange().Kvs)
+	rec.Problems = problems
+	return rec, true, append(bad, pbad...)
+}
+
+// decodeInto decodes kv (nil: absent, nothing to do) into *to, or adds
+// its problem to bad.
+func decodeInto[T any](kv *mvccpb.KeyValue, dec decoder[T], to **T, bad []error) []error {
+	if kv == nil {
+		return bad
 	}
-	if kv := get(2); kv != nil {
-		if st, err := decoder[fleet.Status](fleet.DecodeStatus)(string(kv.Key), kv.Value); err != nil {
-			bad = append(bad, err)
-		} else {
-			rec.Status = st
-		}
+	x, err := dec(string(kv.Key), kv.Value)
+	if err != nil {
+		return append(bad, err)
 	}
-	if kv := get(3); kv != nil {
-		var f fleet.Finish
-		if err := json.Unmarshal(kv.Value, &f); err != nil {
-			bad = append(bad, fmt.Errorf("malformed finish record at %s: %w", fleet.ClipKey(kv.Key), err))
-		} else {
-			rec.Finished = &f
-		}
-	}
-	for _, kv := range resps[4].GetResponseRange().Kvs {
-		var p fleet.Problem
-		if err := json.Unmarshal(kv.Value, &p); err != nil {
-			bad = append(bad, fmt.Errorf("malformed problem record at %s: %w", fleet.ClipKey(kv.Key), err))
-			continue
-		}
-		rec.Problems = append(rec.Problems, p)
-	}
-	return rec, true, bad
+	*to = x
+	return bad
 }
 
 // specKeysOf is specKeys for a few names of many jobs: the keys-only

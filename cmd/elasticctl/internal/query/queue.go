@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -31,18 +30,12 @@ type QueueState struct {
 func (s *Store) QueueState(ctx context.Context) (*QueueState, []error, error) {
 	k := s.Keys
 	q := &QueueState{dec: specDecoder(k)}
-	statDec := leanOr(leanStatus, func(key string, st *fleet.Status) bool { return path.Base(key) == st.Job },
-		decoder[fleet.Status](fleet.DecodeStatus))
+	statDec := leanStatusDecoder()
 	var badStatus, badSpecs []error
 	rev, err := s.prefixesAt(ctx, func(i int, kvs []*mvccpb.KeyValue) {
 		switch i {
 		case 0:
-			var list []*fleet.Status
-			list, badStatus = decodeParallel(kvs, statDec)
-			q.Statuses = make(map[string]*fleet.Status, len(list))
-			for _, x := range list {
-				q.Statuses[x.Job] = x
-			}
+			q.Statuses, badStatus = byName(kvs, statDec, func(_ string, st *fleet.Status) string { return st.Job })
 		case 1:
 			owned, dup := k.OwnedSpecs(kvs)
 			badSpecs = dup
