@@ -25,8 +25,8 @@
 // public decimal values; everything else lives under "rdzv/". Each node
 // writes only keys that name itself, under its own lease: its member record
 // rdzv/n/m/<node> (address, local world size), its election queue entry
-// rdzv/q/<inverted revision of its member record>, and its acknowledgement
-// rdzv/n/a/<node>. Failure and finish markers are per round
+// rdzv/q/<inverted revision of its lease grant>/<node> (written in the
+// member record's transaction), and its acknowledgement rdzv/n/a/<node>. Failure and finish markers are per round
 // (rdzv/n/f/<round>, rdzv/n/d/<round>, first writer wins). One node, the
 // closer, writes the round record: a small header rdzv/r/head and the member
 // list in chunks rdzv/r/c/<round>/<nonce>/<i> of about 100 members, placed
@@ -41,13 +41,15 @@
 //
 // # Costs
 //
-// Joining costs a node three writes (lease grant; member record together
-// with a read of the header; queue entry together with the first
+// Joining costs a node two writes (the lease grant; one transaction of its
+// member record and queue entry, with a read of the header and the first
 // predecessor lookup), two watches (the header and its predecessor in the
 // election), one read of its chunk per round, and one keepalive every TTL/6
 // (multiplexed per client; see lease.go for why so often). Passing the ready
 // barrier costs two writes (the arrival, the running marker) and one watch
-// of one key. Only the closer watches the members.
+// of one key. Only the closer watches the members. From the first join to
+// "workers may start", bench/rdzvscale counts about 4 etcd writes (raft
+// proposals) per node in all, besides the closer's few per round.
 //
 // # Closer
 //

@@ -264,7 +264,7 @@ func TestPredecessorWindows(t *testing.T) {
 	}
 	for my, want := range map[int64]int64{50001: 50000, 60000: 50000, 49999: 1000, 1001: 1000, 999: 100, 101: 100, 64: 5, 6: 5, 5: 0, 2: 0} {
 		for _, prev := range []predResult{{}, {rev: 1}} {
-			p, err := n.predecessor(ctx, my, prev)
+			p, err := n.predecessor(ctx, n.k.QueueKey(my), my, prev)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -175,6 +175,7 @@ type Node struct {
 	ttl        time.Duration
 	memberRev  int64
 	queueKey   string
+	queueRev   int64           // the revision naming queueKey (its lease grant's; see election.go)
 	leaseCtx   context.Context // cancelled when the lease is lost
 	leaseStop  context.CancelFunc
 	closed     bool

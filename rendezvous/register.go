@@ -2,12 +2,10 @@ package rendezvous
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/secretlease"
@@ -46,17 +44,15 @@ func (n *Node) register(ctx context.Context) error {
 		return err
 	}
 	mk := n.k.Member(n.cfg.NodeID)
-	rev, head, err := n.writeMember(ctx, lease, ttl)
+	n.mu.Lock()
+	qrev := n.queueRev
+	n.mu.Unlock()
+	rev, qrev, head, pred, err := n.writeMember(ctx, lease, ttl, qrev)
 	if err != nil {
 		return n.registrationFailed(ctx, lease, fmt.Errorf("rendezvous: job %q node %q: write member key %s: %w", n.cfg.JobID, n.cfg.NodeID, mk, err))
 	}
-	qk := n.k.QueueKey(rev)
-	pred, err := n.writeQueue(ctx, lease, qk, rev)
-	if err != nil {
-		return n.registrationFailed(ctx, lease, fmt.Errorf("rendezvous: job %q node %q: write queue key %s: %w", n.cfg.JobID, n.cfg.NodeID, qk, err))
-	}
 	n.mu.Lock()
-	n.registered, n.memberRev, n.queueKey = true, rev, qk
+	n.registered, n.memberRev, n.queueKey, n.queueRev = true, rev, n.queueEntry(qrev), qrev
 	n.mu.Unlock()
 	n.goTracked("head", func() { n.watchHead(leaseCtx, head, rev) })
 	n.goTracked("campaign", func() { n.campaign(leaseCtx, pred) })
@@ -95,6 +91,7 @@ func (n *Node) grantLease(ctx context.Context) (lease clientv3.LeaseID, ttl time
 		return 0, 0, nil, n.closedErr()
 	}
 	n.lease, n.ttl, n.leaseCtx, n.leaseStop = g.ID, ttl, leaseCtx, leaseStop
+	n.queueRev = max(g.GetRevision(), 1) // names the queue entry (election.go)
 	if n.cfg.FenceMargin == 0 {
 		n.cfg.FenceMargin = max(ttl/4, 250*time.Millisecond)
 	}
@@ -132,74 +129,4 @@ func (n *Node) registrationFailed(ctx context.Context, lease clientv3.LeaseID, e
 		return fmt.Errorf("%w (%w)", lost, err)
 	}
 	return err
-}
-
-// writeMember writes the member key under lease and reads the round
-// header with it (the head watcher starts from it): one round trip. It
-// returns the member key's create revision.
-func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time.Duration) (rev int64, head *mvccpb.KeyValue, err error) {
-	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
-	mk := n.k.Member(n.cfg.NodeID)
-	// A node id still held by a lease is either a second agent with the same
-	// id or this agent's previous incarnation, fenced but not yet expired on
-	// the server; waiting out its lease tells them apart. The wait counts
-	// from the first conflict seen, not from the start: an etcd restarted
-	// after an outage gives every old lease a fresh TTL, plus its leader's
-	// election time, plus up to a lessor tick, from when it came back, which
-	// may be after this registration began (it waited out the outage). One
-	// TTL from the start lost a job that way after a 65 s outage.
-	var busyUntil time.Time
-	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
-		tr, err := n.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
-			Then(clientv3.OpPut(mk, string(rec), clientv3.WithLease(lease)), clientv3.OpGet(n.k.Head)).
-			Else(clientv3.OpGet(mk), clientv3.OpGet(n.k.Head)).
-			Commit()
-		if err != nil {
-			return err
-		}
-		if hk := tr.Responses[1].GetResponseRange().Kvs; len(hk) > 0 {
-			head = hk[0]
-		}
-		if tr.Succeeded {
-			rev = tr.Header.Revision
-			return nil
-		}
-		// Ours already, when an earlier attempt's answer was lost.
-		if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && clientv3.LeaseID(kvs[0].Lease) == lease {
-			rev = kvs[0].CreateRevision
-			return nil
-		}
-		err = fmt.Errorf("node id %q is already registered at %s (two agents with the same node id?)", n.cfg.NodeID, mk)
-		if busyUntil.IsZero() {
-			busyUntil = time.Now().Add(2*ttl + time.Second)
-		}
-		if time.Now().Before(busyUntil) {
-			return fmt.Errorf("%w: %w", errRetry, err)
-		}
-		return err
-	})
-	return rev, head, err
-}
-
-// writeQueue writes the node's election queue key qk under lease and looks
-// for its predecessor in the election with it: one round trip.
-func (n *Node) writeQueue(ctx context.Context, lease clientv3.LeaseID, qk string, rev int64) (predResult, error) {
-	var pred predResult
-	err := n.retry(ctx, "write queue key", false, func(ctx context.Context) error {
-		from, to, last := n.window(rev-1, firstWindow)
-		tr, err := n.cli.Txn(ctx).Then(
-			clientv3.OpPut(qk, n.cfg.NodeID, clientv3.WithLease(lease)),
-			clientv3.OpGet(from, clientv3.WithRange(to), clientv3.WithLimit(1), clientv3.WithKeysOnly()),
-		).Commit()
-		if err != nil {
-			return err
-		}
-		pred = predResult{rev: tr.Header.Revision, done: last}
-		if kvs := tr.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			pred.key, pred.done = string(kvs[0].Key), true
-		}
-		return nil
-	})
-	return pred, err
 }
