@@ -28,6 +28,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,6 +232,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 	var wg sync.WaitGroup
 	var joined, lastJoin atomic.Int64 // lastJoin: when the last Join returned, since start
 	cpu0 := cpuTime()
+	ops0 := etcdOps()
 	start := time.Now()
 	logger.Info("rdzvscale: start", "nodes", n)
 	for i, nd := range nodes {
@@ -275,12 +277,14 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 		}
 	}
 	cpu := cpuTime() - cpu0
+	ops := etcdOps().minus(ops0)
 	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", cpu.Round(time.Millisecond))
 	if ready {
 		joinedAt := time.Duration(lastJoin.Load())
 		fmt.Printf("# %d nodes: every Join returned at %.2f s, every node past the barrier and marked %.2f s later; CPU %.2f s (etcd and all nodes)\n",
 			n, joinedAt.Seconds(), (elapsed - joinedAt).Seconds(), cpu.Seconds())
 	}
+	fmt.Printf("# %d nodes, per node: CPU %.2f ms (etcd and the node); %s\n", n, float64(cpu.Microseconds())/1000/float64(n), ops.perNode(n))
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
@@ -338,6 +342,66 @@ func watchEvents() int64 {
 		}
 	}
 	return -1
+}
+
+// opCounts is what the embedded etcd servers of this process have handled
+// so far: raft proposals committed (every write: a put, a transaction, a
+// lease grant or revoke), and the gRPC messages received per method (a
+// unary call is one; a watch's create and cancel requests and each lease
+// keepalive are one each).
+type opCounts struct {
+	proposals float64
+	msgs      map[string]float64
+}
+
+func etcdOps() opCounts {
+	c := opCounts{msgs: map[string]float64{}}
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		return c
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "etcd_server_proposals_committed_total":
+			for _, m := range mf.GetMetric() {
+				c.proposals += m.GetGauge().GetValue()
+			}
+		case "grpc_server_msg_received_total":
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "grpc_method" {
+						c.msgs[l.GetValue()] += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return c
+}
+
+func (c opCounts) minus(o opCounts) opCounts {
+	d := opCounts{proposals: c.proposals - o.proposals, msgs: map[string]float64{}}
+	for k, v := range c.msgs {
+		if v -= o.msgs[k]; v > 0 {
+			d.msgs[k] = v
+		}
+	}
+	return d
+}
+
+// perNode renders the counts divided by n, methods sorted by name.
+func (c opCounts) perNode(n int) string {
+	names := make([]string, 0, len(c.msgs))
+	for k := range c.msgs {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	fmt.Fprintf(&b, "etcd writes (raft proposals) %.2f; gRPC messages", c.proposals/float64(n))
+	for _, k := range names {
+		fmt.Fprintf(&b, " %s %.2f", k, c.msgs[k]/float64(n))
+	}
+	return b.String()
 }
 
 // cpuTime is the process's user+system CPU time so far.
