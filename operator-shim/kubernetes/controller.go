@@ -417,6 +417,10 @@ func (c *Controller) etcdEvent(ev *clientv3.Event) {
 		c.queue.Add(job)
 		return
 	}
+	if job, ok := k.JobOfRestartsKey(key); ok { // hyperpodrun restarted the workers
+		c.queue.Add(job)
+		return
+	}
 	if job, ok := strings.CutPrefix(key, k.CredsPrefix()); ok && job != "" && !strings.Contains(job, "/") {
 		c.queue.Add(job)
 		return
@@ -611,6 +615,10 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	if maxR := want.Run.MaxRestarts; invalid == nil {
 		if n, _, err := c.store.Restarts(ctx, job); err == nil {
 			pin.RestartsSpent, in.Restarts = n > int64(maxR), n
+		}
+		if wr, err := c.store.WorkerRestarts(ctx, job); err == nil && wr != nil {
+			wr.MaxRestarts = maxR
+			in.WorkerRestarts = wr
 		}
 	}
 	after := wait

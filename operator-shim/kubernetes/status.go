@@ -21,6 +21,10 @@ const (
 	// ReasonPodCreateFailed: the API server refused a pod of the job (the
 	// message says why); the controller retries.
 	ReasonPodCreateFailed = "PodCreateFailed"
+	// ReasonRestarting: hyperpodrun restarted the job's workers after a
+	// failure recently (a crash loop shows it throughout); status.restarts
+	// has the count, the message the last error.
+	ReasonRestarting = "Restarting"
 )
 
 // StatusInput is what ComputeStatus reads.
@@ -41,7 +45,11 @@ type StatusInput struct {
 	PodError error
 	// Restarts is the job's global restart count.
 	Restarts int64
-	Now      time.Time
+	// WorkerRestarts is hyperpodrun's record of its restarts of the
+	// workers (nil: none): a job it restarted recently is Running with
+	// reason Restarting (fleet.WorkerRestarts.Restarting).
+	WorkerRestarts *fleet.WorkerRestarts
+	Now            time.Time
 }
 
 // ComputeStatus is an ElasticJob's status: the phase, the coordinator's
@@ -104,6 +112,9 @@ func ComputeStatus(ej *v1alpha1.ElasticJob, prev v1alpha1.ElasticJobStatus, in S
 		if in.Decision == nil {
 			s.Reason, s.Message = CodeSubmitted, "waiting for the coordinator's first decision"
 		}
+	}
+	if ok, _ := in.WorkerRestarts.Restarting(in.Finish != nil, in.Now); ok && (s.Phase == v1alpha1.PhaseStarting || s.Phase == v1alpha1.PhaseRunning) {
+		s.Reason, s.Message = ReasonRestarting, in.WorkerRestarts.RestartingMessage("at "+in.WorkerRestarts.LastTime.UTC().Format(time.RFC3339))
 	}
 	if in.PodError != nil && (s.Phase == v1alpha1.PhaseStarting || s.Phase == v1alpha1.PhaseRunning) {
 		s.Reason, s.Message = ReasonPodCreateFailed, in.PodError.Error()
