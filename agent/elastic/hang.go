@@ -172,6 +172,16 @@ func knownSilent(v hangView) []control.Heartbeat {
 	return out
 }
 
+// hangWatchEvery is how often the hang watch checks the heartbeats under
+// o: hangPoll of the shorter of the hang and start-up timeouts.
+func hangWatchEvery(o Options) time.Duration {
+	t := o.HangTimeout
+	if o.HangStartupTimeout > 0 {
+		t = min(t, o.HangStartupTimeout)
+	}
+	return hangPoll(t)
+}
+
 // heartbeatInterval is the least time between two heartbeats of a worker:
 // a tenth of the timeout, between 50ms and 30s.
 func heartbeatInterval(timeout time.Duration) time.Duration {
@@ -308,18 +318,18 @@ func roundWorkers(ch *control.Channel, g *launcher.Group, nproc, base int, known
 // or given the round).
 func (e *elastic) watchHang(ctx context.Context, g *launcher.Group, r *rendezvous.Round) <-chan hangVerdict {
 	e.hangs.start()
-	return watchHangWith(ctx, e.o.HangTimeout, func() hangView { return e.hangView(g, r) })
+	return watchHangWith(ctx, e.o, func() hangView { return e.hangView(g, r) })
 }
 
-// watchHangWith checks view every hangPoll(timeout) until ctx ends or a
+// watchHangWith checks view every hangWatchEvery(o) until ctx ends or a
 // worker is hung.
-func watchHangWith(ctx context.Context, timeout time.Duration, view func() hangView) <-chan hangVerdict {
+func watchHangWith(ctx context.Context, o Options, view func() hangView) <-chan hangVerdict {
 	out := make(chan hangVerdict, 1)
-	if timeout <= 0 {
+	if o.HangTimeout <= 0 {
 		return out
 	}
 	go func() {
-		t := time.NewTicker(hangPoll(timeout))
+		t := time.NewTicker(hangWatchEvery(o))
 		defer t.Stop()
 		for {
 			select {
@@ -485,7 +495,7 @@ func watchStaticHang(ctx context.Context, o Options, ch *control.Channel, g *lau
 		return h
 	}
 	started := time.Now()
-	in := watchHangWith(wctx, o.HangTimeout, func() hangView {
+	in := watchHangWith(wctx, o, func() hangView {
 		// The channel keeps every attempt's heartbeats (no rounds): the
 		// local ranks that sent any are known to call the helper.
 		seen := map[int]bool{}

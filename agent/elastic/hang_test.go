@@ -129,6 +129,9 @@ func TestHeartbeatIntervalAndPollBounds(t *testing.T) {
 		if got := hangPoll(tc.timeout); got != tc.poll {
 			t.Errorf("hangPoll(%s) = %s, want %s", tc.timeout, got, tc.poll)
 		}
+		if got := hangWatchEvery(Options{HangTimeout: DefaultHangTimeout, HangStartupTimeout: tc.timeout}); got != min(tc.poll, hangPoll(DefaultHangTimeout)) {
+			t.Errorf("watch period under --hang-startup-timeout %s = %s, want %s (the shorter timeout's)", tc.timeout, got, tc.poll)
+		}
 		if heartbeatInterval(tc.timeout) >= tc.timeout && tc.timeout > 100*time.Millisecond {
 			t.Errorf("heartbeat interval %s not below the timeout %s", heartbeatInterval(tc.timeout), tc.timeout)
 		}
