@@ -89,8 +89,10 @@ func (e *Engine) drop() {
 // cycle, when it can show that the full cycle (Schedule(st)) would decide
 // exactly the same: every job fits its team's nominal quota and free
 // nodes as they are (rule 2 admits it where rule 2 of the full cycle would),
-// no job of its team of a higher priority waits (rule 6 could preempt it),
-// it is not elastic, the reservations rule 4 makes after it are no smaller
+// or one job beyond it borrows (rule 5) or waits on its quota
+// (waitsOnQuota), no job of its team of a higher priority waits in a team
+// that preempts lower priorities (rule 6 could preempt it), it is not
+// elastic, the reservations rule 4 makes after it are no smaller
 // than before, and after it is placed no elastic job could grow (rule 7);
 // the later rules only take capacity or quota that the admission left
 // smaller. The kept cycle must
