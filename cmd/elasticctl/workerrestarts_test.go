@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -124,5 +127,62 @@ func TestGetJobsShowsHyperpodrunsWorkerRestarts(t *testing.T) {
 	}
 	if out := mustCtl(t, ep, "get", "jobs", "flaky"); !regexp.MustCompile(`(?m)^flaky\s+t\s+\d+\s+Failed\s`).MatchString(out) {
 		t.Errorf("a failed job does not show Failed:\n%s", out)
+	}
+}
+
+// The crash loop for real: hyperpodrun (built from this module) runs a
+// 1-node job on etcd whose worker exits 1 twice and then trains; get jobs
+// shows the job Restarting with the two restarts hyperpodrun counted, and
+// -o wide the worker's failure.
+func TestGetJobsShowsARealCrashLoopRestarting(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := strings.Join(srv.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "hyperpodrun")
+	if b, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/hyperpodrun/hyperpodrun/cmd/hyperpodrun").CombinedOutput(); err != nil {
+		t.Fatalf("go build hyperpodrun: %v\n%s", err, b)
+	}
+	worker := filepath.Join(dir, "worker.sh")
+	script := `#!/bin/sh
+n=$(cat "$0.attempts" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$0.attempts"
+if [ $n -le 2 ]; then echo "attempt $n: boom" >&2; exit 1; fi
+exec sleep 60
+`
+	if err := os.WriteFile(worker, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st := fleet.New(cli, "")
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "looping", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: worker, MaxRestarts: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(fleet.Desired{Allocation: api.Allocation{Job: "looping", Team: "t", Size: 1, Nodes: []string{"node-a"}, Since: time.Now().UTC()}, Generation: 1})
+	if _, err := cli.Put(ctx, st.Keys.Desired("looping"), string(b)); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, bin, "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", srv.Endpoints[0],
+		"--rdzv-id", "looping", "--max-restarts", "5", "--no-python", worker)
+	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID=node-a")
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("hyperpodrun:\n%s", logs.String())
+		}
+	}()
+	row := regexp.MustCompile(`(?m)^looping\s+t\s+\d+\s+Restarting\s+1\s+1:1\s+Restarts:2\s`)
+	waitFor(t, "get jobs to show looping Restarting after two restarts", func() (bool, string) {
+		out, _, _ := ctl(t, ep, "get", "jobs")
+		return row.MatchString(out), out
+	})
+	if wide := mustCtl(t, ep, "get", "jobs", "looping", "-o", "wide"); !strings.Contains(wide, "hyperpodrun restarted the workers after failures 2 time(s) of maxRestarts 5, the last") {
+		t.Errorf("get jobs -o wide does not say why:\n%s", wide)
 	}
 }
