@@ -176,9 +176,12 @@ func (s *waitSupervisor) check(ctx context.Context) <-chan time.Time {
 		s.since, s.nudged, s.seenRev = time.Now(), false, headRev
 	}
 	v.since, v.nudged = s.since, s.nudged
-	act, rule, wake := stallDecide(v, time.Now())
-	if act != stallNone && n.finishing(ctx, v.head) {
-		act, wake = stallNone, time.Time{}
+	now := time.Now()
+	act, rule, wake := stallDecide(v, now)
+	if act != stallNone {
+		// Only when acting: whether the round is finishing costs a read.
+		v.finishing = n.finishing(ctx, v.head)
+		act, rule, wake = stallDecide(v, now)
 	}
 	switch act {
 	case stallNudge:
