@@ -612,14 +612,8 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 	busy, wait := c.busyNodes(job, in.Now)
 	pin := PlanInput{Desired: desired, Pods: in.Pods, Finished: in.Finish != nil, Deleting: deleting || invalid != nil && spec == nil,
 		CanCreate: canCreate && invalid == nil, Grace: grace, Now: in.Now, Busy: busy}
-	if maxR := want.Run.MaxRestarts; invalid == nil {
-		if n, _, err := c.store.Restarts(ctx, job); err == nil {
-			pin.RestartsSpent, in.Restarts = n > int64(maxR), n
-		}
-		if wr, err := c.store.WorkerRestarts(ctx, job); err == nil && wr != nil {
-			wr.MaxRestarts = maxR
-			in.WorkerRestarts = wr
-		}
+	if invalid == nil {
+		c.readRestarts(ctx, job, want.Run.MaxRestarts, &pin, &in)
 	}
 	after := wait
 	var podErr error
@@ -655,6 +649,19 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 		return max(after, time.Second), nil
 	}
 	return after, errors.Join(c.writeStatus(ctx, ej, in, nil), podErr)
+}
+
+// readRestarts reads the job's restart count (whether its budget of maxR
+// is spent) and hyperpodrun's record of its restarts (the status shows a
+// recent one as Restarting); an unreadable one is left out.
+func (c *Controller) readRestarts(ctx context.Context, job string, maxR int, pin *PlanInput, in *StatusInput) {
+	if n, _, err := c.store.Restarts(ctx, job); err == nil {
+		pin.RestartsSpent, in.Restarts = n > int64(maxR), n
+	}
+	if wr, err := c.store.WorkerRestarts(ctx, job); err == nil && wr != nil {
+		wr.MaxRestarts = maxR
+		in.WorkerRestarts = wr
+	}
 }
 
 func hasFinalizer(ej *v1alpha1.ElasticJob) bool {
