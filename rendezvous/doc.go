@@ -28,7 +28,7 @@
 // rdzv/q/<inverted revision of its lease grant>/<node> (written in the
 // member record's transaction), and its acknowledgement rdzv/n/a/<node>. Failure and finish markers are per round
 // (rdzv/n/f/<round>, rdzv/n/d/<round>, first writer wins; a failure report,
-// with its time, stays until two rounds later opens: elasticctl shows the
+// with its time, stays until the third round after it opens: elasticctl shows the
 // last one and the job Restarting while it is recent). One node, the
 // closer, writes the round record: a small header rdzv/r/head and the member
 // list in chunks rdzv/r/c/<round>/<nonce>/<i> of about 100 members, placed
