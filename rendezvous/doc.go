@@ -25,8 +25,9 @@
 // public decimal values; everything else lives under "rdzv/". Each node
 // writes only keys that name itself, under its own lease: its member record
 // rdzv/n/m/<node> (address, local world size), its election queue entry
-// rdzv/q/<inverted revision of its lease grant>/<node> (written in the
-// member record's transaction), and its acknowledgement rdzv/n/a/<node>. Failure and finish markers are per round
+// rdzv/q/<inverted revision>/<inverted time>/<node> (the revision and
+// local time of its lease grant; written in the member record's
+// transaction), and its acknowledgement rdzv/n/a/<node>. Failure and finish markers are per round
 // (rdzv/n/f/<round>, rdzv/n/d/<round>, first writer wins; a failure report,
 // with its time, stays until the third round after it opens: elasticctl shows the
 // last one and the job Restarting while it is recent). One node, the

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -20,15 +21,20 @@ import (
 // create revision makes etcd read the whole prefix for every node, O(N^2)
 // at scale.
 //
-// A node's entry, rdzv/q/<inverted revision>/<node id>, is named by the
-// revision of its lease grant (queueEntry), which the node knows before it
-// registers, so the member key and the queue entry go in one transaction,
-// together with the first predecessor lookup and the read of the round
-// header: registering costs one write besides the lease grant. Entries
-// named by one revision (nodes granted at once) sort by node id. The
-// entry's position is known before it is written, so an older node's entry
-// can appear after a younger node found no predecessor and became the
-// closer (a node whose registration was retried, too). The closer therefore also watches the
+// A node's entry, rdzv/q/<inverted revision>/<inverted time>/<node id>, is
+// named by the revision and the local time of its lease grant
+// (queueEntry), which the node knows before it registers, so the member
+// key and the queue entry go in one transaction, together with the first
+// predecessor lookup and the read of the round header: registering costs
+// one write besides the lease grant. Lease grants do not move etcd's
+// revision, so in a mass join hundreds of nodes share one; among them the
+// grant time orders the entries (the node id breaks ties), which follows
+// the order of their writes closely (each writes right after its grant),
+// so that a node rarely enters the election as older than nodes already
+// in it. The entry's position is known before it is written, so an older
+// node's entry can still appear after a younger node found no predecessor
+// and became the closer (clocks of different hosts differ; a node whose
+// registration was retried). The closer therefore also watches the
 // part of the queue older than itself and steps down when an entry shows
 // up there; the older node, finding no predecessor, takes over. The closer's
 // writes are guarded, so the brief overlap cannot corrupt a round.
@@ -88,9 +94,10 @@ func (n *Node) campaign(ctx context.Context, first predResult) {
 	}
 }
 
-// queueEntry is this node's election queue key when named by revision rev.
-func (n *Node) queueEntry(rev int64) string {
-	return n.k.QueueKey(rev) + "/" + n.cfg.NodeID
+// queueEntry is this node's election queue key when named by revision rev
+// and time at: newer times sort first, as newer revisions do.
+func (n *Node) queueEntry(rev int64, at time.Time) string {
+	return fmt.Sprintf("%s/%016x/%s", n.k.QueueKey(rev), uint64(math.MaxInt64-at.UnixNano()), n.cfg.NodeID)
 }
 
 // window returns the key range of queue entries with revisions in
@@ -112,13 +119,13 @@ func (n *Node) window(after string, hi, w int64) (from, to string, last bool) {
 }
 
 // writeMember registers this node in one transaction: its member key and
-// its election queue entry (named by qrev, its lease grant's revision)
+// its election queue entry qk (named by qrev, its lease grant's revision)
 // under lease, with a read of the round header (the head watcher starts
 // from it) and the first predecessor lookup. It returns the member key's
-// create revision and the revision naming the queue entry. When the
+// create revision and the queue entry written, with its revision. When the
 // answer to a write that succeeded was lost, the predecessor is left to
 // campaign to look up (pred.done false).
-func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time.Duration, qrev int64) (rev, qrevOut int64, head *mvccpb.KeyValue, pred predResult, err error) {
+func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time.Duration, qrev int64, qk string) (rev, qrevOut int64, qkOut string, head *mvccpb.KeyValue, pred predResult, err error) {
 	rec, _ := json.Marshal(memberRec{Addr: n.cfg.Addr, LWS: n.cfg.LocalWorldSize})
 	mk := n.k.Member(n.cfg.NodeID)
 	// A node id still held by a lease is either a second agent with the same
@@ -131,7 +138,6 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 	// TTL from the start lost a job that way after a 65 s outage.
 	var busyUntil time.Time
 	err = n.retry(ctx, "write member key", false, func(ctx context.Context) error {
-		qk := n.queueEntry(qrev)
 		from, to, last := n.window(qk, qrev, firstWindow)
 		tr, err := n.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(mk), "=", 0)).
@@ -155,8 +161,8 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 			return nil
 		}
 		// Ours already, when an earlier attempt's answer was lost: that
-		// attempt wrote the queue entry named by qrev too (qrev changes
-		// only after an attempt that wrote nothing).
+		// attempt wrote the queue entry qk too (qk changes only after an
+		// attempt that wrote nothing).
 		if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && clientv3.LeaseID(kvs[0].Lease) == lease {
 			rev, pred = kvs[0].CreateRevision, predResult{}
 			return nil
@@ -165,6 +171,7 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 		// so a node that waited out a busy id does not enter the election
 		// as older than the nodes that registered meanwhile.
 		qrev = tr.Header.Revision
+		qk = n.queueEntry(qrev, time.Now())
 		err = fmt.Errorf("node id %q is already registered at %s (two agents with the same node id?)", n.cfg.NodeID, mk)
 		if busyUntil.IsZero() {
 			busyUntil = time.Now().Add(2*ttl + time.Second)
@@ -174,7 +181,7 @@ func (n *Node) writeMember(ctx context.Context, lease clientv3.LeaseID, ttl time
 		}
 		return err
 	})
-	return rev, qrev, head, pred, err
+	return rev, qrev, qk, head, pred, err
 }
 
 // predecessor finds the queue entry of the youngest node older than this

@@ -38,8 +38,9 @@ func TestRegistrationIsOneWrite(t *testing.T) {
 }
 
 // Queue entries named by the same revision (nodes whose leases were
-// granted at once) sort by node id: each node's predecessor is the next
-// entry after its own, and the last one's is the next older revision's.
+// granted at once) sort by the rest of their name (grant time, node id):
+// each node's predecessor is the next entry after its own, and the last
+// one's is the next older revision's.
 func TestPredecessorSameRevision(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

@@ -45,14 +45,14 @@ func (n *Node) register(ctx context.Context) error {
 	}
 	mk := n.k.Member(n.cfg.NodeID)
 	n.mu.Lock()
-	qrev := n.queueRev
+	qrev, qk := n.queueRev, n.queueKey
 	n.mu.Unlock()
-	rev, qrev, head, pred, err := n.writeMember(ctx, lease, ttl, qrev)
+	rev, qrev, qk, head, pred, err := n.writeMember(ctx, lease, ttl, qrev, qk)
 	if err != nil {
 		return n.registrationFailed(ctx, lease, fmt.Errorf("rendezvous: job %q node %q: write member key %s: %w", n.cfg.JobID, n.cfg.NodeID, mk, err))
 	}
 	n.mu.Lock()
-	n.registered, n.memberRev, n.queueKey, n.queueRev = true, rev, n.queueEntry(qrev), qrev
+	n.registered, n.memberRev, n.queueKey, n.queueRev = true, rev, qk, qrev
 	n.mu.Unlock()
 	n.goTracked("head", func() { n.watchHead(leaseCtx, head, rev) })
 	n.goTracked("campaign", func() { n.campaign(leaseCtx, pred) })
@@ -91,7 +91,9 @@ func (n *Node) grantLease(ctx context.Context) (lease clientv3.LeaseID, ttl time
 		return 0, 0, nil, n.closedErr()
 	}
 	n.lease, n.ttl, n.leaseCtx, n.leaseStop = g.ID, ttl, leaseCtx, leaseStop
-	n.queueRev = max(g.GetRevision(), 1) // names the queue entry (election.go)
+	// The queue entry's name (election.go); written at registration.
+	n.queueRev = max(g.GetRevision(), 1)
+	n.queueKey = n.queueEntry(n.queueRev, sent)
 	if n.cfg.FenceMargin == 0 {
 		n.cfg.FenceMargin = max(ttl/4, 250*time.Millisecond)
 	}

@@ -312,7 +312,7 @@ func (k Keys) Rdzv(job string) RdzvKeys {
 // to package rendezvous.
 //
 //	rdzv/n/m/<node>             member record, JSON, under the node's lease
-//	rdzv/q/<inverted rev>/<node> queue entry -> node id, under the node's lease (rev: its lease grant's)
+//	rdzv/q/<inverted rev>/...   queue entry -> node id, under the node's lease (rendezvous/election.go)
 //	rdzv/n/a/<node>             the node's acknowledgement of a proposal, under its lease
 //	rdzv/n/f/<round>            first failure report of a round (no lease)
 //	rdzv/n/d/<round>            first node that finished a round (no lease)
