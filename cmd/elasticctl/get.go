@@ -351,6 +351,7 @@ func getJobs(c *cli.Context, st *query.Store, names []string) error {
 		return err
 	}
 	keep := jobFilter(c)
+	polled := newRestartsWatch(jobs) // before the filter: a watched job may come to match it
 	rows := slices.DeleteFunc(jobs, func(j jobView) bool { return !keep(j) })
 	sortRows(c, "jobs", rows)
 	p := newJobPrinter(c)
@@ -368,7 +369,7 @@ func getJobs(c *cli.Context, st *query.Store, names []string) error {
 	if !c.Bool("watch") {
 		return nil
 	}
-	return watchJobs(c, st, rev, names, keep, p)
+	return watchJobs(c, st, rev, names, keep, p, polled)
 }
 
 // jobPrinter prints job rows in the chosen output.
@@ -507,8 +508,10 @@ func watchContext(c *cli.Context) (context.Context, context.CancelFunc) {
 }
 
 // watchJobs prints the rows of jobs that change from revision rev on; a
-// deleted job is printed once with state Deleted.
-func watchJobs(c *cli.Context, st *query.Store, rev int64, names []string, keep func(jobView) bool, p *jobPrinter) error {
+// deleted job is printed once with state Deleted. Every restartsPoll it
+// re-reads the running jobs' restart records (polled: the jobs as last
+// printed), and prints a job that turned Restarting or stopped being it.
+func watchJobs(c *cli.Context, st *query.Store, rev int64, names []string, keep func(jobView) bool, p *jobPrinter, polled *restartsWatch) error {
 	ctx, stop := watchContext(c)
 	defer stop()
 	changes, errc := st.WatchJobs(ctx, rev+1)
@@ -516,7 +519,23 @@ func watchJobs(c *cli.Context, st *query.Store, rev int64, names []string, keep 
 	for _, n := range names {
 		only[n] = true
 	}
-	for batch := range changes {
+	tick := time.NewTicker(restartsPoll)
+	defer tick.Stop()
+	for {
+		var batch []string
+		select {
+		case b, ok := <-changes:
+			if !ok {
+				return watchEnd(ctx, errc)
+			}
+			batch = b
+		case <-tick.C:
+			rows := polled.poll(ctx, st)
+			if err := p.print(slices.DeleteFunc(rows, func(v jobView) bool { return !keep(v) }), false); err != nil {
+				return err
+			}
+			continue
+		}
 		if len(only) > 0 {
 			batch = slices.DeleteFunc(batch, func(n string) bool { return !only[n] })
 		}
@@ -538,14 +557,21 @@ func watchJobs(c *cli.Context, st *query.Store, rev int64, names []string, keep 
 				rows = append(rows, v)
 			}
 		}
+		polled.seen(views)
 		for _, g := range gone {
 			v := jobView{Spec: &fleet.JobSpec{Job: api.Job{Name: g}}, Finished: &fleet.Finish{Outcome: "Deleted"}}
 			rows = append(rows, v)
+			polled.gone(g)
 		}
 		if err := p.print(rows, false); err != nil {
 			return err
 		}
 	}
+}
+
+// watchEnd is how a watch ends once its changes stop: with the watch's
+// error, unless the user ended it.
+func watchEnd(ctx context.Context, errc <-chan error) error {
 	select {
 	case err := <-errc:
 		if ctx.Err() == nil {

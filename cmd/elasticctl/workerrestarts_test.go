@@ -15,6 +15,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
 )
@@ -184,5 +185,64 @@ exec sleep 60
 	})
 	if wide := mustCtl(t, ep, "get", "jobs", "looping", "-o", "wide"); !strings.Contains(wide, "hyperpodrun restarted the workers after failures 2 time(s) of maxRestarts 5, the last") {
 		t.Errorf("get jobs -o wide does not say why:\n%s", wide)
+	}
+}
+
+// get jobs -w prints a job again when hyperpodrun's restarts make it
+// Restarting (they are not under the prefixes the watch follows: it polls
+// them), and again when its last restart grows old and it is Running.
+func TestWatchedJobTurnsRestartingAndBack(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ep := strings.Join(srv.Endpoints, ",")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	k := st.Keys
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "looping", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	for key, v := range map[string]any{
+		k.Desired("looping"): fleet.Desired{Allocation: api.Allocation{Job: "looping", Team: "t", Size: 1, Nodes: []string{"node-a"}, Since: time.Now().UTC()}, Generation: 1},
+		k.Status("looping"):  fleet.Status{Reason: api.Reason{Job: "looping", Team: "t", Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "ok", ToSize: 1}},
+	} {
+		b, _ := json.Marshal(v)
+		if _, err := cli.Put(ctx, key, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var w syncBuffer
+	done := watchCtl(wctx, ep, &w, "get", "jobs", "-w")
+	running := regexp.MustCompile(`(?m)^looping\s+t\s+\d+\s+Running\s+1\s+1:1\s+WithinQuota\s`)
+	testutil.Eventually(t, 15*time.Second, "the watch to print the job Running", func() (bool, string) {
+		return running.MatchString(w.String()), w.String()
+	})
+	// Three restarts, the last one 8 s short of RestartingWindow ago.
+	report, _ := json.Marshal(map[string]any{"node": "node-a", "detail": "worker 0 exited 1", "time": time.Now().UTC().Add(-fleet.RestartingWindow + 8*time.Second)})
+	if _, err := cli.Put(ctx, k.Rdzv("looping").Failure(4), string(report)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, k.Restarts("looping"), "3"); err != nil {
+		t.Fatal(err)
+	}
+	restarting := regexp.MustCompile(`(?m)^looping\s+t\s+\d+\s+Restarting\s+1\s+1:1\s+Restarts:3\s`)
+	var at int
+	testutil.Eventually(t, 2*restartsPoll+5*time.Second, "the watch to print looping Restarting", func() (bool, string) {
+		loc := restarting.FindStringIndex(w.String())
+		if loc != nil {
+			at = loc[1]
+		}
+		return loc != nil, w.String()
+	})
+	testutil.Eventually(t, 8*time.Second+2*restartsPoll+5*time.Second, "the watch to print looping Running again once its restart is old", func() (bool, string) {
+		return running.MatchString(w.String()[at:]), w.String()
+	})
+	stop()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not stop")
 	}
 }
