@@ -246,3 +246,39 @@ func TestWatchedJobTurnsRestartingAndBack(t *testing.T) {
 		t.Fatal("the watch did not stop")
 	}
 }
+
+// A team's user may not read jobs/ (the members' lease ids are there): its
+// get jobs lists the job without the restarts and without a warning; root
+// sees it Restarting.
+func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
+	ep, cli := startFleet(t, 1)
+	mustCtl(t, ep, "apply", "-f", writeFile(t, "teams.yaml", teamsYAML))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st := fleet.New(cli, "")
+	k := st.Keys
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "sweep", Team: "research", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	report, _ := json.Marshal(map[string]any{"node": "node-0", "detail": "worker 0 exited 1", "time": time.Now().UTC()})
+	desired, _ := json.Marshal(fleet.Desired{Allocation: api.Allocation{Job: "sweep", Team: "research", Size: 1, Nodes: []string{"node-0"}, Since: time.Now().UTC()}, Generation: 1})
+	for key, v := range map[string]string{k.Desired("sweep"): string(desired), k.Restarts("sweep"): "2", k.Rdzv("sweep").Failure(3): string(report)} {
+		if _, err := cli.Put(ctx, key, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "pw")
+	mustCtl(t, ep, "auth", "bootstrap", "--password-dir", dir)
+	as := func(user string) []string {
+		return []string{"--etcd-user", user, "--etcd-password-file", filepath.Join(dir, user+".password")}
+	}
+	out, errs, code := ctl(t, ep, append(as("hyperpod-team-research"), "get", "jobs")...)
+	if code != 0 || errs != "" || !regexp.MustCompile(`(?m)^sweep\s+research\s+\d+\s+Submitted\s+1\s`).MatchString(out) {
+		t.Errorf("research's get jobs: exit %d, stderr %q:\n%s", code, errs, out)
+	}
+	out, errs, code = ctl(t, ep, append(as("root"), "get", "jobs")...)
+	if code != 0 || !regexp.MustCompile(`(?m)^sweep\s+research\s+\d+\s+Restarting\s+1\s+1:1\s+Restarts:2\s`).MatchString(out) {
+		t.Errorf("root's get jobs: exit %d, stderr %q:\n%s", code, errs, out)
+	}
+}

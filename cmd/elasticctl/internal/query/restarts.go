@@ -72,13 +72,22 @@ func (s *Store) txnBatches(ctx context.Context, names []string, ops func(name st
 		batches = append(batches, names[:k])
 		names = names[k:]
 	}
+	// The first failure (a team's user may read none of it) stops the
+	// batches not sent yet.
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var mu sync.Mutex
 	errs := make([]error, len(batches))
 	sem := make(chan struct{}, restartsReaders)
 	var wg sync.WaitGroup
 	for i, batch := range batches {
-		wg.Add(1)
 		sem <- struct{}{}
+		if ctx.Err() != nil {
+			<-sem
+			break
+		}
+		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
@@ -89,6 +98,7 @@ func (s *Store) txnBatches(ctx context.Context, names []string, ops func(name st
 			r, err := s.Cli.Txn(ctx).Then(all...).Commit()
 			if err != nil {
 				errs[i] = fmt.Errorf("read the jobs' restarts: %w", err)
+				cancel()
 				return
 			}
 			mu.Lock()
@@ -99,5 +109,11 @@ func (s *Store) txnBatches(ctx context.Context, names []string, ops func(name st
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := parent.Err(); err != nil { // stopped before every batch was read
+		return fmt.Errorf("read the jobs' restarts: %w", err)
+	}
+	return nil
 }
