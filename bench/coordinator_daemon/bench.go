@@ -46,6 +46,7 @@ type results struct {
 	inOrder                 []string
 	cycles, cycleS, engineS float64
 	puts, dels, changed     []int
+	ops                     []int // etcd's put and delete requests less the bench's own (-1: unknown)
 	events                  []int
 	kinds                   []map[string]int
 	churnTime               time.Duration
@@ -326,10 +327,14 @@ func (b *benchRun) churn(ctx context.Context, res *results) error {
 			ops = append(ops, specOp(b.k, b.g.job(time.Now())))
 		}
 		b.agentEvents.Store(0)
+		ops0, put := b.etcd.writeOps(), time.Now()
 		if err := putAll(ctx, b.cli, ops); err != nil {
 			return err
 		}
-		b.t.quiet(time.Second, 30*time.Second)
+		b.t.quietAfter(put, 2*time.Second, 30*time.Second)
+		if ops0 >= 0 {
+			res.ops = append(res.ops, int(b.etcd.writeOps()-ops0)-len(ops))
+		}
 		res.kinds = append(res.kinds, b.t.kinds())
 		p, d, c := b.t.reset()
 		res.puts, res.dels, res.changed = append(res.puts, p), append(res.dels, d), append(res.changed, c)
@@ -371,6 +376,12 @@ func (b *benchRun) report(res *results) {
 	mc := med(res.changed)
 	fmt.Printf("BENCH %s_puts_per_churn_round %.0f puts target=%.0f\n", name, med(res.puts), 3*mc)
 	fmt.Printf("BENCH %s_writes_per_churn_round %.0f puts+deletes target=%.0f\n", name, med(res.puts)+med(res.dels), 3*mc)
+	if len(res.ops) > 0 {
+		// etcd's own count: a range delete (the history's bound) is one
+		// request, where the watch above sees one delete per key.
+		fmt.Printf("# %s: etcd put and delete requests of the coordinator per churn round (etcd_mvcc_put_total + etcd_mvcc_delete_total, less the bench's): %v\n", z, res.ops)
+		fmt.Printf("BENCH %s_etcd_write_requests_per_churn_round %.0f requests target=%.0f\n", name, med(res.ops), 3*mc)
+	}
 	fmt.Printf("BENCH %s_agent_watch_events_per_churn_round %.0f events anchor=1000000 target=%.0f\n", name, med(res.events), 10*mc)
 	fmt.Printf("BENCH %s_db_growth_per_min %.2f MB anchor=36 (one round per 10 s: 6 rounds a minute)\n", name, 6*growthPerRound)
 	fmt.Printf("BENCH %s_rss %.0f MB\n", name, res.rss)

@@ -208,13 +208,20 @@ func (s *etcdServer) stop() {
 	}
 }
 
-// sentBytes is what etcd sent its clients so far (its own counter; the
-// embedded etcd registers it in this process's default registry, which
-// this bench does not serve: there it is 0 and reported as unknown).
-func (s *etcdServer) sentBytes() float64 {
+// writeOps is the count of put and delete requests etcd applied so far
+// (etcd_mvcc_put_total + etcd_mvcc_delete_total: its own count, where a
+// range delete is one request whatever it removes); -1 where unknown, as
+// sentBytes.
+func (s *etcdServer) writeOps() float64 {
 	if s.cmd == nil {
 		return -1
 	}
+	return s.metricSum("etcd_mvcc_put_total ", "etcd_mvcc_delete_total ")
+}
+
+// metricSum sums the samples of etcd's /metrics whose lines start with one
+// of prefixes (-1 when etcd does not answer).
+func (s *etcdServer) metricSum(prefixes ...string) float64 {
 	resp, err := http.Get(s.endpoint + "/metrics")
 	if err != nil {
 		return -1
@@ -225,13 +232,25 @@ func (s *etcdServer) sentBytes() float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()
-		if strings.HasPrefix(l, "etcd_network_client_grpc_sent_bytes_total") {
-			f := strings.Fields(l)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
+		for _, p := range prefixes {
+			if strings.HasPrefix(l, p) {
+				f := strings.Fields(l)
+				v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+				sum += v
+			}
 		}
 	}
 	return sum
+}
+
+// sentBytes is what etcd sent its clients so far (its own counter; the
+// embedded etcd registers it in this process's default registry, which
+// this bench does not serve: there it is 0 and reported as unknown).
+func (s *etcdServer) sentBytes() float64 {
+	if s.cmd == nil {
+		return -1
+	}
+	return s.metricSum("etcd_network_client_grpc_sent_bytes_total")
 }
 
 // cycleSeconds is the coordinator's cycle-latency histogram's sum and
@@ -295,7 +314,7 @@ type tally struct {
 	mu       sync.Mutex
 	puts     int
 	deletes  int
-	byKind   map[string]int  // puts by record: desired, status, assign, events, usage
+	byKind   map[string]int  // puts by record: desired, status, assign, events, usage; deletes as del-<record>
 	jobs     map[string]bool // jobs whose desired record, status or assignment changed
 	last     time.Time       // the coordinator's last write
 	statusAt map[string]chan struct{}
@@ -336,6 +355,11 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					}
 				case strings.HasPrefix(key, k.StatusPrefix()):
 					job, kind = strings.TrimPrefix(key, k.StatusPrefix()), "status"
+					if e.Type == clientv3.EventTypePut {
+						if st, err := fleet.DecodeStatus(key, e.Kv.Value); err == nil {
+							t.byKind["status:"+string(st.Kind)]++
+						}
+					}
 					if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut {
 						close(ch)
 						delete(t.statusAt, job)
@@ -358,6 +382,7 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					t.byKind[kind]++
 				} else {
 					t.deletes++
+					t.byKind["del-"+kind]++
 				}
 				t.last = now
 			}
@@ -368,12 +393,19 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 
 // quiet waits until the coordinator wrote nothing for d (at most max).
 func (t *tally) quiet(d, max time.Duration) {
+	t.quietAfter(time.Time{}, d, max)
+}
+
+// quietAfter waits until the coordinator wrote something after since and
+// then nothing for d (at most max): a churn round's writes start a cycle
+// after its inputs, which under load can be more than d later.
+func (t *tally) quietAfter(since time.Time, d, max time.Duration) {
 	start := time.Now()
 	for time.Since(start) < max {
 		t.mu.Lock()
 		last := t.last
 		t.mu.Unlock()
-		if time.Since(last) >= d && time.Since(start) >= d {
+		if last.After(since) && time.Since(last) >= d && time.Since(start) >= d {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)

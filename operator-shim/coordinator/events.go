@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -227,6 +228,66 @@ func (x *eventIndex) pruneKeys(perJob, total int, puts []evPut) []evDel {
 		del = append(del, r.evDel)
 	}
 	return del
+}
+
+// pruneOps are the etcd deletes of del (pruneKeys' answer for puts), in
+// units of at most maxTxnOps ops. The history's keys sort by time and the
+// total bound cuts the oldest, so every deleted key older than the oldest
+// kept one goes in one range delete (one write, not one per event: issue
+// 27); the others (a job's bound, a malformed key) one delete each. The
+// range also takes an event the index no longer holds (one left behind
+// by a forgotten job's cleanup), which is older than every kept one.
+func (x *eventIndex) pruneOps(del []evDel, puts []evPut) [][]clientv3.Op {
+	if len(del) == 0 {
+		return nil
+	}
+	gone := make(map[string]bool, len(del))
+	for _, d := range del {
+		gone[d.key] = true
+	}
+	oldest := "" // the oldest key kept, "" when none is
+	keep := func(key string) {
+		if !gone[key] && (oldest == "" || key < oldest) {
+			oldest = key
+		}
+	}
+	for _, evs := range x.byJob {
+		for _, r := range evs {
+			keep(r.key)
+		}
+	}
+	for _, p := range puts {
+		keep(p.rec.key)
+	}
+	var below, single []string
+	for _, d := range del {
+		if oldest == "" || d.key < oldest {
+			below = append(below, d.key)
+		} else {
+			single = append(single, d.key)
+		}
+	}
+	var ops []clientv3.Op
+	if len(below) > 1 {
+		end := oldest
+		if end == "" {
+			end = clientv3.GetPrefixRangeEnd(x.keys.EventsPrefix())
+		}
+		ops = append(ops, clientv3.OpDelete(x.keys.EventsPrefix(), clientv3.WithRange(end)))
+	} else {
+		single = append(single, below...)
+	}
+	sort.Strings(single)
+	for _, key := range single {
+		ops = append(ops, clientv3.OpDelete(key))
+	}
+	var units [][]clientv3.Op
+	for len(ops) > 0 {
+		n := min(len(ops), maxTxnOps)
+		units = append(units, ops[:n:n])
+		ops = ops[n:]
+	}
+	return units
 }
 
 // remove forgets deleted events; every job is then checked against the

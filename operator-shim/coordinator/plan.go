@@ -467,15 +467,7 @@ func (pl *planner) finish() *plan {
 		p.units = append(p.units, pl.unit[job])
 	}
 	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, p.events)
-	for rest := p.pruned; len(rest) > 0; {
-		n := min(len(rest), maxTxnOps)
-		u := make([]clientv3.Op, n)
-		for i, e := range rest[:n] {
-			u[i] = clientv3.OpDelete(e.key)
-		}
-		p.units = append(p.units, u)
-		rest = rest[n:]
-	}
+	p.units = append(p.units, pl.v.events.pruneOps(p.pruned, p.events)...)
 	// The next cycle diffs against this decision. The lists are the
 	// engine's, not copied: nothing changes them after the cycle.
 	p.allocs, p.reasons = d.Allocations, d.Reasons
