@@ -63,6 +63,9 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	c.removeTeamUsers(ctx)
 	t1 := time.Now()
 	p := c.plan(d, !v.haveLast)
+	// A follow-up comes when the cycle preempts or changes an allocation
+	// (below), unless the follow-ups in a row reached their bound.
+	p.settle((p.again || (len(p.changed) > 0 && !fast)) && c.followUps < maxFollowUps)
 	diff := time.Since(t1)
 	// The view takes the plan only once it is written: on an error it is
 	// as it was, and read again before the next cycle.

@@ -1,0 +1,80 @@
+package coordinator
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
+)
+
+// Issue 27: a cycle that changes allocations re-explains waiting jobs
+// (the capacity it freed) and its follow-up explains them back: at 20,000
+// nodes 2,000-3,000 status writes each way per churn round. A waiting
+// job's new explanation is written only by the last cycle of the chain
+// (settle); the follow-up compares the job in full. Running jobs'
+// statuses and events are written at once, as before.
+func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	k := fleet.NewKeys("")
+	pending := func(job string, code policy.ReasonCode) policy.Reason {
+		return policy.Reason{Job: job, Team: "t", Kind: policy.KindPending, Code: code, Message: string(code)}
+	}
+	alloc := api.Allocation{Job: "a", Team: "t", Flavor: "f", Size: 1, AcceleratorsPerNode: 8, Nodes: []string{"n1"}, Since: t0}
+	start := policy.Decision{Now: t0, Reasons: []policy.Reason{pending("a", policy.CodeNoCapacity), pending("w", policy.CodeCohortExhausted)}}
+	// a admitted into freed capacity; w told capacity was freed.
+	admit := policy.Decision{Now: t0.Add(time.Second), Allocations: []api.Allocation{alloc}, Reasons: []policy.Reason{
+		{Job: "a", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"}, pending("w", policy.CodeNoCapacity)}}
+	// The follow-up: w's cohort is exhausted again.
+	back := policy.Decision{Now: t0.Add(2 * time.Second), Allocations: []api.Allocation{alloc}, Reasons: []policy.Reason{
+		{Job: "a", Team: "t", Kind: policy.KindRunning, FromSize: 1, ToSize: 1, Message: "running"}, pending("w", policy.CodeCohortExhausted)}}
+	// The follow-up: w waits for nodes now.
+	stays := back
+	stays.Reasons = []policy.Reason{back.Reasons[0], pending("w", policy.CodeNoCapacity)}
+	statusW := "put " + k.Status("w")
+	for _, tc := range []struct {
+		rule      string
+		followed  bool              // a follow-up comes after admit
+		next      []policy.Decision // the chain's next cycles (followed: none after the last)
+		wantAdmit bool              // admit's plan writes w's status
+		wantNext  []bool            // each next plan writes w's status
+		wantCode  policy.ReasonCode // w's status at the end
+	}{
+		{rule: "an explanation the follow-up takes back is never written", followed: true, next: []policy.Decision{back}, wantNext: []bool{false}, wantCode: policy.CodeCohortExhausted},
+		{rule: "an explanation the follow-up keeps is written by the follow-up", followed: true, next: []policy.Decision{stays}, wantNext: []bool{true}, wantCode: policy.CodeNoCapacity},
+		{rule: "a cycle no follow-up comes after writes it at once", wantAdmit: true, wantCode: policy.CodeNoCapacity},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			c := newPlanCoordinator(t)
+			cm := &fakeCommitter{}
+			run := func(d policy.Decision, followed bool) []string {
+				p := c.plan(d, !c.view.haveLast)
+				p.settle(followed)
+				if _, err := c.commitPlan(context.Background(), cm, p); err != nil {
+					t.Fatal(err)
+				}
+				return opKeys(p)
+			}
+			run(start, false)
+			writes := run(admit, tc.followed)
+			if !slices.Contains(writes, "put "+k.Status("a")) {
+				t.Errorf("the admitted job's status is not written at once: %v", writes)
+			}
+			if got := slices.Contains(writes, statusW); got != tc.wantAdmit {
+				t.Errorf("the admitting cycle writes w's status: %v, want %v (%v)", got, tc.wantAdmit, writes)
+			}
+			for i, d := range tc.next {
+				writes := run(d, i < len(tc.next)-1)
+				if got := slices.Contains(writes, statusW); got != tc.wantNext[i] {
+					t.Errorf("follow-up %d writes w's status: %v, want %v (%v)", i+1, got, tc.wantNext[i], writes)
+				}
+			}
+			if s := c.view.statuses["w"]; s == nil || s.Code != tc.wantCode {
+				t.Errorf("w's status at the end: %+v, want %s", s, tc.wantCode)
+			}
+		})
+	}
+}
