@@ -739,16 +739,25 @@ func (s *soak) jobEnded(ctx context.Context, j *jobState) {
 		s.mu.Unlock()
 		s.log.Info("job completed", "job", j.name, "steps", j.maxStep, "rank0_restarts", j.restarts, "took", j.ended.Sub(j.submitted).Round(time.Second))
 	}
-	// A job that ends is replaced while the faults have a quarter of their
-	// time left, so they always have two jobs to hit and the last ones end
-	// soon after the faults.
-	if s.resubmit.Load() && time.Until(time.Unix(0, s.phaseEnd.Load())) > s.cfg.duration/4 {
+	// A job that ends is replaced during the warm-up (a DDP job may finish
+	// before the slower worker job trained: the faults that need a DDP
+	// worker then had no target for the whole run) and while the faults
+	// have a quarter of their time left, so they always have two jobs to
+	// hit and the last ones end soon after the faults.
+	if s.resubmit.Load() && replaceEnded(s.phaseEnd.Load(), time.Now(), s.cfg.duration) {
 		go func() {
 			if err := s.submit(ctx, j.kind); err != nil && ctx.Err() == nil {
 				s.log.Error("resubmit", "kind", j.kind, "err", err)
 			}
 		}()
 	}
+}
+
+// replaceEnded says whether a job that ends now is replaced: always before
+// the fault phase (phaseEnd 0: not started), then while more than a
+// quarter of the fault phase is left.
+func replaceEnded(phaseEnd int64, now time.Time, duration time.Duration) bool {
+	return phaseEnd == 0 || time.Unix(0, phaseEnd).Sub(now) > duration/4
 }
 
 // --- the end ---

@@ -209,3 +209,23 @@ func TestWipedJobIsNotJudged(t *testing.T) {
 		t.Errorf("an unwiped job's restart from step 1: %+v, want 20 committed steps lost", ev)
 	}
 }
+
+func TestReplaceEnded(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		rule     string
+		phaseEnd int64
+		want     bool
+	}{
+		{"a job that ends during the warm-up is replaced", 0, true},
+		{"a job that ends with more than a quarter of the faults left is replaced", now.Add(10 * time.Minute).UnixNano(), true},
+		{"a job that ends in the faults' last quarter is not", now.Add(4 * time.Minute).UnixNano(), false},
+		{"nor one that ends after the faults", now.Add(-time.Minute).UnixNano(), false},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			if got := replaceEnded(tc.phaseEnd, now, 20*time.Minute); got != tc.want {
+				t.Errorf("replaceEnded = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
