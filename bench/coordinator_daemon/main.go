@@ -6,9 +6,12 @@
 //   - submit -> decision written (the job's status record), median and max;
 //   - idle CPU per 2 s (what one resync cycle cost before) and the bytes
 //     etcd sends per idle minute;
-//   - per churn round (1% of the jobs finish, 1% are submitted): the
-//     coordinator's etcd puts and deletes, the watch events delivered to
-//     the agents' watches, against the jobs changed;
+//   - per churn round (1% of the jobs finish, 1% are submitted; a round
+//     ends once the coordinator wrote and then rested 2 s): the
+//     coordinator's etcd puts and deletes (keys, seen by a watch), etcd's
+//     own count of put and delete requests (a range delete is one), the
+//     watch events delivered to the agents' watches, against the jobs
+//     changed;
 //   - etcd's database growth per minute under churn (one round per 10 s,
 //     extrapolated from the rounds run), with the coordinator compacting;
 //   - the coordinator's RSS.
