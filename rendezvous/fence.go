@@ -28,6 +28,28 @@ import (
 // RunningMarker made with a zero timeout.
 const defaultFenceOpTimeout = 5 * time.Second
 
+// writeWithin runs the write op (idempotent) until it succeeds, fails for
+// good, or timeout passes, retrying transient errors with jittered
+// backoff: every member of a round arrives and marks itself at once, and
+// an etcd with thousands of proposals not yet applied answers "too many
+// requests" to some of them (at 20,000 nodes in bench/rdzvscale), which
+// is no reason to fail a node's round.
+func writeWithin(ctx context.Context, timeout time.Duration, op func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	b := newBackoff()
+	for {
+		err := op(ctx)
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			return err
+		}
+		b.waitJitter(ctx)
+		if ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
 // Barrier is one round's ready barrier (fleet.Keys.Ready): each member
 // arrives once its previous workers are gone, and waits until all of the
 // round's members have.
@@ -95,14 +117,17 @@ func counterKey(k fleet.Keys, job string, round int64) string {
 // supersedes the round through the rendezvous instead. The first member
 // to arrive claims the round's counter in the same transaction.
 func (b *Barrier) Arrive(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
 	ck := counterKey(b.keys, b.job, b.round)
 	ready := clientv3.OpPut(b.keys.Ready(b.job, b.round, b.node), "1")
 	passed := clientv3.OpGet(passKey(b.keys, b.job, b.round), clientv3.WithCountOnly())
-	resp, err := b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
-		Then(ready, clientv3.OpPut(ck, b.node), passed).
-		Else(ready, clientv3.OpGet(ck), passed).Commit()
+	// Again after a lost answer: the counter is then ours already (Else).
+	var resp *clientv3.TxnResponse
+	err := writeWithin(ctx, b.timeout, func(ctx context.Context) (err error) {
+		resp, err = b.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(ck), "=", 0)).
+			Then(ready, clientv3.OpPut(ck, b.node), passed).
+			Else(ready, clientv3.OpGet(ck), passed).Commit()
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mark ready for round %d: %w", b.round, err)
 	}
@@ -276,11 +301,13 @@ func (b *Barrier) pass(ctx context.Context, arrived map[string]bool) error {
 			}
 			continue
 		}
-		wctx, cancel := context.WithTimeout(ctx, b.timeout)
-		resp, err := b.cli.Txn(wctx).
-			If(clientv3.Compare(clientv3.ModRevision(rp), "<", rev+1).WithRange(clientv3.GetPrefixRangeEnd(rp))).
-			Then(clientv3.OpPut(passKey(b.keys, b.job, b.round), b.node)).Commit()
-		cancel()
+		var resp *clientv3.TxnResponse
+		err = writeWithin(ctx, b.timeout, func(ctx context.Context) (err error) {
+			resp, err = b.cli.Txn(ctx).
+				If(clientv3.Compare(clientv3.ModRevision(rp), "<", rev+1).WithRange(clientv3.GetPrefixRangeEnd(rp))).
+				Then(clientv3.OpPut(passKey(b.keys, b.job, b.round), b.node)).Commit()
+			return err
+		})
 		if err != nil {
 			return fmt.Errorf("round %d barrier: write the pass: %w", b.round, err)
 		}
@@ -317,9 +344,10 @@ func (m *RunningMarker) Mark(ctx context.Context, round int64) error {
 	if m.lease == 0 {
 		return fmt.Errorf("round %d: mark workers running: %w", round, ErrLeaseLost)
 	}
-	ctx, cancel := context.WithTimeout(ctx, m.timeout)
-	defer cancel()
-	_, err := m.cli.Put(ctx, m.keys.Running(m.job, m.node), fleet.Hex16(round), clientv3.WithLease(m.lease))
+	err := writeWithin(ctx, m.timeout, func(ctx context.Context) error {
+		_, err := m.cli.Put(ctx, m.keys.Running(m.job, m.node), fleet.Hex16(round), clientv3.WithLease(m.lease))
+		return err
+	})
 	if errors.Is(rpctypes.Error(err), rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("round %d: mark workers running: %w", round, ErrLeaseLost)
 	}

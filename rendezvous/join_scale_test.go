@@ -2,10 +2,16 @@ package rendezvous
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Registering is one write besides the lease grant: the member record and
@@ -79,4 +85,69 @@ func TestPredecessorSameRevision(t *testing.T) {
 	if err != nil || len(g.Kvs) != 1 || string(g.Kvs[0].Key) != entry(5, "z") {
 		t.Fatalf("first window after c: %v %v", g, err)
 	}
+}
+
+// A round's members arrive at its ready barrier and mark themselves
+// running all at once; an etcd with thousands of proposals not yet applied
+// answers some of those writes "too many requests" (20,000 nodes in
+// bench/rdzvscale). The barrier and the marker ride that out within their
+// timeout instead of failing the node's round.
+func TestBarrierAndMarkerRideOutTooManyRequests(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Every second write (a Put, a Txn that writes) is refused as an
+	// overloaded etcd refuses it, before it reaches the real etcd; reads
+	// are not raft proposals and never refused so.
+	var writes, refused atomic.Int64
+	overloaded := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if (strings.HasSuffix(method, "/Put") || writesTxn(req)) && writes.Add(1)%2 == 1 {
+			refused.Add(1)
+			return status.Error(codes.ResourceExhausted, "etcdserver: too many requests")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(overloaded)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	lease, err := h.cli.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
+	b := NewBarrier(cli, "", h.job, 1, 1, "a", 0)
+	if err := b.Arrive(ctx); err != nil {
+		t.Fatalf("arrive at the barrier of an overloaded etcd: %v", err)
+	}
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("pass the barrier of an overloaded etcd: %v", err)
+	}
+	m := NewRunningMarker(cli, "", h.job, "a", lease.ID, 0)
+	if err := m.Mark(ctx, 1); err != nil {
+		t.Fatalf("mark running on an overloaded etcd: %v", err)
+	}
+	if n, err := RunningNodes(ctx, h.cli, "", h.job, 0); err != nil || n != 1 {
+		t.Fatalf("running nodes after the mark: %d %v, want 1", n, err)
+	}
+	if refused.Load() < 3 {
+		t.Fatalf("only %d writes were refused; the test did not overload anything", refused.Load())
+	}
+}
+
+// writesTxn says whether req is a transaction that may write.
+func writesTxn(req any) bool {
+	tr, ok := req.(*pb.TxnRequest)
+	if !ok {
+		return false
+	}
+	for _, op := range append(tr.Success, tr.Failure...) {
+		if op.GetRequestPut() != nil || op.GetRequestDeleteRange() != nil {
+			return true
+		}
+	}
+	return false
 }
