@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 )
 
 // A registered node that waits for a round relies on two watches it cannot
@@ -78,6 +80,14 @@ type stallView struct {
 	// maxNodes and allowed (Config.AllowedSize) size the round.
 	maxNodes int
 	allowed  func(int) int
+	// desired is the job's desired record as read when about to act
+	// (read only then, like finishing): its target sizes the round as the
+	// closer sizes it, not the target the round record carries, which a
+	// coordinator's later, smaller target does not rewrite. stopping: the
+	// record stops the job; unread: the read failed (never act on it).
+	desired  desiredSeen
+	target   int
+	stopping bool
 	// grace is the time a growth takes at most (stallGrace); revokeAfter
 	// the time after which the closer is presumed wedged.
 	grace, revokeAfter time.Duration
@@ -89,6 +99,8 @@ const (
 	ruleStallInRound     = "in-the-round"
 	ruleStallFinishing   = "round-finishing"
 	ruleStallAtSize      = "round-at-its-size"
+	ruleStallStopping    = "job-stopping"
+	ruleStallUnread      = "desired-record-unread"
 	ruleStallWaiting     = "growth-not-due-yet"
 	ruleStallNudge       = "growth-overdue-nudge"
 	ruleStallNudged      = "nudged-wait-for-closer"
@@ -111,9 +123,16 @@ func stallDecide(v stallView, now time.Time) (stallAction, string, time.Time) {
 		return stallNone, ruleStallInRound, time.Time{}
 	case v.finishing:
 		return stallNone, ruleStallFinishing, time.Time{}
+	case v.desired == desiredRead && v.stopping:
+		return stallNone, ruleStallStopping, time.Time{}
+	case v.desired == desiredUnread:
+		return stallNone, ruleStallUnread, time.Time{}
 	}
 	size := v.maxNodes
-	if h.Target > 0 {
+	switch {
+	case v.desired == desiredRead && v.target > 0:
+		size = min(size, v.target)
+	case v.desired == desiredNotYet && h.Target > 0:
 		size = min(size, h.Target)
 	}
 	if h.Nodes >= size || v.allowed(h.Nodes+1) <= h.Nodes {
@@ -129,6 +148,19 @@ func stallDecide(v stallView, now time.Time) (stallAction, string, time.Time) {
 	}
 	return stallRevokeCloser, ruleStallRevokeClose, now.Add(v.revokeAfter)
 }
+
+// desiredSeen says whether a stallView holds the job's desired record.
+type desiredSeen int
+
+const (
+	// desiredNotYet: not read (nothing to act on yet): the round
+	// record's target stands in for it.
+	desiredNotYet desiredSeen = iota
+	// desiredRead: read (a job without a coordinator has none: target 0).
+	desiredRead
+	// desiredUnread: the read failed.
+	desiredUnread
+)
 
 // stallGrace is the longest a closed round below its size takes to grow
 // by a node that registered: the last call, the proposal's
@@ -179,8 +211,10 @@ func (s *waitSupervisor) check(ctx context.Context) <-chan time.Time {
 	now := time.Now()
 	act, rule, wake := stallDecide(v, now)
 	if act != stallNone {
-		// Only when acting: whether the round is finishing costs a read.
+		// Only when acting: whether the round is finishing and the job's
+		// current target cost reads.
 		v.finishing = n.finishing(ctx, v.head)
+		v.desired, v.target, v.stopping = n.readDesired(ctx)
 		act, rule, wake = stallDecide(v, now)
 	}
 	switch act {
@@ -214,6 +248,26 @@ func (n *Node) finishing(ctx context.Context, h *header) bool {
 	defer cancel()
 	g, err := n.cli.Get(rctx, n.k.DoneKey(h.Round), clientv3.WithCountOnly())
 	return err == nil && g.Count > 0
+}
+
+// readDesired reads the job's desired record: its target (0: none, or no
+// record) and whether it stops the job; desiredUnread when the read
+// failed or the record is malformed.
+func (n *Node) readDesired(ctx context.Context) (desiredSeen, int, bool) {
+	rctx, cancel := context.WithTimeout(ctx, n.opTimeout())
+	defer cancel()
+	g, err := n.cli.Get(rctx, n.k.desired)
+	if err != nil {
+		return desiredUnread, 0, false
+	}
+	if len(g.Kvs) == 0 {
+		return desiredRead, 0, false
+	}
+	d, err := fleet.DecodeDesired(string(g.Kvs[0].Key), g.Kvs[0].Value)
+	if err != nil {
+		return desiredUnread, 0, false
+	}
+	return desiredRead, d.Target(), d.Stop != nil
 }
 
 // nudge reads the round record: when it is newer than what the node's

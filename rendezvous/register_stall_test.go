@@ -40,6 +40,14 @@ func TestStallRules(t *testing.T) {
 		{rule: ruleStallNudge, v: stallView{head: closed(2, 3)}, now: t0.Add(time.Hour), want: stallNudge, wantAt: t0.Add(time.Hour + grace)},
 		{rule: ruleStallNudged, v: stallView{head: closed(2, 3), nudged: true}, now: t0.Add(grace + time.Second), want: stallNone, wantAt: t0.Add(revoke)},
 		{rule: ruleStallRevokeClose, v: stallView{head: closed(2, 3), nudged: true}, now: t0.Add(revoke), want: stallRevokeCloser, wantAt: t0.Add(2 * revoke)},
+		// The coordinator's current target, read before acting, sizes the
+		// round as the closer does: a round record still carrying an
+		// older, larger target is not overdue.
+		{rule: ruleStallAtSize, v: stallView{head: closed(2, 3), nudged: true, desired: desiredRead, target: 2}, now: t0.Add(revoke), want: stallNone},
+		{rule: ruleStallRevokeClose, v: stallView{head: closed(2, 2), nudged: true, desired: desiredRead, target: 3}, now: t0.Add(revoke), want: stallRevokeCloser, wantAt: t0.Add(2 * revoke)},
+		{rule: ruleStallRevokeClose, v: stallView{head: closed(2, 0), nudged: true, desired: desiredRead}, now: t0.Add(revoke), want: stallRevokeCloser, wantAt: t0.Add(2 * revoke)},
+		{rule: ruleStallStopping, v: stallView{head: closed(2, 3), nudged: true, desired: desiredRead, stopping: true}, now: t0.Add(revoke), want: stallNone},
+		{rule: ruleStallUnread, v: stallView{head: closed(2, 3), nudged: true, desired: desiredUnread}, now: t0.Add(revoke), want: stallNone},
 	} {
 		v := tc.v
 		v.since, v.maxNodes, v.grace, v.revokeAfter = t0, 3, grace, revoke
