@@ -26,9 +26,11 @@ build:
 
 ## test: vet, then every test with the race detector (real etcd, real processes,
 ## real PyTorch DDP when python3-torch is installed).
-# End-to-end packages that run real multi-process PyTorch training: one at a
-# time, so they never starve each other's lease keepalives on a 2-core box.
-E2E_PKGS := ./agent/elastic ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes
+# End-to-end packages that run real multi-process PyTorch training, and
+# rendezvous, whose tests kill etcd leaders under live leases and measure
+# how close a node came to fencing: one at a time, so they never starve
+# each other's lease keepalives on a 2-core box.
+E2E_PKGS := ./agent/elastic ./examples/demo ./cmd/hyperpodrun ./operator-shim/kubernetes ./rendezvous
 
 ## deps: what the tests need (as root: installed when missing; otherwise
 ## the exact command to run is printed).
@@ -36,7 +38,7 @@ deps:
 	@bash scripts/check-deps.sh
 
 test: deps test-python lint
-	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent/elastic$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$')
+	$(GO) test -race -timeout 25m $$($(GO) list $(PKGS) | grep -v -E '/agent/elastic$$|/examples/demo$$|/cmd/hyperpodrun$$|/operator-shim/kubernetes$$|/rendezvous$$')
 	$(GO) test -race -timeout 25m -p 1 $(E2E_PKGS)
 	@# The chaos soak's short version (issue 10): real etcd killed and
 	@# restarted, coordinators, node agents and jobs under seeded faults.
