@@ -29,9 +29,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/internal/tracestore"
 )
+
+// daemonLogLimit bounds the daemon's output kept for a failing test's
+// message (a long test's chatty daemon starts the buffer over past it).
+const daemonLogLimit = 4 << 20
 
 // Version is the Jaeger release the tests run against.
 const Version = "v1.76.0"
@@ -57,7 +62,7 @@ type Jaeger struct {
 
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  *testutil.LogBuffer
+	log  *syncbuf.Buffer
 }
 
 // config is a minimal all-in-one configuration: OTLP in, memory storage,
@@ -132,7 +137,7 @@ func start(t testing.TB, bin, dir string) (*Jaeger, error) {
 		OTLPHTTP: "http://127.0.0.1:" + strconv.Itoa(otlpHTTP),
 		OTLPGRPC: "127.0.0.1:" + strconv.Itoa(otlpGRPC),
 		Query:    "http://127.0.0.1:" + strconv.Itoa(queryHTTP),
-		done:     make(chan struct{}), log: &testutil.LogBuffer{},
+		done:     make(chan struct{}), log: &syncbuf.Buffer{Limit: daemonLogLimit},
 	}
 	j.cmd = exec.Command(bin, "--config", "file:"+cfg)
 	j.cmd.Env = quietEnv(os.Environ())

@@ -40,8 +40,13 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
+
+// daemonLogLimit bounds the daemon's output kept for a failing test's
+// message (a long test's chatty daemon starts the buffer over past it).
+const daemonLogLimit = 4 << 20
 
 // Version is the Kubernetes release the tests run against.
 const Version = "v1.34.2"
@@ -79,7 +84,7 @@ type Server struct {
 
 	cmd     *exec.Cmd
 	done    chan struct{}
-	log     *testutil.LogBuffer
+	log     *syncbuf.Buffer
 	certDir string
 }
 
@@ -141,7 +146,7 @@ func StartWith(t testing.TB, o Options) *Server {
 	}
 	port := testutil.FreePort(t)
 	s := &Server{URL: "https://127.0.0.1:" + strconv.Itoa(port), AdminToken: admin, Etcd: cli, Endpoints: etcd.Endpoints,
-		NodeTokens: nodeTokens, done: make(chan struct{}), log: &testutil.LogBuffer{}, certDir: filepath.Join(dir, "certs")}
+		NodeTokens: nodeTokens, done: make(chan struct{}), log: &syncbuf.Buffer{Limit: daemonLogLimit}, certDir: filepath.Join(dir, "certs")}
 	s.cmd = exec.Command(bin,
 		"--etcd-servers="+strings.Join(etcd.Endpoints, ","),
 		"--service-account-issuer=https://kubernetes.default.svc",
