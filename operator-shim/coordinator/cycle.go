@@ -53,6 +53,10 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	st, _ := v.state(now, c.cfg.Engine)
 	t0 := time.Now()
 	d, fast := c.decide(st)
+	// The fast path's decision is one the full cycle would make and then
+	// keep (policy.Engine.Admit), unless it preempted (Settled): as the
+	// full cycle's, that one is followed by another.
+	settled := fast && c.engine.Settled()
 	engine := time.Since(t0)
 	c.logProblems(d.Problems)
 	c.uids = c.decideUIDs(&d)
@@ -65,7 +69,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	p := c.plan(d, !v.haveLast)
 	// A follow-up comes when the cycle preempts or changes an allocation
 	// (below), unless the follow-ups in a row reached their bound.
-	p.settle((p.again || (len(p.changed) > 0 && !fast)) && c.followUps < maxFollowUps)
+	p.settle((p.again || (len(p.changed) > 0 && !settled)) && c.followUps < maxFollowUps)
 	diff := time.Since(t1)
 	// The view takes the plan only once it is written: on an error it is
 	// as it was, and read again before the next cycle.
@@ -85,9 +89,8 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	// the next input change. The follow-ups end at the first cycle that
 	// changes no allocation, and after maxFollowUps in a row (an engine
 	// that kept changing its mind would otherwise never rest).
-	// The fast path's decision is one the full cycle would make and then
-	// keep (policy.Engine.Admit): no follow-up.
-	again = again || (len(changed) > 0 && !fast)
+	// A settled fast path decision: no follow-up.
+	again = again || (len(changed) > 0 && !settled)
 	if again {
 		c.followUps++
 		if c.followUps > maxFollowUps {

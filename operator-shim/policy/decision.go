@@ -26,27 +26,7 @@ func (s *sched) decide() Decision {
 		if j.size == 0 {
 			continue
 		}
-		a := Allocation{
-			Job: j.name, Team: j.team.name, Flavor: j.flavor, Size: j.size,
-			AcceleratorsPerNode: j.per, Since: j.since, LastResize: j.lastResize,
-		}
-		if len(j.tookFrom) > 0 {
-			a.TookFrom = slices.Clone(j.tookFrom)
-			slices.Sort(a.TookFrom)
-		}
-		same := len(j.prevNodes) == j.size
-		for k := 0; same && k < j.size; k++ {
-			same = j.prevNodes[k] == j.nodes[k].name
-		}
-		if same {
-			a.Nodes = j.prevNodes
-		} else {
-			a.Nodes = make([]string, j.size)
-			for k, n := range j.nodes {
-				a.Nodes[k] = n.name
-			}
-		}
-		d.Allocations = append(d.Allocations, a)
+		d.Allocations = append(d.Allocations, allocation(j))
 	}
 	for i := range s.teams {
 		t := &s.teams[i]
@@ -72,4 +52,30 @@ func (s *sched) decide() Decision {
 		}
 	}
 	return d
+}
+
+// allocation is the placed job j's Allocation: its node list is the one it
+// was given where it kept those nodes.
+func allocation(j *jobRT) Allocation {
+	a := Allocation{
+		Job: j.name, Team: j.team.name, Flavor: j.flavor, Size: j.size,
+		AcceleratorsPerNode: j.per, Since: j.since, LastResize: j.lastResize,
+	}
+	if len(j.tookFrom) > 0 {
+		a.TookFrom = slices.Clone(j.tookFrom)
+		slices.Sort(a.TookFrom)
+	}
+	same := len(j.prevNodes) == j.size
+	for k := 0; same && k < j.size; k++ {
+		same = j.prevNodes[k] == j.nodes[k].name
+	}
+	if same {
+		a.Nodes = j.prevNodes
+	} else {
+		a.Nodes = make([]string, j.size)
+		for k, n := range j.nodes {
+			a.Nodes[k] = n.name
+		}
+	}
+	return a
 }

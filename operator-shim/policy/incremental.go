@@ -29,6 +29,8 @@ type Engine struct {
 	admitted []*jobRT
 	// declined is why the last Admit declined ("" when it decided).
 	declined string
+	// unsettled: the last Admit preempted (Settled).
+	unsettled bool
 }
 
 // Declined says why the last Admit left the decision to a full cycle (""
@@ -46,6 +48,7 @@ func (e *Engine) decline(why string) (Decision, bool) {
 // runtime records for Admit.
 func (e *Engine) Schedule(st State) Decision {
 	e.drop()
+	e.unsettled = false
 	s, d := schedule(st)
 	e.s, e.d, e.cfg, e.jobs = s, d, st.Config, len(st.Jobs)
 	e.fix = len(d.Released) == 0
@@ -105,7 +108,7 @@ func (e *Engine) drop() {
 // of its elastic jobs that did not grow, rendered from the same end state.
 func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	s := e.s
-	e.declined = ""
+	e.declined, e.unsettled = "", false
 	switch {
 	case s == nil:
 		return e.decline("no cycle kept")
@@ -138,11 +141,19 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 		j.prevSize, j.prevNodes = j.size, nodeNames(j)
 		j.setCarried()
 	}
+	preempted := false
 	if j := fresh[0]; len(fresh) == 1 && j.tf.used+j.per*j.sp.min > j.tf.nominal {
 		if e.waitsOnQuota(j) {
 			e.pendFresh(j)
 		} else if why := e.borrowFresh(j); why != "" {
-			return e.decline("job " + j.name + ": " + why)
+			if !strings.HasPrefix(why, "quota: ") && why != "no free nodes" {
+				return e.decline("job " + j.name + ": " + why)
+			}
+			// Rule 5 passes it by: rule 6 may preempt for it.
+			if pwhy := e.preemptFresh(j); pwhy != "" {
+				return e.decline("job " + j.name + ": " + why + "; " + pwhy)
+			}
+			preempted = true
 		}
 	} else if why := e.admitWithin(fresh); why != "" {
 		return e.decline(why)
@@ -150,10 +161,61 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	if !e.noGrowth(fresh) {
 		return e.decline("an elastic job could grow")
 	}
-	e.d = e.render(fresh, carried)
+	e.d = e.render(fresh, carried, preempted)
 	e.jobs += len(fresh)
 	e.admitted = slices.DeleteFunc(fresh, func(j *jobRT) bool { return j.size == 0 })
+	if preempted {
+		// Allocations changed: the full cycle would be followed by
+		// another (Settled), and the next Admit has no fixed point.
+		e.fix, e.unsettled = false, true
+	}
 	return e.d, true
+}
+
+// Settled reports whether the last decision (Schedule's or Admit's) is
+// one the next full cycle on the same inputs keeps as far as Admit knows:
+// false after an Admit that preempted, whose full cycle changed
+// allocations and is followed by another, as Schedule's would be.
+func (e *Engine) Settled() bool { return !e.unsettled }
+
+// preemptFresh admits j, beyond its team's nominal quota and passed by
+// rule 5, as rule 6 of the full cycle would: by shrinking or preempting
+// lower-priority jobs of its own team, or says why it cannot. Rule 6
+// meets the kept state at j's turn (the jobs it tries before j fail as
+// they did), and j's victims are found in its team's own lists alone: a
+// preemption that would take from other teams' borrowers (the flavor's
+// lists, whose cursors the kept cycle moved) is left to the full cycle,
+// and so is any waiting job after j that rule 6 would try next on the
+// state j's preemption changed.
+func (e *Engine) preemptFresh(j *jobRT) string {
+	s, tf, f := e.s, j.tf, j.fl
+	switch {
+	case s.strict:
+		return "StrictFIFO"
+	case !e.preemptsOwn(j):
+		return "its team does not preempt for it"
+	}
+	s.buildOwnLists(tf)
+	if len(tf.ownPreempt) == 0 || tf.ownPreempt[0].sp.prio >= j.sp.prio {
+		return "no lower-priority job of its team runs"
+	}
+	for _, p := range f.pending {
+		if jobOrder(p, j) < 0 || p.size > 0 || p.preempted() || p.tf.team.policy != PreemptLowerPriority || p.per*p.sp.min > p.tf.nominal {
+			continue
+		}
+		if s.buildOwnLists(p.tf); len(p.tf.ownPreempt) > 0 && p.tf.ownPreempt[0].sp.prio < p.sp.prio {
+			return "a waiting job after it may preempt (rule 6)"
+		}
+	}
+	e.indexFresh(j)
+	bs, bp, bsPos, bpPos := f.bShrink, f.bPreempt, f.bsPos, f.bpPos
+	f.bShrink, f.bPreempt, f.bsPos, f.bpPos = nil, nil, 0, 0
+	ok := s.tryPreempt(j, true)
+	f.bShrink, f.bPreempt, f.bsPos, f.bpPos = bs, bp, bsPos, bpPos
+	if !ok {
+		return "rule 6 finds no victims in its own team"
+	}
+	return ""
 }
 
 // admitWithin admits fresh as rule 2 of the full cycle would, each within
@@ -293,13 +355,19 @@ func (e *Engine) pendFresh(j *jobRT) {
 
 // attachFresh indexes the new job j and admits it on nodes.
 func (e *Engine) attachFresh(j *jobRT, nodes []*nodeRT, code ReasonCode) {
+	e.indexFresh(j)
+	e.s.admit(j, nodes, code)
+}
+
+// indexFresh indexes the new job j by name, in its team's and flavor's
+// jobs.
+func (e *Engine) indexFresh(j *jobRT) {
 	s, tf := e.s, j.tf
 	s.jobByName[j.name] = j
 	at, _ := slices.BinarySearchFunc(tf.jobs, j.name, byJobName)
 	tf.jobs = slices.Insert(tf.jobs, at, j)
 	at, _ = slices.BinarySearchFunc(j.fl.jobs, j.name, byJobName)
 	j.fl.jobs = slices.Insert(j.fl.jobs, at, j)
-	s.admit(j, nodes, code)
 }
 
 // repoint points the kept job records at their specs in jobs, which the
@@ -433,7 +501,7 @@ func flavorsOf(jobs []*jobRT) []*flavorRT {
 // and the reasons that the admission changed rendered again: the admitted
 // jobs', their teams' jobs' (their usage), and the flavor's waiting and
 // elastic jobs' (free capacity, holders, growth).
-func (e *Engine) render(fresh, carried []*jobRT) Decision {
+func (e *Engine) render(fresh, carried []*jobRT, preempted bool) Decision {
 	s, old := e.s, e.d
 	d := Decision{Now: s.now, Teams: slices.Clone(old.Teams), Released: old.Released, Problems: old.Problems}
 	tfs := map[*teamFlavor]bool{}
@@ -496,11 +564,12 @@ func (e *Engine) render(fresh, carried []*jobRT) Decision {
 		k, _ := slices.BinarySearchFunc(old.Allocations[i:], j.name, func(a Allocation, n string) int { return strings.Compare(a.Job, n) })
 		d.Allocations = append(d.Allocations, old.Allocations[i:i+k]...)
 		i += k
-		a := Allocation{Job: j.name, Team: j.team.name, Flavor: j.flavor, Size: j.size,
-			AcceleratorsPerNode: j.per, Since: j.since, LastResize: j.lastResize, Nodes: nodeNames(j)}
-		d.Allocations = append(d.Allocations, a)
+		d.Allocations = append(d.Allocations, allocation(j))
 	}
 	d.Allocations = append(d.Allocations, old.Allocations[i:]...)
+	if preempted {
+		d.Allocations = e.victimAllocations(d.Allocations, fresh)
+	}
 	if len(d.Allocations) == 0 {
 		d.Allocations = nil // as the full cycle's, when it places none
 	}
@@ -520,6 +589,28 @@ func (e *Engine) render(fresh, carried []*jobRT) Decision {
 		}
 	}
 	return d
+}
+
+// victimAllocations returns allocs with the allocations of the jobs that
+// fresh took from (rule 6) as they are now: shrunk, or gone.
+func (e *Engine) victimAllocations(allocs []Allocation, fresh []*jobRT) []Allocation {
+	victims := map[string]*jobRT{}
+	for _, j := range fresh {
+		for _, name := range j.tookFrom {
+			victims[name] = e.s.jobByName[name]
+		}
+	}
+	out := allocs[:0]
+	for _, a := range allocs {
+		if v := victims[a.Job]; v != nil {
+			if v.size == 0 {
+				continue
+			}
+			a = allocation(v)
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // nodeNames names j's nodes.

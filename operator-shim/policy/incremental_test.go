@@ -85,7 +85,7 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 // Where Admit declines, the full cycle decides. It must take the fast
 // path often enough to mean something.
 func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
-	fast, tried := 0, 0
+	fast, tried, preempting := 0, 0, 0
 	for seed := uint64(1); seed <= 2500; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 27))
 		st := randomFleet(rng)
@@ -160,6 +160,13 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 				t.Fatalf("seed %d round %d: team usage differs:\nfast %+v\nfull %+v", seed, round, got.Teams, full.Teams)
 			}
 			st.Allocations = got.Allocations
+			if !e.Settled() {
+				// It preempted (rule 6): the full cycle changed
+				// allocations too, and the coordinator follows either
+				// with another cycle.
+				preempting++
+				continue
+			}
 			// A fixed point: the next full cycle on it changes nothing
 			// (the coordinator runs no follow-up after the fast path).
 			next := st
@@ -170,9 +177,12 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("fast path taken in %d of %d submits", fast, tried)
+	t.Logf("fast path taken in %d of %d submits, %d of them preempting a lower-priority job of the submit's team", fast, tried, preempting)
 	if fast < 200 {
 		t.Fatalf("the fast path was taken in only %d of %d submits", fast, tried)
+	}
+	if preempting < 10 {
+		t.Fatalf("the fast path preempted for only %d submits", preempting)
 	}
 }
 
