@@ -27,24 +27,9 @@ func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank
 	if testing.Short() {
 		t.Skip("end-to-end with PyTorch")
 	}
-	py := torchPython(t)
-	logDir, ckpt := t.TempDir(), t.TempDir()
-	common := []string{"--nproc-per-node", nproc, "--max-restarts", "3", "--shutdown-timeout", "3",
-		"--hang-timeout", "5", "--log-dir", logDir}
-	worker := []string{repoPath("agent/elastic/testdata/hang_worker.py"), hangRank, "12", "30", ckpt}
-	var restarts func() int
-	var args []string
-	if job == "" { // --standalone: no etcd, the restarts are in the log
-		args = append(append([]string{"--standalone"}, common...), worker...)
-	} else {
-		srv, cli := startEtcd(t)
-		nn := strconv.Itoa(len(nodes))
-		args = append(append([]string{"--nnodes", nn + ":" + nn, "--rdzv-backend", "etcd",
-			"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
-			"--local-addr", "127.0.0.1"}, common...), worker...)
-		restarts = func() int { return getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts") }
-	}
-	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, args...)
+	h := startHangJob(t, job, nodes, nproc, []string{"--hang-timeout", "5"},
+		"hang_worker.py", hangRank, "12", "30")
+	c := h.c
 	t0 := time.Now()
 	for _, name := range nodes {
 		c.start(name)
@@ -73,35 +58,13 @@ func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank
 	} else {
 		t.Logf("hang detected %.1fs after the last step (--hang-timeout %s)", took.Seconds(), hangTimeout)
 	}
-	var dumps []string
-	named := false
-	filepath.WalkDir(logDir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), "stacks_rank") {
-			b, _ := os.ReadFile(p)
-			dumps = append(dumps, p)
-			named = named || strings.Contains(string(b), "in stuck_before_all_reduce")
-		}
-		return nil
-	})
-	if !named {
+	if dumps, named := stackDumpsNaming(h.logDir, "stacks_rank", "stuck_before_all_reduce"); !named {
 		t.Errorf("no stack dump under the log directory names the sleeping frame stuck_before_all_reduce; dumps: %v", dumps)
 	}
-	if !strings.Contains(c.logText(), "stacks=") || !strings.Contains(c.logText(), filepath.Join(logDir)) {
+	if !strings.Contains(c.logText(), "stacks=") || !strings.Contains(c.logText(), filepath.Join(h.logDir)) {
 		t.Errorf("the hang's log line does not say where the stacks are")
 	}
-	last := 0
-	for _, s := range c.allSteps() {
-		last = max(last, s.Step)
-	}
-	if last != 30 {
-		t.Errorf("the job ended at step %d, want 30", last)
-	}
-	if restarts == nil {
-		restarts = func() int { return strings.Count(c.logText(), `msg="starting workers"`) - 1 }
-	}
-	if got := restarts(); got != 1 {
-		t.Errorf("job restarts = %d after one hang, want 1", got)
-	}
+	h.checkFinished(30, 1, "after one hang")
 }
 
 // TestHungWorkerInACollectiveIsDetectedDumpedAndRecovered: two nodes of
@@ -143,24 +106,9 @@ func runStartupHangJob(t *testing.T, job string, nodes []string, nproc string) {
 	if testing.Short() {
 		t.Skip("end-to-end with PyTorch")
 	}
-	py := torchPython(t)
-	logDir, ckpt := t.TempDir(), t.TempDir()
-	common := []string{"--nproc-per-node", nproc, "--max-restarts", "3", "--shutdown-timeout", "3",
-		"--hang-timeout", "600", "--hang-startup-timeout", "20", "--log-dir", logDir}
-	worker := []string{repoPath("agent/elastic/testdata/startup_hang_worker.py"), "1", "7", "0", "20", ckpt}
-	var restarts func() int
-	var args []string
-	if job == "" {
-		args = append(append([]string{"--standalone"}, common...), worker...)
-	} else {
-		srv, cli := startEtcd(t)
-		nn := strconv.Itoa(len(nodes))
-		args = append(append([]string{"--nnodes", nn + ":" + nn, "--rdzv-backend", "etcd",
-			"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
-			"--local-addr", "127.0.0.1"}, common...), worker...)
-		restarts = func() int { return getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts") }
-	}
-	c := newCluster(t, []string{"PYTHON_EXEC=" + py}, args...)
+	h := startHangJob(t, job, nodes, nproc, []string{"--hang-timeout", "600", "--hang-startup-timeout", "20"},
+		"startup_hang_worker.py", "1", "7", "0", "20")
+	c := h.c
 	for _, name := range nodes {
 		c.start(name)
 	}
@@ -193,32 +141,10 @@ func runStartupHangJob(t *testing.T, job string, nodes []string, nproc string) {
 	if !strings.Contains(detected.Text, "--hang-startup-timeout") || !strings.Contains(detected.Text, "rank ") {
 		t.Errorf("the hang's log line does not name the rank and the flag: %s", detected.Text)
 	}
-	var dumps []string
-	named := false
-	filepath.WalkDir(logDir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), "stacks_rank0_") {
-			b, _ := os.ReadFile(p)
-			dumps = append(dumps, p)
-			named = named || strings.Contains(string(b), "in stuck_before_first_heartbeat")
-		}
-		return nil
-	})
-	if !named {
+	if dumps, named := stackDumpsNaming(h.logDir, "stacks_rank0_", "stuck_before_first_heartbeat"); !named {
 		t.Errorf("no stack dump of rank 0 under the log directory names the hung frame stuck_before_first_heartbeat; dumps: %v", dumps)
 	}
-	last := 0
-	for _, s := range c.allSteps() {
-		last = max(last, s.Step)
-	}
-	if last != 20 {
-		t.Errorf("the job ended at step %d, want 20", last)
-	}
-	if restarts == nil {
-		restarts = func() int { return strings.Count(c.logText(), `msg="starting workers"`) - 1 }
-	}
-	if got := restarts(); got != 2 {
-		t.Errorf("job restarts = %d after a failure and a hang at start-up, want 2", got)
-	}
+	h.checkFinished(20, 2, "after a failure and a hang at start-up")
 }
 
 // TestWorkerHungAtStartupAfterARestartIsDetectedDumpedAndRecovered: two
@@ -235,4 +161,75 @@ func TestWorkerHungAtStartupAfterARestartIsDetectedDumpedAndRecovered(t *testing
 // heartbeat of the restarted attempt; found, dumped, restarted.
 func TestWorkerHungAtStartupUnderStandalone(t *testing.T) {
 	runStartupHangJob(t, "", []string{"a"}, "2")
+}
+
+// hangJob is a hang test's job: its nodes' cluster, its --log-dir and a
+// reader of its restart count.
+type hangJob struct {
+	t        *testing.T
+	c        *cluster
+	logDir   string
+	restarts func() int
+}
+
+// startHangJob sets up (it does not start the nodes) a job of the named
+// nodes, nproc workers each, under --max-restarts 3, --shutdown-timeout 3,
+// the given hang flags and a fresh --log-dir, running the testdata worker
+// script with workerArgs and a fresh checkpoint directory as its last
+// argument. job "" is --standalone (no etcd; the restarts are counted in
+// the log), any other is an etcd rendezvous of that id.
+func startHangJob(t *testing.T, job string, nodes []string, nproc string, hangFlags []string, script string, workerArgs ...string) *hangJob {
+	t.Helper()
+	py := torchPython(t)
+	h := &hangJob{t: t, logDir: t.TempDir()}
+	ckpt := t.TempDir()
+	common := append([]string{"--nproc-per-node", nproc, "--max-restarts", "3", "--shutdown-timeout", "3"}, hangFlags...)
+	common = append(common, "--log-dir", h.logDir)
+	worker := append(append([]string{repoPath("agent/elastic/testdata/" + script)}, workerArgs...), ckpt)
+	var args []string
+	if job == "" { // --standalone: no etcd, the restarts are in the log
+		args = append(append([]string{"--standalone"}, common...), worker...)
+	} else {
+		srv, cli := startEtcd(t)
+		nn := strconv.Itoa(len(nodes))
+		args = append(append([]string{"--nnodes", nn + ":" + nn, "--rdzv-backend", "etcd",
+			"--rdzv-endpoint", srv.Endpoints[0], "--rdzv-id", job, "--rdzv-conf", "last_call_timeout=1",
+			"--local-addr", "127.0.0.1"}, common...), worker...)
+		h.restarts = func() int { return getInt(t, cli, "/hyperpodrun/jobs/"+job+"/restarts") }
+	}
+	h.c = newCluster(t, []string{"PYTHON_EXEC=" + py}, args...)
+	if h.restarts == nil {
+		h.restarts = func() int { return strings.Count(h.c.logText(), `msg="starting workers"`) - 1 }
+	}
+	return h
+}
+
+// stackDumpsNaming lists the stack dumps under logDir whose names start
+// with prefix, and whether any of them shows the Python frame fn.
+func stackDumpsNaming(logDir, prefix, fn string) (dumps []string, named bool) {
+	filepath.WalkDir(logDir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasPrefix(d.Name(), prefix) {
+			b, _ := os.ReadFile(p)
+			dumps = append(dumps, p)
+			named = named || strings.Contains(string(b), "in "+fn)
+		}
+		return nil
+	})
+	return dumps, named
+}
+
+// checkFinished checks that the job's last step is lastStep and that it
+// restarted wantRestarts times (why says after what, for the message).
+func (h *hangJob) checkFinished(lastStep, wantRestarts int, why string) {
+	h.t.Helper()
+	last := 0
+	for _, s := range h.c.allSteps() {
+		last = max(last, s.Step)
+	}
+	if last != lastStep {
+		h.t.Errorf("the job ended at step %d, want %d", last, lastStep)
+	}
+	if got := h.restarts(); got != wantRestarts {
+		h.t.Errorf("job restarts = %d %s, want %d", got, why, wantRestarts)
+	}
 }
