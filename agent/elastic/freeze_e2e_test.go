@@ -3,10 +3,6 @@ package elastic_test
 import (
 	"context"
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,9 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
-	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
@@ -37,28 +31,13 @@ const rejoinWithin = 20 * time.Second
 // registers again and the job trains at 3 nodes within rejoinWithin.
 func TestFrozenNodeRejoinsAtFullSize(t *testing.T) {
 	// Debian's etcd (3.4), as the trial's fleet ran.
-	bin, ok := etcdtest.DebianEtcd()
-	if !ok {
-		if os.Getenv("CI") != "" {
-			t.Fatal("etcd is required in CI: apt-get install etcd-server")
-		}
-		t.Skip("no etcd binary: apt-get install etcd-server")
-	}
-	etcd := etcdtest.StartRestartable(t, bin)
+	etcd := startRestartableEtcd(t)
 	endpoint := etcd.URL
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	out := t.TempDir()
-	worker := filepath.Join(out, "w.sh")
-	if err := os.WriteFile(worker, []byte(`#!/bin/sh
-echo "start world=$WORLD_SIZE" >> "$OUT/starts.$NODE"
-while :; do echo "step world=$WORLD_SIZE" >> "$OUT/steps.$NODE"; sleep 0.05; done
-`), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	const job = "frozen"
 	names := []string{"a", "b", "c"}
 	// The coordinator's decision: 3 nodes, these three.
@@ -72,48 +51,15 @@ while :; do echo "step world=$WORLD_SIZE" >> "$OUT/steps.$NODE"; sleep 0.05; don
 	if _, err := cli.Txn(ctx).Then(op).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	procs := map[string]*exec.Cmd{}
-	for _, name := range names {
-		cmd := exec.Command(hprBinary, "--nnodes", "1:3", "--rdzv-backend", "etcd", "--rdzv-endpoint", endpoint,
-			"--rdzv-id", job, "--rdzv-conf", "last_call_timeout=0.5", "--max-restarts", "0",
-			"--shutdown-timeout", "1", "--local-addr", "127.0.0.1", "--no-python", worker)
-		cmd.Env = append(os.Environ(), "OUT="+out, "NODE="+name, "HYPERPODRUN_NODE_ID="+name, "LOGLEVEL=DEBUG")
-		b := &syncbuf.Buffer{}
-		cmd.Stdout, cmd.Stderr = b, b
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs[name] = cmd
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		t.Cleanup(func() {
-			cmd.Process.Signal(syscall.SIGCONT)
-			cmd.Process.Kill()
-			<-done
-			if t.Failed() {
-				t.Logf("---- node %s ----\n%s", name, b.String())
-			}
-		})
-	}
-	starts := func(name string) []string {
-		b, _ := os.ReadFile(filepath.Join(out, "starts."+name))
-		return strings.Fields(strings.ReplaceAll(string(b), "start ", ""))
-	}
-	all := func() string {
-		var s []string
-		for _, n := range names {
-			s = append(s, n+": "+strings.Join(starts(n), " "))
-		}
-		return strings.Join(s, "; ")
-	}
+	j := startShellJob(t, endpoint, job, "last_call_timeout=0.5", names, "LOGLEVEL=DEBUG")
+	procs, starts, all := j.procs, j.starts, j.all
 	atThree := func() (bool, string) {
 		for _, n := range names {
 			s := starts(n)
 			if len(s) == 0 || s[len(s)-1] != "world=3" {
 				return false, all()
 			}
-			b, _ := os.ReadFile(filepath.Join(out, "steps."+n))
-			if !strings.HasSuffix(string(b), "step world=3\n") {
+			if !j.stepsAt(n, "world=3") {
 				return false, all()
 			}
 		}

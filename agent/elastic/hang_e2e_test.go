@@ -15,9 +15,9 @@ import (
 // hangTimeout is the tests' --hang-timeout.
 const hangTimeout = 5 * time.Second
 
-// runHangJob runs testdata/hang_worker.py on the named nodes (nproc workers
-// each) under --hang-timeout 5: the worker of global rank hangRank sleeps
-// before its all_reduce at step 12 of the first attempt. It checks what a
+// runHangJob runs testdata/hang_worker.py (collective) on the named nodes
+// (nproc workers each) under --hang-timeout 5: the worker of global rank
+// hangRank sleeps before its all_reduce at step 12 of the first attempt. It checks what a
 // user would notice: the hang is found within the hang timeout (counted
 // from the last step), every node's log names it, the Python stacks in the
 // log directory show the sleeping frame, the job resumes from its
@@ -28,7 +28,7 @@ func runHangJob(t *testing.T, job string, nodes []string, nproc string, hangRank
 		t.Skip("end-to-end with PyTorch")
 	}
 	h := startHangJob(t, job, nodes, nproc, []string{"--hang-timeout", "5"},
-		"hang_worker.py", hangRank, "12", "30")
+		"hang_worker.py", "collective", hangRank, "12", "30")
 	c := h.c
 	t0 := time.Now()
 	for _, name := range nodes {
@@ -90,7 +90,7 @@ func TestHungWorkerUnderStandalone(t *testing.T) {
 // hangStartupTimeout is the start-up tests' --hang-startup-timeout.
 const hangStartupTimeout = 20 * time.Second
 
-// runStartupHangJob runs testdata/startup_hang_worker.py on the named
+// runStartupHangJob runs testdata/hang_worker.py (startup) on the named
 // nodes (nproc workers each) under --hang-startup-timeout 20 (a worker
 // imports torch in it on a loaded machine) and a --hang-timeout of 10
 // minutes: in the first attempt every worker calls the helper and rank 1
@@ -107,7 +107,7 @@ func runStartupHangJob(t *testing.T, job string, nodes []string, nproc string) {
 		t.Skip("end-to-end with PyTorch")
 	}
 	h := startHangJob(t, job, nodes, nproc, []string{"--hang-timeout", "600", "--hang-startup-timeout", "20"},
-		"startup_hang_worker.py", "1", "7", "0", "20")
+		"hang_worker.py", "startup", "1", "7", "0", "20")
 	c := h.c
 	for _, name := range nodes {
 		c.start(name)
