@@ -60,6 +60,16 @@ func TestAdmitPreemptsForItsTeamOnTheFastPath(t *testing.T) {
 			Teams: []Team{preempting(mkTeam("a", 16))},
 			Jobs:  []Job{job("a-el", "a", 0, 1, 2, true)},
 		}, frac("a-high", "a", 10, 8), "a-el", KindShrunk},
+		{"a waiting job of another team that rule 6 tries after the submit, and fails for again, keeps it on the fast path", State{
+			Nodes: mkNodes("n", 4, 8),
+			Teams: []Team{preempting(mkTeam("a", 16)), mkTeam("b", 8), preempting(mkTeam("c", 16))},
+			Jobs: []Job{frac("a-low1", "a", 0, 8), frac("a-low2", "a", 0, 8), frac("b1", "b", 0, 8),
+				frac("c-low", "c", 0, 4), job("c-wait", "c", 5, 2, 2, false)},
+			// c-wait came last: one node is free once c-low is preempted,
+			// and rule 6 fails for it every cycle.
+			Allocations: []Allocation{placed("a-low1", "a", 8, "n-000"), placed("a-low2", "a", 8, "n-001"),
+				placed("b1", "b", 8, "n-002"), placed("c-low", "c", 4, "n-003")},
+		}, frac("a-high", "a", 10, 8), "a-low1", KindPreempted},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			e, st := settledEngine(tc.st)
@@ -110,17 +120,7 @@ func TestAdmitLeavesOtherPreemptionsToTheFullCycle(t *testing.T) {
 			Nodes: mkNodes("n", 2, 8),
 			Teams: []Team{preempting(inCohort(mkTeam("a", 16), "c")), inCohort(mkTeam("b", 0), "c")},
 			Jobs:  []Job{frac("a-low", "a", 0, 8), frac("b1", "b", 0, 8)},
-		}, job("a-high", "a", 10, 2, 2, false), "rule 6 finds no victims in its own team"},
-		{"a waiting job that rule 6 tries after the submit goes to the full cycle", State{
-			Nodes: mkNodes("n", 4, 8),
-			Teams: []Team{preempting(mkTeam("a", 16)), mkTeam("b", 8), preempting(mkTeam("c", 16))},
-			Jobs: []Job{frac("a-low1", "a", 0, 8), frac("a-low2", "a", 0, 8), frac("b1", "b", 0, 8),
-				frac("c-low", "c", 0, 4), job("c-wait", "c", 5, 2, 2, false)},
-			// c-wait came last: one node is free once c-low is preempted,
-			// and rule 6 fails for it every cycle.
-			Allocations: []Allocation{placed("a-low1", "a", 8, "n-000"), placed("a-low2", "a", 8, "n-001"),
-				placed("b1", "b", 8, "n-002"), placed("c-low", "c", 4, "n-003")},
-		}, frac("a-high", "a", 10, 8), "a waiting job after it may preempt"},
+		}, job("a-high", "a", 10, 2, 2, false), "rule 6 takes from another team"},
 		{"a submit under StrictFIFO goes to the full cycle", State{
 			Config: Config{Queueing: StrictFIFO},
 			Nodes:  mkNodes("n", 2, 8),

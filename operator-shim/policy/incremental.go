@@ -179,14 +179,15 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 func (e *Engine) Settled() bool { return !e.unsettled }
 
 // preemptFresh admits j, beyond its team's nominal quota and passed by
-// rule 5, as rule 6 of the full cycle would: by shrinking or preempting
-// lower-priority jobs of its own team, or says why it cannot. Rule 6
-// meets the kept state at j's turn (the jobs it tries before j fail as
-// they did), and j's victims are found in its team's own lists alone: a
-// preemption that would take from other teams' borrowers (the flavor's
-// lists, whose cursors the kept cycle moved) is left to the full cycle,
-// and so is any waiting job after j that rule 6 would try next on the
-// state j's preemption changed.
+// rule 5, as rule 6 of the full cycle would, or says why it cannot. Rule
+// 6 meets the kept state at j's turn: the jobs it tries before j fail as
+// they did, and the flavor's borrower lists, built again here, hold the
+// jobs the full cycle's hold (the state is the kept cycle's; the lists'
+// cursors only pass jobs that no step would take from). Rule 6 then runs
+// on for the waiting jobs after j as the full cycle's does. Left to the
+// full cycle: a preemption that takes from another team (its usage and
+// reasons change too), and one after which a later waiting job is
+// admitted as well.
 func (e *Engine) preemptFresh(j *jobRT) string {
 	s, tf, f := e.s, j.tf, j.fl
 	switch {
@@ -195,25 +196,24 @@ func (e *Engine) preemptFresh(j *jobRT) string {
 	case !e.preemptsOwn(j):
 		return "its team does not preempt for it"
 	}
-	s.buildOwnLists(tf)
-	if len(tf.ownPreempt) == 0 || tf.ownPreempt[0].sp.prio >= j.sp.prio {
-		return "no lower-priority job of its team runs"
+	e.indexFresh(j)
+	built := false
+	s.preemptFor(j, &built)
+	if j.size == 0 {
+		return "rule 6 does not admit it"
+	}
+	for _, name := range j.tookFrom {
+		if v := s.jobByName[name]; v == nil || v.tf != tf {
+			return "rule 6 takes from another team"
+		}
 	}
 	for _, p := range f.pending {
-		if jobOrder(p, j) < 0 || p.size > 0 || p.preempted() || p.tf.team.policy != PreemptLowerPriority || p.per*p.sp.min > p.tf.nominal {
+		if jobOrder(p, j) < 0 || p.size > 0 {
 			continue
 		}
-		if s.buildOwnLists(p.tf); len(p.tf.ownPreempt) > 0 && p.tf.ownPreempt[0].sp.prio < p.sp.prio {
-			return "a waiting job after it may preempt (rule 6)"
+		if s.preemptFor(p, &built); p.size > 0 {
+			return "rule 6 admits a waiting job after it too"
 		}
-	}
-	e.indexFresh(j)
-	bs, bp, bsPos, bpPos := f.bShrink, f.bPreempt, f.bsPos, f.bpPos
-	f.bShrink, f.bPreempt, f.bsPos, f.bpPos = nil, nil, 0, 0
-	ok := s.tryPreempt(j, true)
-	f.bShrink, f.bPreempt, f.bsPos, f.bpPos = bs, bp, bsPos, bpPos
-	if !ok {
-		return "rule 6 finds no victims in its own team"
 	}
 	return ""
 }

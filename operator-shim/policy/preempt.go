@@ -6,31 +6,38 @@ import "slices"
 func (s *sched) priorityPreempt(f *flavorRT) {
 	built := false
 	for _, j := range f.pending {
-		tf := j.tf
-		if tf.team.policy != PreemptLowerPriority || !s.eligible(j) {
-			continue
-		}
-		acc := j.per * j.sp.min
-		if acc > tf.nominal {
-			continue
-		}
-		s.buildOwnLists(tf)
-		if len(tf.ownPreempt) == 0 || tf.ownPreempt[0].sp.prio >= j.sp.prio {
-			continue
-		}
-		if !built {
-			s.buildBorrowerLists(f)
-			built = true
-		}
-		res := j.reservedAcc
-		s.unreserve(j)
-		if s.tryPreempt(j, true) {
-			j.stuck = false
-		} else if res > 0 {
-			s.setEff(tf, tf.used, tf.reserved+res)
-			f.reservedPhys += res
-			j.reservedAcc = res
-		}
+		s.preemptFor(j, &built)
+	}
+}
+
+// preemptFor is rule 6 for the waiting job j: built says whether the
+// flavor's borrower lists were built in this pass (at its first job that
+// may preempt).
+func (s *sched) preemptFor(j *jobRT, built *bool) {
+	tf, f := j.tf, j.fl
+	if tf.team.policy != PreemptLowerPriority || !s.eligible(j) {
+		return
+	}
+	acc := j.per * j.sp.min
+	if acc > tf.nominal {
+		return
+	}
+	s.buildOwnLists(tf)
+	if len(tf.ownPreempt) == 0 || tf.ownPreempt[0].sp.prio >= j.sp.prio {
+		return
+	}
+	if !*built {
+		s.buildBorrowerLists(f)
+		*built = true
+	}
+	res := j.reservedAcc
+	s.unreserve(j)
+	if s.tryPreempt(j, true) {
+		j.stuck = false
+	} else if res > 0 {
+		s.setEff(tf, tf.used, tf.reserved+res)
+		f.reservedPhys += res
+		j.reservedAcc = res
 	}
 }
 
