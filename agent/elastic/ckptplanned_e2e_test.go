@@ -92,6 +92,26 @@ func (p *plannedFailure) checkpointFailure(t *testing.T) *fleet.CheckpointFailur
 	return w.CheckpointFailure
 }
 
+// mustCheckpointFailure is checkpointFailure, failing the test when the
+// job's record has none.
+func (p *plannedFailure) mustCheckpointFailure(t *testing.T) *fleet.CheckpointFailure {
+	t.Helper()
+	f := p.checkpointFailure(t)
+	if f == nil {
+		t.Fatalf("no checkpoint failure in the job's record:\n%s", grepLines(p.c.logText(), "checkpoint"))
+	}
+	return f
+}
+
+// checkNoRestart checks the job counted no restart: a planned change is no
+// failure.
+func (p *plannedFailure) checkNoRestart(t *testing.T) {
+	t.Helper()
+	if n := getInt(t, p.cli, fleet.NewKeys("").Restarts(p.job)); n != 0 {
+		t.Errorf("job restarts = %d, want 0: a planned change is no failure", n)
+	}
+}
+
 // Under --inprocess-resize the survivors of a planned shrink whose
 // checkpoint failed go on with their state in memory: node a's worker is
 // not restarted and trains on from the step of the change, not from the
@@ -110,17 +130,12 @@ func TestFailedCheckpointOfAnInProcessShrinkKeepsTheSurvivorsStep(t *testing.T) 
 	if after := workerPIDs(p.c.PID("a")); !slices.Equal(before, after) {
 		t.Errorf("node a's workers %v were replaced by %v: the survivor was restarted", before, after)
 	}
-	f := p.checkpointFailure(t)
-	if f == nil {
-		t.Fatalf("no checkpoint failure in the job's record:\n%s", grepLines(p.c.logText(), "checkpoint"))
-	}
+	f := p.mustCheckpointFailure(t)
 	want := "could not save the checkpoint of step " + strconv.Itoa(changed) + " (OSError: [Errno 28] No space left on device); the survivors went on in process with their state in memory: no step lost (the last committed checkpoint stays step 10)"
 	if f.Step != int64(changed) || f.LostSteps != 0 || !strings.Contains(f.Detail, want) {
 		t.Errorf("checkpoint failure record %+v, want step %d, nothing lost, detail containing %q", f, changed, want)
 	}
-	if n := getInt(t, p.cli, fleet.NewKeys("").Restarts(p.job)); n != 0 {
-		t.Errorf("job restarts = %d, want 0: a planned change is no failure", n)
-	}
+	p.checkNoRestart(t)
 }
 
 // On the restart path the agent has the workers save again (twice, a
@@ -136,19 +151,14 @@ func TestFailedCheckpointOfAPlannedShrinkIsInTheJobsRecord(t *testing.T) {
 	if resumed != 11 {
 		t.Errorf("resumed at step %d after the failed checkpoint, want 11 (from the committed step 10)", resumed)
 	}
-	f := p.checkpointFailure(t)
-	if f == nil {
-		t.Fatalf("no checkpoint failure in the job's record:\n%s", grepLines(p.c.logText(), "checkpoint"))
-	}
+	f := p.mustCheckpointFailure(t)
 	want := regexp.MustCompile(`^rank \d could not save the checkpoint of step ` + strconv.Itoa(changed) +
 		` \(OSError: \[Errno 28\] No space left on device\); the job resumes from step 10, the last committed checkpoint: ` +
 		strconv.Itoa(changed-10) + ` steps lost; the save was tried 3 times$`)
 	if f.Step != int64(changed) || f.Committed != 10 || f.LostSteps != int64(changed-10) || !want.MatchString(f.Detail) {
 		t.Errorf("checkpoint failure record %+v, want step %d, committed 10, %d lost, detail matching %s", f, changed, changed-10, want)
 	}
-	if n := getInt(t, p.cli, fleet.NewKeys("").Restarts(p.job)); n != 0 {
-		t.Errorf("job restarts = %d, want 0: a planned change is no failure", n)
-	}
+	p.checkNoRestart(t)
 }
 
 // A save that fails once during a planned change (the disk freed while
