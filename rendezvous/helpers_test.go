@@ -3,6 +3,7 @@ package rendezvous
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -129,6 +130,34 @@ func newHarness(t *testing.T) *harness {
 		}
 	})
 	return h
+}
+
+// registerSilent writes node id's member record (127.0.0.1, LWS 1) under
+// a 2 s lease kept alive until the test ends, as a live node that then
+// does nothing: it never closes, acknowledges or renews a round. It
+// returns the lease and the revision of the record's write.
+func (h *harness) registerSilent(ctx context.Context, k keys, id string) (clientv3.LeaseID, int64) {
+	h.t.Helper()
+	g, err := h.cli.Grant(ctx, 2)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	kctx, kcancel := context.WithCancel(context.Background())
+	h.t.Cleanup(kcancel)
+	ka, err := h.cli.KeepAlive(kctx, g.ID)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	rec, _ := json.Marshal(memberRec{Addr: "127.0.0.1", LWS: 1})
+	p, err := h.cli.Put(ctx, k.Member(id), string(rec), clientv3.WithLease(g.ID))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return g.ID, p.Header.Revision
 }
 
 // expectNoGoroutines fails the test if goroutines labelled with the job

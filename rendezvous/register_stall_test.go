@@ -83,26 +83,8 @@ func TestWaitingNodeNotLeftOutByAWedgedCloser(t *testing.T) {
 	k := newKeys(cfg("x").Prefix, h.job)
 	// x: the closer, registered first (oldest in the closer queue), its
 	// lease kept alive, its closer doing nothing.
-	g, err := h.cli.Grant(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kctx, kcancel := context.WithCancel(context.Background())
-	defer kcancel()
-	ka, err := h.cli.KeepAlive(kctx, g.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for range ka {
-		}
-	}()
-	rec, _ := json.Marshal(memberRec{Addr: "127.0.0.1", LWS: 1})
-	p, err := h.cli.Put(ctx, k.Member("x"), string(rec), clientv3.WithLease(g.ID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.cli.Put(ctx, k.QueueKey(p.Header.Revision), "x", clientv3.WithLease(g.ID)); err != nil {
+	lease, rev := h.registerSilent(ctx, k, "x")
+	if _, err := h.cli.Put(ctx, k.QueueKey(rev), "x", clientv3.WithLease(lease)); err != nil {
 		t.Fatal(err)
 	}
 	// y: a live node of the round.

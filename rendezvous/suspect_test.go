@@ -2,12 +2,9 @@ package rendezvous
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestSuspicionRules(t *testing.T) {
@@ -55,24 +52,7 @@ func TestLiveSuspectTakenBack(t *testing.T) {
 	nodes := h.register(ctx, h.cfg("a", 1, 3), h.cfg("b", 1, 3))
 	// c: registered, its lease kept alive, and it never acknowledges.
 	k := newKeys(nodes[0].cfg.Prefix, h.job)
-	g, err := h.cli.Grant(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kctx, kcancel := context.WithCancel(context.Background())
-	defer kcancel()
-	ka, err := h.cli.KeepAlive(kctx, g.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for range ka {
-		}
-	}()
-	rec, _ := json.Marshal(memberRec{Addr: "127.0.0.1", LWS: 1})
-	if _, err := h.cli.Put(ctx, k.Member("c"), string(rec), clientv3.WithLease(g.ID)); err != nil {
-		t.Fatal(err)
-	}
+	h.registerSilent(ctx, k, "c")
 	// Round 1: a, b and c (only rank 0, a, acknowledges a first round).
 	rs := mustJoinAll(t, ctx, nodes...)
 	if rs[0].NumNodes != 3 {
