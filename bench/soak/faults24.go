@@ -42,6 +42,8 @@ const (
 	// (stopped before its first heartbeat of a round: the start-up timeout,
 	// as long, from the round's start, which came before).
 	hangFoundWithin = soakHangTimeout + 45*time.Second
+	// hangTargetWithin bounds the wait for a DDP worker to hang.
+	hangTargetWithin = 90 * time.Second
 	// rejoinWithin bounds how long a frozen node may take to run its job's
 	// workers again after SIGCONT.
 	rejoinWithin = time.Minute
@@ -154,9 +156,23 @@ func (s *soak) ckptDiskFull(ctx context.Context, f *injected) error {
 
 // workerHang is faultWorkerHang.
 func (s *soak) workerHang(ctx context.Context, f *injected) error {
-	p, err := s.pickProc(f, "DDP worker", func(p proc) bool { return p.worker && s.jobKind(p.job) == kindDDP })
+	// A DDP job is between two runs (admitted, or starting its workers)
+	// for a good part of the soak: wait a while for a worker of one that
+	// trained (its loop calls the helper, so it is watched), rather than
+	// skip the fault (two 20-minute runs skipped every worker_hang).
+	var p proc
+	err := s.until(ctx, hangTargetWithin, func() bool {
+		var perr error
+		p, perr = s.pickProc(f, "DDP worker of a job that trained", func(p proc) bool {
+			return p.worker && s.jobKind(p.job) == kindDDP && s.jobTrained(p.job)
+		})
+		return perr == nil
+	})
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: no live DDP worker of a job that trained within %s", errNoTarget, hangTargetWithin)
 	}
 	f.target = p.String() + " SIGSTOPped (hung)"
 	if err := syscall.Kill(p.pid, syscall.SIGSTOP); err != nil {
@@ -225,6 +241,16 @@ func (s *soak) alive(p proc) bool {
 }
 
 // jobKind is the kind of job name ("" if unknown).
+// jobTrained says whether job name's rank 0 reported a step.
+func (s *soak) jobTrained(name string) bool {
+	for _, j := range s.jobs.snapshot() {
+		if j.name == name {
+			return j.maxStep > 0
+		}
+	}
+	return false
+}
+
 func (s *soak) jobKind(name string) string {
 	for _, j := range s.jobs.snapshot() {
 		if j.name == name {
