@@ -18,6 +18,7 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Issue 24: a job whose workers fail inside hyperpodrun's restart budget
@@ -46,13 +47,8 @@ func TestGetJobsShowsHyperpodrunsWorkerRestarts(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"flaky", "recovered", "old", "calm"} {
-		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: name, Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
-			Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
-			t.Fatal(err)
-		}
 		// Admitted and running on node-a, as the coordinator writes it.
-		put(k.Desired(name), fleet.Desired{Allocation: api.Allocation{Job: name, Team: "t", Size: 1, Nodes: []string{"node-a"}, Since: time.Now().UTC()}, Generation: 1})
-		put(k.Status(name), fleet.Status{Reason: api.Reason{Job: name, Team: "t", Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "ok", ToSize: 1}})
+		submitPlaced(ctx, t, st, cli, name, "t", "node-a", "train.py", true)
 	}
 
 	// flaky: its hyperpodrun's rendezvous node sees its workers fail
@@ -155,14 +151,7 @@ exec sleep 60
 		t.Fatal(err)
 	}
 	st := fleet.New(cli, "")
-	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "looping", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
-		Run: fleet.RunSpec{Script: worker, MaxRestarts: 5}}); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := json.Marshal(fleet.Desired{Allocation: api.Allocation{Job: "looping", Team: "t", Size: 1, Nodes: []string{"node-a"}, Since: time.Now().UTC()}, Generation: 1})
-	if _, err := cli.Put(ctx, st.Keys.Desired("looping"), string(b)); err != nil {
-		t.Fatal(err)
-	}
+	submitPlaced(ctx, t, st, cli, "looping", "t", "node-a", worker, false)
 	cmd := exec.CommandContext(ctx, bin, "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", srv.Endpoints[0],
 		"--rdzv-id", "looping", "--max-restarts", "5", "--no-python", worker)
 	cmd.Env = append(os.Environ(), "HYPERPODRUN_NODE_ID=node-a")
@@ -198,19 +187,7 @@ func TestWatchedJobTurnsRestartingAndBack(t *testing.T) {
 	defer cancel()
 	st := fleet.New(cli, "")
 	k := st.Keys
-	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "looping", Team: "t", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
-		Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
-		t.Fatal(err)
-	}
-	for key, v := range map[string]any{
-		k.Desired("looping"): fleet.Desired{Allocation: api.Allocation{Job: "looping", Team: "t", Size: 1, Nodes: []string{"node-a"}, Since: time.Now().UTC()}, Generation: 1},
-		k.Status("looping"):  fleet.Status{Reason: api.Reason{Job: "looping", Team: "t", Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "ok", ToSize: 1}},
-	} {
-		b, _ := json.Marshal(v)
-		if _, err := cli.Put(ctx, key, string(b)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	submitPlaced(ctx, t, st, cli, "looping", "t", "node-a", "train.py", true)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var w syncBuffer
@@ -257,13 +234,9 @@ func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
 	defer cancel()
 	st := fleet.New(cli, "")
 	k := st.Keys
-	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "sweep", Team: "research", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
-		Run: fleet.RunSpec{Script: "train.py", MaxRestarts: 5}}); err != nil {
-		t.Fatal(err)
-	}
+	submitPlaced(ctx, t, st, cli, "sweep", "research", "node-0", "train.py", false)
 	report, _ := json.Marshal(map[string]any{"node": "node-0", "detail": "worker 0 exited 1", "time": time.Now().UTC()})
-	desired, _ := json.Marshal(fleet.Desired{Allocation: api.Allocation{Job: "sweep", Team: "research", Size: 1, Nodes: []string{"node-0"}, Since: time.Now().UTC()}, Generation: 1})
-	for key, v := range map[string]string{k.Desired("sweep"): string(desired), k.Restarts("sweep"): "2", k.Rdzv("sweep").Failure(3): string(report)} {
+	for key, v := range map[string]string{k.Restarts("sweep"): "2", k.Rdzv("sweep").Failure(3): string(report)} {
 		if _, err := cli.Put(ctx, key, v); err != nil {
 			t.Fatal(err)
 		}
@@ -280,5 +253,32 @@ func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
 	out, errs, code = ctl(t, ep, append(as("root"), "get", "jobs")...)
 	if code != 0 || !regexp.MustCompile(`(?m)^sweep\s+research\s+\d+\s+Restarting\s+1\s+1:1\s+Restarts:2\s`).MatchString(out) {
 		t.Errorf("root's get jobs: exit %d, stderr %q:\n%s", code, errs, out)
+	}
+}
+
+// submitPlaced submits job (one node of one accelerator, maxRestarts 5,
+// running script) for team and writes the coordinator's desired record
+// placing it on node; running also writes the coordinator's status of it
+// running within quota.
+func submitPlaced(ctx context.Context, t *testing.T, st *fleet.Store, cli *clientv3.Client, job, team, node, script string, running bool) {
+	t.Helper()
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: job, Team: team, PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},
+		Run: fleet.RunSpec{Script: script, MaxRestarts: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	records := map[string]any{
+		st.Keys.Desired(job): fleet.Desired{Allocation: api.Allocation{Job: job, Team: team, Size: 1, Nodes: []string{node}, Since: time.Now().UTC()}, Generation: 1},
+	}
+	if running {
+		records[st.Keys.Status(job)] = fleet.Status{Reason: api.Reason{Job: job, Team: team, Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "ok", ToSize: 1}}
+	}
+	for key, v := range records {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, key, string(b)); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
