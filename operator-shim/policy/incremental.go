@@ -98,7 +98,11 @@ func (e *Engine) drop() {
 // elastic, the reservations rule 4 makes after it are no smaller
 // than before, and after it is placed no elastic job could grow (rule 7);
 // the later rules only take capacity or quota that the admission left
-// smaller. The kept cycle must
+// smaller (rules 3 and 6 are run again on the changed state and must admit
+// nothing). One job beyond its team's full quota that rule 6 admits by
+// preempting or shrinking lower-priority jobs of its own team
+// (preemptFresh) is decided too: Settled is then false, as the full
+// cycle's change is followed by another cycle. The kept cycle must
 // have changed no allocation (a fixed point), and no stable period may have
 // ended since. ok false: run Schedule; the Engine then keeps nothing until
 // it does.
@@ -247,6 +251,25 @@ func (e *Engine) admitWithin(fresh []*jobRT) string {
 		for _, p := range tf.jobs {
 			if p.size == 0 && p.stuck && tf.used+p.per*p.sp.min > tf.nominal {
 				p.stuck = false
+			}
+		}
+	}
+	// Rule 3 meets a changed state (the admissions): it runs as the full
+	// cycle's (its memo of failures is the kept cycle's, on the old
+	// state), and must admit no waiting job (a failed try changes
+	// nothing).
+	for _, f := range flavors {
+		clear(f.failMemo)
+		var waiting []*jobRT
+		for _, p := range f.pending {
+			if p.size == 0 {
+				waiting = append(waiting, p)
+			}
+		}
+		s.reclaim(f)
+		for _, p := range waiting {
+			if p.size > 0 {
+				return "rule 3 admits job " + p.name
 			}
 		}
 	}
