@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -30,8 +31,13 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: hyperpodrun-rdzv-host HOST:PORT (started by hyperpodrun --rdzv-backend c10d)")
+	const usage = "usage: hyperpodrun-rdzv-host HOST:PORT (started by hyperpodrun --rdzv-backend c10d)"
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		fmt.Fprintln(stdout, usage)
+		return 0
+	}
+	if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintln(stderr, usage)
 		return 2
 	}
 	// Die with hyperpodrun: losing the host's hyperpodrun loses the rendezvous.
