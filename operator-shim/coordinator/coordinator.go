@@ -42,9 +42,13 @@ type Config struct {
 	// nothing and writes nothing.
 	Resync time.Duration
 	// Debounce is the coalescing window: a cycle starts this long after
-	// the first change (default 10ms), with every change the watches have
-	// delivered by then; changes that arrive while a cycle runs go into
-	// the next, which starts as soon as it ends.
+	// the last change of a burst (default 10ms), and at most
+	// burstWindows windows after its first, with every change the
+	// watches have delivered by then; changes that arrive while a cycle
+	// runs go into the next, which starts as soon as it ends. A batch
+	// written in several transactions (finishes, then submits) is so
+	// decided by one cycle, not admitted in part and reclaimed from by
+	// the next (issue 27).
 	Debounce time.Duration
 	// CatchUp bounds how long a cycle waits for the view's watches to
 	// agree on a revision (default 200ms): one watch per input prefix, and
@@ -370,6 +374,10 @@ func behind(revs []int64) bool {
 	return false
 }
 
+// burstWindows bounds how long a burst of input changes holds its cycle
+// back, in debounce windows from its first change.
+const burstWindows = 8
+
 // watchLoop watches the inputs from the view's revision and runs a cycle
 // after each burst of changes; it returns errRelist when the view must be
 // read again (compaction, a broken watch, a failed write).
@@ -402,6 +410,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 	// for the next cycle (else it is only a follow-up).
 	caused := true
 	var debounce <-chan time.Time
+	var burst time.Time // when the debounce due began
 	for {
 		if c.stale {
 			return errRelist
@@ -411,7 +420,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			wakeC = wakeT.C
 		}
 		if dirty && debounce == nil {
-			debounce = time.After(c.cfg.Debounce)
+			debounce, burst = time.After(c.cfg.Debounce), time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -419,9 +428,15 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 		case <-sess.Done():
 			return errors.New("leader session expired")
 		case m := <-msgs:
-			if err := apply(m, &dirty, &caused); err != nil {
+			changed := false
+			if err := apply(m, &changed, &caused); err != nil {
 				return err
 			}
+			if changed && debounce != nil && time.Since(burst) < burstWindows*c.cfg.Debounce {
+				// The burst goes on: its cycle waits for its end.
+				debounce = time.After(c.cfg.Debounce)
+			}
+			dirty = dirty || changed
 		case <-wakeC:
 			wakeT, wakeC = nil, nil
 			c.wake = time.Time{}
