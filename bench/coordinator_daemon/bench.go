@@ -72,7 +72,7 @@ func bench(o options, z size, tmp string) error {
 	}
 	defer cli.Close()
 	b := &benchRun{o: o, z: z, etcd: etcd, cli: cli, k: fleet.NewKeys(""), g: &gen{rng: rand.New(rand.NewPCG(o.seed, 7)), teams: z.teams},
-		t: &tally{jobs: map[string]bool{}, byKind: map[string]int{}, statusAt: map[string]chan struct{}{}, running: map[string]bool{}}}
+		t: &tally{jobs: map[string]bool{}, byKind: map[string]int{}, statusAt: map[string]chan struct{}{}, running: map[string]bool{}, seq: map[string][]string{}}}
 	if err := b.writeFleet(ctx, fleet.New(cli, "")); err != nil {
 		return err
 	}
@@ -336,6 +336,7 @@ func (b *benchRun) churn(ctx context.Context, res *results) error {
 			res.ops = append(res.ops, int(b.etcd.writeOps()-ops0)-len(ops))
 		}
 		res.kinds = append(res.kinds, b.t.kinds())
+		fmt.Printf("# %s: churn round %d, per-job write sequences: %s\n", b.z, r+1, strings.Join(b.t.sequences(12), "; "))
 		p, d, c := b.t.reset()
 		res.puts, res.dels, res.changed = append(res.puts, p), append(res.dels, d), append(res.changed, c)
 		res.events = append(res.events, int(b.agentEvents.Load()))

@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,13 +323,39 @@ type tally struct {
 	last     time.Time       // the coordinator's last write
 	statusAt map[string]chan struct{}
 	running  map[string]bool // jobs whose desired record places them
+	// seq is each job's writes in this round, in order (desired, stop,
+	// status:<kind>, assign, event; del-<record>): sequences() counts them.
+	seq map[string][]string
+}
+
+// sequences counts the round's per-job write sequences, most common first
+// (at most n): where a job's records were written more than once.
+func (t *tally) sequences(n int) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	count := map[string]int{}
+	for _, s := range t.seq {
+		count[strings.Join(s, " ")]++
+	}
+	keys := slices.Collect(maps.Keys(count))
+	slices.SortFunc(keys, func(a, b string) int {
+		if count[a] != count[b] {
+			return count[b] - count[a]
+		}
+		return strings.Compare(a, b)
+	})
+	var out []string
+	for _, k := range keys[:min(n, len(keys))] {
+		out = append(out, fmt.Sprintf("%d x [%s]", count[k], k))
+	}
+	return out
 }
 
 func (t *tally) reset() (puts, deletes, jobs int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	puts, deletes, jobs = t.puts, t.deletes, len(t.jobs)
-	t.puts, t.deletes, t.jobs, t.byKind = 0, 0, map[string]bool{}, map[string]int{}
+	t.puts, t.deletes, t.jobs, t.byKind, t.seq = 0, 0, map[string]bool{}, map[string]int{}, map[string][]string{}
 	return
 }
 
@@ -346,13 +373,16 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 			t.mu.Lock()
 			for _, e := range w.Events {
 				key := string(e.Kv.Key)
-				var job, kind string
+				var job, kind, what string
 				switch {
 				case strings.HasPrefix(key, k.DesiredPrefix()):
 					job, kind = strings.TrimPrefix(key, k.DesiredPrefix()), "desired"
 					if e.Type == clientv3.EventTypePut {
 						d, err := fleet.DecodeDesired(key, e.Kv.Value)
 						t.running[job] = err == nil && d.Running()
+						if err == nil && d.Stop != nil {
+							what = "stop"
+						}
 					} else {
 						delete(t.running, job)
 					}
@@ -361,6 +391,7 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					if e.Type == clientv3.EventTypePut {
 						if st, err := fleet.DecodeStatus(key, e.Kv.Value); err == nil {
 							t.byKind["status:"+string(st.Kind)]++
+							what = "status:" + string(st.Kind)
 						}
 					}
 					if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut {
@@ -372,13 +403,25 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					kind = "assign"
 				case strings.HasPrefix(key, k.EventsPrefix()):
 					kind = "events"
+					if ek, ok := k.ParseEventKey(key); ok && e.Type == clientv3.EventTypePut {
+						job, what = ek.Job, "event"
+					}
 				case key == k.Usage():
 					kind = "usage"
 				default:
 					continue // not the coordinator's
 				}
+				if what == "" {
+					what = kind
+					if e.Type != clientv3.EventTypePut {
+						what = "del-" + kind
+					}
+				}
 				if job != "" {
-					t.jobs[job] = true
+					if kind != "events" {
+						t.jobs[job] = true
+					}
+					t.seq[job] = append(t.seq[job], what)
 				}
 				if e.Type == clientv3.EventTypePut {
 					t.puts++
