@@ -60,6 +60,11 @@ type closer struct {
 	log *slog.Logger
 
 	members map[string]*cand
+	// unavail counts the members that are suspect or draining, suspects
+	// those suspect, draining those draining: kept as members change
+	// (apply, removeMember, setSuspect), so no decision counts them one
+	// by one.
+	unavail, suspects, draining int
 
 	head    *header // nil when absent or malformed
 	headRev int64   // mod revision of the header key, 0 when absent
@@ -305,10 +310,14 @@ func (c *closer) apply(ev *clientv3.Event) {
 			return
 		}
 		if m := c.members[id]; m != nil {
+			c.count(m, -1)
 			m.rec = rec
+			c.count(m, 1)
 			return
 		}
-		c.members[id] = &cand{id: id, rec: rec, createRev: ev.Kv.CreateRevision}
+		m := &cand{id: id, rec: rec, createRev: ev.Kv.CreateRevision}
+		c.members[id] = m
+		c.count(m, 1)
 		if _, ok := c.inRound[id]; ok && !c.lostSet[id] {
 			if c.headRev > 0 && ev.Kv.CreateRevision > c.headRev {
 				// Registered again since the round was written: a new
@@ -331,7 +340,7 @@ func (c *closer) apply(ev *clientv3.Event) {
 			return
 		}
 		if m := c.members[id]; m != nil && m.suspect {
-			m.suspect = false
+			c.setSuspect(m, false)
 			c.log.Info("rendezvous: closer: node acknowledged late; it is alive and waits as a spare", "node", id, "round", a.Round)
 		}
 		if c.head == nil || c.head.State != stateProposed || a.Round != c.head.Round || a.Nonce != c.head.Nonce {
@@ -375,12 +384,36 @@ func (c *closer) removeMember(id string) {
 	if m == nil {
 		return
 	}
+	c.setSuspect(m, false)
+	c.count(m, -1)
 	delete(c.members, id)
 	if _, ok := c.inRound[id]; ok && !c.lostSet[id] {
 		c.present--
 		c.lostSet[id] = true
 		c.lost = append(c.lost, id)
 	}
+}
+
+// setSuspect flags member m a suspect (since now) or clears the flag,
+// keeping the counts.
+func (c *closer) setSuspect(m *cand, suspect bool) {
+	if m.suspect == suspect {
+		return
+	}
+	c.count(m, -1)
+	m.suspect = suspect
+	if suspect {
+		m.suspectedAt = time.Now()
+	}
+	c.count(m, 1)
+}
+
+// count adds member m to the closer's counts (by = 1) or takes it out of
+// them (by = -1).
+func (c *closer) count(m *cand, by int) {
+	c.unavail += by * b2i(unavailable(m))
+	c.suspects += by * b2i(m.suspect)
+	c.draining += by * b2i(m.rec.Leaving)
 }
 
 // applyDesired takes the job's target size and placement from the
@@ -408,8 +441,8 @@ func (c *closer) setDesired(d *fleet.Desired) {
 // view is a snapshot of the closer's state for decide.
 func (c *closer) view() view {
 	return view{
-		members: c.members,
-		head:    c.head, headRev: c.headRev, headBad: c.headBad,
+		members: c.members, avail: len(c.members) - c.unavail, draining: c.draining,
+		head: c.head, headRev: c.headRev, headBad: c.headBad,
 		round: c.round, present: c.present, lost: c.lost,
 		acked:   c.acked,
 		failure: c.failure, finish: c.finish,
@@ -445,9 +478,15 @@ func (c *closer) evaluate(ctx context.Context) error {
 // there is none to make it arms the timer for the next deadline (last
 // call, acknowledgements).
 func (c *closer) step(ctx context.Context) error {
-	ended, forgiveAt := suspicionEnded(c.members, time.Now(), suspectFor(c.cfg.LeaseTTL))
+	var (
+		ended     []string
+		forgiveAt time.Time
+	)
+	if c.suspects > 0 {
+		ended, forgiveAt = suspicionEnded(c.members, time.Now(), suspectFor(c.cfg.LeaseTTL))
+	}
 	for _, id := range ended {
-		c.members[id].suspect = false
+		c.setSuspect(c.members[id], false)
 		c.log.Info("rendezvous: closer: a node left out for a missed acknowledgement still holds its lease: it is alive and waits as a spare", "node", id)
 	}
 	a := decide(c.view(), time.Now())
@@ -503,12 +542,12 @@ func (c *closer) ackTimeout(ctx context.Context) error {
 	missing := v.missingAcks()
 	for _, id := range missing {
 		if cm := c.members[id]; cm != nil {
-			cm.suspect, cm.suspectedAt = true, time.Now()
+			c.setSuspect(cm, true)
 		}
 	}
 	c.log.Warn("rendezvous: closer: leaving out nodes that did not acknowledge the proposed round (dead agent?)",
-		"round", c.head.Round, "nodes", list(missing), "ack_timeout", c.cfg.AckTimeout)
-	a := c.view().proposal(MemberLost, fmt.Sprintf("node(s) %s did not acknowledge round %d within %s", list(missing), c.head.Round, c.cfg.AckTimeout))
+		"round", c.head.Round, "nodes", list(missing), "ack_wait", ackWait(c.cfg.AckTimeout, len(c.round)))
+	a := c.view().proposal(MemberLost, fmt.Sprintf("node(s) %s did not acknowledge round %d within %s", list(missing), c.head.Round, ackWait(c.cfg.AckTimeout, len(c.round))))
 	if a.kind != actPropose {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package rendezvous
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ func mkView(minN, maxN int, opts ...func(*view)) view {
 	for _, o := range opts {
 		o(&v)
 	}
+	v.avail, v.draining = tally(v.members)
 	for _, m := range v.round {
 		if v.members[m.NodeID] != nil {
 			v.present++
@@ -197,7 +199,7 @@ func TestDecideMinNotReached(t *testing.T) {
 }
 
 func TestDecideAckTimeout(t *testing.T) {
-	deadline := t0.Add(testAck)
+	deadline := t0.Add(ackWait(testAck, 3))
 	runDecide(t, []decideCase{
 		{"proposal waits for the acknowledgements",
 			mkView(1, 4, head(stateProposed, 2, 0, "a", "b", "c"), joined("a", "b", "c"), ackAll, acked("a", "b"), ackSince(t0)), t0.Add(testAck / 2),
@@ -221,6 +223,34 @@ func TestDecideAckTimeout(t *testing.T) {
 			mkView(1, 4, head(stateProposed, 2, 0, "a", "b", "c"), joined("a", "b"), acked("a"), ackSince(t0)), t0,
 			outcome{kind: actPropose, reason: MemberLost, round: 3, nodes: []string{"a", "b"}, ackAll: true}},
 	})
+}
+
+func TestAckWait(t *testing.T) {
+	for _, c := range []struct {
+		rule string
+		size int
+		want time.Duration
+	}{
+		{"a small round waits about AckTimeout", 2, time.Second + 500*time.Microsecond},
+		{"a 10,000-node round waits for every member's read of its proposal", 10000, 3500 * time.Millisecond},
+		{"a 20,000-node round waits longer still", 20000, 6 * time.Second},
+	} {
+		if got := ackWait(time.Second, c.size); got != c.want {
+			t.Errorf("%s: ackWait(1s, %d) = %s, want %s", c.rule, c.size, got, c.want)
+		}
+	}
+	// A large proposal is not given up on after AckTimeout alone.
+	members := make([]string, 10000)
+	for i := range members {
+		members[i] = fmt.Sprintf("n%05d", i)
+	}
+	v := mkView(1, 10000, head(stateProposed, 2, 0, members...), joined(members...), ackSince(t0))
+	if got := decide(v, t0.Add(2*time.Second)); got.kind != actWake {
+		t.Errorf("a 10,000-node proposal 2s old without rank 0's acknowledgement: %v, want a wait", got.kind)
+	}
+	if got := decide(v, t0.Add(4*time.Second)); got.kind != actAckTimeout {
+		t.Errorf("a 10,000-node proposal 4s old without rank 0's acknowledgement: %v, want an ack timeout", got.kind)
+	}
 }
 
 // After an ack timeout the closer marks the silent members suspect and

@@ -86,8 +86,9 @@
 // A SIGKILLed agent's lease lives up to the TTL. Rounds formed after a
 // failure or a loss therefore need every member to acknowledge the
 // proposal (done by the node's own goroutine, not by the agent's code); a
-// member that has not acknowledged AckTimeout (default 1s) after the last
-// acknowledgement progress is left out and the round is proposed again
+// member that has not acknowledged AckTimeout (default 1s), plus 250 us per
+// member of the round (every member reads the proposal first), after the
+// last acknowledgement progress is left out and the round is proposed again
 // without it. If it was alive after all, its late acknowledgement makes it a
 // spare, and the next round takes it back. A dead closer would stall this
 // path until its lease expired, so the node whose report opened a round's
