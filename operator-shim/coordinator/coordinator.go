@@ -42,8 +42,8 @@ type Config struct {
 	// nothing and writes nothing.
 	Resync time.Duration
 	// Debounce is the coalescing window: a cycle starts this long after
-	// the last change of a burst (default 10ms), and at most
-	// burstWindows windows after its first, with every change the
+	// the last change of a burst of submits and finishes (default 10ms),
+	// and at most burstWindows windows after its first, with every change the
 	// watches have delivered by then; changes that arrive while a cycle
 	// runs go into the next, which starts as soon as it ends. A batch
 	// written in several transactions (finishes, then submits) is so
@@ -411,6 +411,13 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 	caused := true
 	var debounce <-chan time.Time
 	var burst time.Time // when the debounce due began
+	// batched are the watches whose changes come in batches (submits,
+	// finishes) and hold a cycle back while they go on; the nodes'
+	// steady reports and liveness do not.
+	batched := make([]bool, len(c.watched()))
+	for i, p := range c.watched() {
+		batched[i] = p == c.store.Keys.SpecsPrefix() || p == c.store.Keys.FinishedPrefix()
+	}
 	for {
 		if c.stale {
 			return errRelist
@@ -432,7 +439,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			if err := apply(m, &changed, &caused); err != nil {
 				return err
 			}
-			if changed && debounce != nil && time.Since(burst) < burstWindows*c.cfg.Debounce {
+			if changed && debounce != nil && batched[m.idx] && time.Since(burst) < burstWindows*c.cfg.Debounce {
 				// The burst goes on: its cycle waits for its end.
 				debounce = time.After(c.cfg.Debounce)
 			}
