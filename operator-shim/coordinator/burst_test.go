@@ -42,7 +42,7 @@ func TestABurstOfInputsIsDecidedByOneCycle(t *testing.T) {
 			}
 		}
 	}()
-	const window = 400 * time.Millisecond
+	const window = time.Second
 	runCoordinator(t, ctx, New(cli, Config{Debounce: window, Engine: policy.Config{MinStablePeriod: -1}}))
 	job := func(name string, prio, nodes int) fleet.JobSpec {
 		return fleet.JobSpec{Job: policy.Job{Name: name, Team: "a", Priority: &prio, PerNode: policy.Resources{Accelerators: 16}, MinNodes: nodes, MaxNodes: nodes}}
