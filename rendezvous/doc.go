@@ -47,8 +47,9 @@
 // Joining costs a node two writes (the lease grant; one transaction of its
 // member record and queue entry, with a read of the header and the first
 // predecessor lookup), two watches (the header and its predecessor in the
-// election), one read of its chunk per round, and one keepalive every TTL/6
-// (multiplexed per client; see lease.go for why so often). Passing the ready
+// election), one read of its chunk per round, and one keepalive every TTL/3
+// until its first round, every TTL/6 from then on (multiplexed per client;
+// see lease.go for why so often). Passing the ready
 // barrier costs two writes (the arrival, the running marker) and one watch
 // of one key. Only the closer watches the members. From the first join to
 // "workers may start", bench/rdzvscale counts about 4 etcd writes (raft

@@ -24,7 +24,9 @@ import (
 // confirmed first. That stays the rule whatever the cluster does.
 //
 // A leader change costs nothing because the proof never goes stale by more
-// than one keepalive interval: keepalives go every TTL/6 (keepaliveInterval),
+// than one keepalive interval: keepalives go every TTL/6 once the node
+// joined a round (keepaliveInterval; TTL/3 before, when a fence stops no
+// workers),
 // and a keepalive sent while the cluster elects a leader is held by the
 // member that got it and answered, with its own send time, as soon as there
 // is a leader. What a leader change must not do is leave the keepalives on
@@ -54,11 +56,21 @@ const (
 	minStuckAfter = 250 * time.Millisecond
 )
 
-// keepaliveInterval is how often a lease granted with ttl is renewed:
-// TTL/6, at least every 100ms, so the proof is never older than TTL/6 when
-// the leader goes and TTL - FenceMargin - TTL/6 is left for the election.
-func keepaliveInterval(ttl time.Duration) time.Duration {
-	return max(ttl/6, 100*time.Millisecond)
+// keepaliveInterval is how often a lease granted with ttl is renewed,
+// at least every 100ms. Once its node joined a round (it may have workers
+// that a fence would stop), TTL/6: the proof is never older than TTL/6
+// when the leader goes and TTL - FenceMargin - TTL/6 is left for the
+// election. Before (registering, waiting as a spare: no workers, so a
+// fence costs only a new registration), TTL/3, as clientv3 renews: the
+// keepalives of 10,000 nodes joining at once were the largest share of
+// etcd's work (bench/rdzvscale), and halving them during the join costs
+// only a shorter allowance (TTL - FenceMargin - TTL/3) for an election
+// that happens while nodes register.
+func keepaliveInterval(ttl time.Duration, joined bool) time.Duration {
+	if joined {
+		return max(ttl/6, 100*time.Millisecond)
+	}
+	return max(ttl/3, 100*time.Millisecond)
 }
 
 // fenceAfter is when a node must fire LeaseLost once a keepalive proved
@@ -144,7 +156,10 @@ func (n *Node) startKeepAlive(id clientv3.LeaseID, ttl time.Duration, sent time.
 			pprof.Do(ctx, pprof.Labels("rdzv-task", "keepalive"), m.run)
 		}()
 	}
-	interval := keepaliveInterval(ttl)
+	n.mu.Lock()
+	joined := n.returned > 0
+	n.mu.Unlock()
+	interval := keepaliveInterval(ttl, joined)
 	m.mu.Lock()
 	m.leases[id] = &kaLease{n: n, interval: interval, next: sent.Add(interval)}
 	if m.least != 0 {
@@ -152,6 +167,29 @@ func (n *Node) startKeepAlive(id clientv3.LeaseID, ttl time.Duration, sent time.
 	}
 	m.mu.Unlock()
 	muxMu.Unlock()
+}
+
+// keepaliveJoined renews lease id at the interval of a node that joined a
+// round (keepaliveInterval) from now on.
+func (n *Node) keepaliveJoined(id clientv3.LeaseID, ttl time.Duration) {
+	muxMu.Lock()
+	defer muxMu.Unlock()
+	m := muxes[n.cli]
+	if m == nil {
+		return
+	}
+	interval := keepaliveInterval(ttl, true)
+	m.mu.Lock()
+	if l := m.leases[id]; l != nil && l.interval != interval {
+		l.interval = interval
+		if soon := time.Now().Add(interval); soon.Before(l.next) {
+			l.next = soon
+		}
+		if m.least != 0 {
+			m.least = min(m.least, interval)
+		}
+	}
+	m.mu.Unlock()
 }
 
 // stopKeepAlive stops renewing the lease; it returns a channel closed once

@@ -73,16 +73,19 @@ func TestKeepaliveRules(t *testing.T) {
 	})
 	t.Run("keepaliveInterval", func(t *testing.T) {
 		for _, tc := range []struct {
-			rule string
-			ttl  time.Duration
-			want time.Duration
+			rule   string
+			ttl    time.Duration
+			joined bool
+			want   time.Duration
 		}{
-			{"a lease is renewed six times per TTL", 3 * s, 500 * time.Millisecond},
-			{"a long TTL is renewed six times per TTL too", 60 * s, 10 * s},
-			{"never more often than every 100ms", 300 * time.Millisecond, 100 * time.Millisecond},
+			{"a joined node's lease is renewed six times per TTL", 3 * s, true, 500 * time.Millisecond},
+			{"a long TTL is renewed six times per TTL too", 60 * s, true, 10 * s},
+			{"never more often than every 100ms", 300 * time.Millisecond, true, 100 * time.Millisecond},
+			{"a node that never joined a round (no workers) renews three times per TTL", 6 * s, false, 2 * s},
+			{"never more often than every 100ms before a join either", 150 * time.Millisecond, false, 100 * time.Millisecond},
 		} {
-			if got := keepaliveInterval(tc.ttl); got != tc.want {
-				t.Errorf("%s: keepaliveInterval(%s) = %s, want %s", tc.rule, tc.ttl, got, tc.want)
+			if got := keepaliveInterval(tc.ttl, tc.joined); got != tc.want {
+				t.Errorf("%s: keepaliveInterval(%s, joined %t) = %s, want %s", tc.rule, tc.ttl, tc.joined, got, tc.want)
 			}
 		}
 	})

@@ -329,8 +329,13 @@ func (n *Node) Join(ctx context.Context) (*Round, error) {
 			return nil, fmt.Errorf("%w (job %q node %q): run it again under another --rdzv-id", ErrJobFinished, n.cfg.JobID, n.cfg.NodeID)
 		}
 		if r := n.joined; r != nil && r.Number > n.returned && n.head != nil && n.head.Round == r.Number && n.head.State == stateClosed {
+			first := n.returned == 0
 			n.returned = r.Number
+			lease, ttl := n.lease, n.ttl
 			n.mu.Unlock()
+			if first {
+				n.keepaliveJoined(lease, ttl)
+			}
 			n.log.Debug("rendezvous: joined round", "round", r.Number, "rank", r.Rank, "nodes", r.NumNodes,
 				"world", r.WorldSize, "master", net.JoinHostPort(r.MasterAddr, strconv.Itoa(r.MasterPort)), "took", time.Since(start))
 			return r.clone(), nil
