@@ -102,6 +102,22 @@ func nextStuckAfter(wait, maxWait time.Duration) time.Duration {
 	return min(2*wait, max(maxWait, minStuckAfter))
 }
 
+// stuckWait is how long a stream's oldest keepalive may go unanswered
+// before the stream is replaced, for a client of endpoints members: the
+// adaptive wait (wait) when there are other members to try, and the cap
+// (maxWait, two keepalive intervals) when there is one. A new stream then
+// goes to the same member: it helps only a stream that broke silently, and
+// replacing the stream of a member that is merely saturated sends it every
+// lease's keepalive again (a 10,000-node join on one member replaced
+// nearly every stream and doubled the keepalives). Probes, for the same
+// reason, go only where there is another member to ask.
+func stuckWait(wait, maxWait time.Duration, endpoints int) time.Duration {
+	if endpoints > 1 {
+		return wait
+	}
+	return max(wait, maxWait, minStuckAfter)
+}
+
 type kaLease struct {
 	n        *Node
 	interval time.Duration
@@ -278,7 +294,8 @@ func (m *kaMux) run(ctx context.Context) {
 		batch = batch[:0]
 		m.mu.Lock()
 		oldest := m.oldestUnansweredLocked()
-		if streamVerdict(now, oldest, m.answered, minStuckAfter) && m.probing < maxProbes && !now.Before(m.nextProbe) {
+		members := len(m.cli.Endpoints())
+		if members > 1 && streamVerdict(now, oldest, m.answered, minStuckAfter) && m.probing < maxProbes && !now.Before(m.nextProbe) {
 			m.probing++
 			m.nextProbe = now.Add(minStuckAfter)
 			ids := make([]clientv3.LeaseID, 0, len(m.leases))
@@ -289,7 +306,7 @@ func (m *kaMux) run(ctx context.Context) {
 			recv.Add(1)
 			go func() { defer recv.Done(); m.probe(ctx, ids, timeout) }()
 		}
-		if wait := m.stuckAfter; streamVerdict(now, oldest, m.answered, wait) {
+		if wait := stuckWait(m.stuckAfter, m.maxStuckAfterLocked(), members); streamVerdict(now, oldest, m.answered, wait) {
 			m.stuckAfter = nextStuckAfter(wait, m.maxStuckAfterLocked())
 			m.mu.Unlock()
 			reset(fmt.Errorf("no keepalive answered on the stream for %s: trying another etcd member", wait))

@@ -71,6 +71,22 @@ func TestKeepaliveRules(t *testing.T) {
 			}
 		}
 	})
+	t.Run("stuckWait", func(t *testing.T) {
+		for _, tc := range []struct {
+			rule          string
+			wait, maxWait time.Duration
+			endpoints     int
+			want          time.Duration
+		}{
+			{"with other members, the adaptive wait", 250 * time.Millisecond, 2 * s, 3, 250 * time.Millisecond},
+			{"with one member, two keepalive intervals", 250 * time.Millisecond, 2 * s, 1, 2 * s},
+			{"with one member, never below the adaptive wait", 3 * s, 2 * s, 1, 3 * s},
+		} {
+			if got := stuckWait(tc.wait, tc.maxWait, tc.endpoints); got != tc.want {
+				t.Errorf("%s: stuckWait(%s, %s, %d) = %s, want %s", tc.rule, tc.wait, tc.maxWait, tc.endpoints, got, tc.want)
+			}
+		}
+	})
 	t.Run("keepaliveInterval", func(t *testing.T) {
 		for _, tc := range []struct {
 			rule   string
@@ -107,7 +123,13 @@ type clusterJob struct {
 
 func startClusterJob(t *testing.T, ttl time.Duration, etcdArgs ...string) *clusterJob {
 	t.Helper()
-	c := etcdtest.StartClusterArgs(t, 3, etcdArgs...)
+	return startClusterJobOf(t, 3, ttl, etcdArgs...)
+}
+
+// startClusterJobOf is startClusterJob on an etcd of members members.
+func startClusterJobOf(t *testing.T, members int, ttl time.Duration, etcdArgs ...string) *clusterJob {
+	t.Helper()
+	c := etcdtest.StartClusterArgs(t, members, etcdArgs...)
 	j := &clusterJob{t: t, c: c, logs: &syncBuffer{}, minSlack: time.Hour, lastFor: map[string]Renewal{}}
 	job := fmt.Sprintf("%s-%d", strings.ReplaceAll(t.Name(), "/", "-"), jobSeq.Add(1))
 	for _, id := range []string{"a", "b"} {
@@ -335,5 +357,29 @@ func TestTransientErrors(t *testing.T) {
 		if got := transient(tc.err); got != tc.want {
 			t.Errorf("%s: transient(%v) = %v, want %v", tc.rule, tc.err, got, tc.want)
 		}
+	}
+}
+
+// A single etcd member that stops answering for a moment (a long fsync, a
+// stalled host) is waited for: a node does not replace its keepalive
+// stream before two keepalive intervals, since a new stream would go to
+// the same member. A brief stall neither sends that member every lease's
+// keepalive again (what turned a 10,000-node join's saturated etcd into a
+// keepalive storm) nor logs a failure, and no node fences.
+func TestOneMemberStalledBrieflyIsWaitedFor(t *testing.T) {
+	j := startClusterJobOf(t, 1, 6*time.Second)
+	m := j.c.Members[0]
+	t0 := time.Now()
+	m.Pause()
+	// The stall: longer than a keepalive interval (1 s), so a keepalive
+	// goes unanswered during it, shorter than two.
+	time.Sleep(1500 * time.Millisecond)
+	m.Resume()
+	j.renewedSince(t0, "every lease proven again after the stall")
+	if f := j.fenced(); len(f) > 0 {
+		t.Fatalf("nodes %v fenced after a 1.5 s stall of a 6 s lease", f)
+	}
+	if logs := j.logs.String(); strings.Contains(logs, "lease keepalive failed") {
+		t.Errorf("a node gave up on its keepalive stream during a 1.5 s stall of the only member:\n%s", logs)
 	}
 }
