@@ -38,14 +38,17 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
-	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/rendezvous"
-	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-func main() { os.Exit(benchMain()) }
+func main() {
+	if os.Getenv(serveEnv) == "1" {
+		os.Exit(serveEtcd())
+	}
+	os.Exit(benchMain())
+}
 
 func benchMain() int {
 	sizes := flag.String("n", "1000,10000", "comma-separated participant counts")
@@ -60,6 +63,7 @@ func benchMain() int {
 	ready := flag.Bool("ready", false, "measure to every participant past the ready barrier and holding its running marker (rdzv_ready_*), not to the closed round (rdzv_close_*)")
 	eventsAt := flag.Int("events-at", 0, "with -ready: also print the watch events etcd delivered (all watchers, summed) for this size; 0: skip")
 	flag.DurationVar(&sizeTimeout, "timeout", 4*time.Minute, "give up on a size after this long (its Join timeout; the run's deadline is a minute more)")
+	flag.BoolVar(&etcdProcess, "etcd-process", true, "run etcd in a process of its own, as every deployment does (false: in this process, where the nodes' garbage collections stop it too)")
 	verbose := flag.Bool("v", false, "log progress and the rendezvous' decisions and warnings to stderr")
 	flag.Parse()
 
@@ -91,14 +95,17 @@ func benchMain() int {
 		level = slog.LevelInfo
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	fmt.Printf("# rdzvscale: one embedded etcd per size with UnsafeNoFsync (no fsync: benchmark only); each participant its own Node and lease (TTL %s), sharing %d clients; GOMAXPROCS %d, GOGC %d\n",
-		*ttl, *clients, runtime.GOMAXPROCS(0), gcPercent)
+	where := "in this process"
+	if etcdProcess {
+		where = "in a process of its own"
+	}
+	fmt.Printf("# rdzvscale: one embedded etcd per size, %s, with UnsafeNoFsync (no fsync: benchmark only); each participant its own Node and lease (TTL %s), sharing %d clients; GOMAXPROCS %d, GOGC %d\n",
+		where, *ttl, *clients, runtime.GOMAXPROCS(0), gcPercent)
 	failed := false
 	baseline := runtime.NumGoroutine()
 	for _, n := range ns {
 		if *ready {
-			events0 := watchEvents()
-			secs, err := runReady(n, *clients, *ttl, *nproc, logger)
+			secs, events, err := runReady(n, *clients, *ttl, *nproc, logger)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "rdzvscale: %d nodes to ready: %v\n", n, err)
 				failed = true
@@ -110,7 +117,7 @@ func benchMain() int {
 			}
 			fmt.Printf("BENCH rdzv_ready_%d_nodes %.2f s%s\n", n, secs, target)
 			if n == *eventsAt {
-				fmt.Printf("BENCH rdzv_ready_%d_nodes_watch_events %d events\n", n, watchEvents()-events0)
+				fmt.Printf("BENCH rdzv_ready_%d_nodes_watch_events %d events\n", n, events)
 			}
 			continue
 		}
@@ -165,6 +172,7 @@ func benchMain() int {
 var (
 	goroutineDump string
 	sizeTimeout   = 4 * time.Minute
+	etcdProcess   = true
 )
 
 func fatalf(format string, args ...any) {
@@ -175,12 +183,14 @@ func fatalf(format string, args ...any) {
 // run measures one size to the closed round and frees everything it
 // started.
 func run(n, nclients int, ttl time.Duration, nproc int, auth bool, logger *slog.Logger) (float64, error) {
-	return measure(n, nclients, ttl, nproc, auth, false, logger)
+	secs, _, err := measure(n, nclients, ttl, nproc, auth, false, logger)
+	return secs, err
 }
 
 // runReady measures one size to every participant past the ready barrier
-// and holding its running marker.
-func runReady(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (float64, error) {
+// and holding its running marker, and counts the watch events etcd
+// delivered meanwhile.
+func runReady(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger) (float64, int64, error) {
 	return measure(n, nclients, ttl, nproc, false, true, logger)
 }
 
@@ -188,26 +198,28 @@ func runReady(n, nclients int, ttl time.Duration, nproc int, logger *slog.Logger
 // With auth, etcd auth is on and every participant connects as the job's
 // own user (etcdauth.Mint), as hyperpodrun does under a coordinator that
 // mints credentials: etcd checks that user's permission on every request.
-func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, logger *slog.Logger) (secs float64, err error) {
+func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, logger *slog.Logger) (secs float64, events int64, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), sizeTimeout+time.Minute)
 	defer cancel()
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{UnsafeNoFsync: true})
+	srv, err := startEtcd(ctx, etcdProcess)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer srv.Close()
 	job := fmt.Sprintf("bench-%d", n)
-	connect := srv.Client
+	connect := func() (*clientv3.Client, error) {
+		return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.endpoints})
+	}
 	if auth {
-		connect, err = authedClients(ctx, srv, job)
+		connect, err = authedClients(ctx, srv.endpoints, job)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	clis := make([]*clientv3.Client, min(nclients, n))
 	for i := range clis {
 		if clis[i], err = connect(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	defer func() {
@@ -222,7 +234,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 			MinNodes: n, MaxNodes: n, LeaseTTL: ttl, JoinTimeout: sizeTimeout, Logger: logger,
 		})
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	defer closeAll(nodes)
@@ -231,8 +243,8 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	var joined, lastJoin atomic.Int64 // lastJoin: when the last Join returned, since start
-	cpu0 := cpuTime()
-	ops0 := etcdOps()
+	cpu0, ecpu0 := cpuTime(), srv.cpu()
+	ops0, events0 := etcdOps(srv), watchEvents(srv)
 	start := time.Now()
 	logger.Info("rdzvscale: start", "nodes", n)
 	for i, nd := range nodes {
@@ -276,27 +288,41 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 			f.Close()
 		}
 	}
-	cpu := cpuTime() - cpu0
-	ops := etcdOps().minus(ops0)
-	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", cpu.Round(time.Millisecond))
+	cpu, ecpu := cpuTime()-cpu0, srv.cpu()-ecpu0
+	ops, events := etcdOps(srv).minus(ops0), watchEvents(srv)-events0
+	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", cpu.Round(time.Millisecond), "etcd_cpu", ecpu.Round(time.Millisecond))
 	if ready {
 		joinedAt := time.Duration(lastJoin.Load())
-		fmt.Printf("# %d nodes: every Join returned at %.2f s, every node past the barrier and marked %.2f s later; CPU %.2f s (etcd and all nodes)\n",
-			n, joinedAt.Seconds(), (elapsed - joinedAt).Seconds(), cpu.Seconds())
+		fmt.Printf("# %d nodes: every Join returned at %.2f s, every node past the barrier and marked %.2f s later; CPU %s\n",
+			n, joinedAt.Seconds(), (elapsed - joinedAt).Seconds(), cpuSplit(cpu, ecpu, 1))
 	}
-	fmt.Printf("# %d nodes, per node: CPU %.2f ms (etcd and the node); %s\n", n, float64(cpu.Microseconds())/1000/float64(n), ops.perNode(n))
+	fmt.Printf("# %d nodes, per node: CPU %s; %s\n", n, cpuSplit(cpu, ecpu, n), ops.perNode(n))
 	if err := errors.Join(errs...); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// Every participant must hold the same round with a distinct rank.
 	seen := make([]bool, n)
 	for _, r := range rounds {
 		if r.Number != rounds[0].Number || r.NumNodes != n || r.WorldSize != n*nproc || r.MasterPort != rounds[0].MasterPort || seen[r.Rank] {
-			return 0, fmt.Errorf("inconsistent round: %+v vs %+v", r, rounds[0])
+			return 0, 0, fmt.Errorf("inconsistent round: %+v vs %+v", r, rounds[0])
 		}
 		seen[r.Rank] = true
 	}
-	return elapsed.Seconds(), nil
+	return elapsed.Seconds(), events, nil
+}
+
+// cpuSplit renders the CPU of the nodes (this process) and of etcd (its
+// process; with etcd in this process, one figure for both), divided by n.
+func cpuSplit(nodes, etcd time.Duration, n int) string {
+	unit, scale := "s", float64(time.Second)
+	if n > 1 {
+		unit, scale = "ms", float64(time.Millisecond)
+	}
+	f := func(d time.Duration) float64 { return float64(d) / scale / float64(n) }
+	if !etcdProcess {
+		return fmt.Sprintf("%.2f %s (etcd and the nodes)", f(nodes), unit)
+	}
+	return fmt.Sprintf("%.2f %s (etcd %.2f, the nodes %.2f)", f(nodes+etcd), unit, f(etcd), f(nodes))
 }
 
 // startWorkers walks what agent/elastic does between a closed round and
@@ -327,8 +353,8 @@ func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *ren
 // watchEvents is the number of watch events this process's embedded etcd
 // servers have delivered to watchers so far (all watchers, summed: etcd's
 // etcd_debugging_mvcc_events_total).
-func watchEvents() int64 {
-	mfs, err := prometheus.DefaultGatherer.Gather()
+func watchEvents(srv *etcdServer) int64 {
+	mfs, err := srv.gather()
 	if err != nil {
 		return -1
 	}
@@ -354,9 +380,9 @@ type opCounts struct {
 	msgs      map[string]float64
 }
 
-func etcdOps() opCounts {
+func etcdOps(srv *etcdServer) opCounts {
 	c := opCounts{msgs: map[string]float64{}}
-	mfs, err := prometheus.DefaultGatherer.Gather()
+	mfs, err := srv.gather()
 	if err != nil {
 		return c
 	}
@@ -427,10 +453,11 @@ func closeAll(nodes []*rendezvous.Node) {
 	wg.Wait()
 }
 
-// authedClients bootstraps etcd auth on srv, mints job's credentials and
-// returns a constructor of clients logged in as the job's user.
-func authedClients(ctx context.Context, srv *etcdembed.Server, job string) (func() (*clientv3.Client, error), error) {
-	open, err := srv.Client()
+// authedClients bootstraps etcd auth on the etcd at endpoints, mints job's
+// credentials and returns a constructor of clients logged in as the job's
+// user.
+func authedClients(ctx context.Context, endpoints []string, job string) (func() (*clientv3.Client, error), error) {
+	open, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: endpoints})
 	if err != nil {
 		return nil, err
 	}
@@ -448,7 +475,7 @@ func authedClients(ctx context.Context, srv *etcdembed.Server, job string) (func
 	if err != nil {
 		return nil, err
 	}
-	root, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: etcdauth.RootUser, Password: rootPW})
+	root, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: endpoints, User: etcdauth.RootUser, Password: rootPW})
 	if err != nil {
 		return nil, err
 	}
@@ -458,6 +485,6 @@ func authedClients(ctx context.Context, srv *etcdembed.Server, job string) (func
 		return nil, err
 	}
 	return func() (*clientv3.Client, error) {
-		return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: srv.Endpoints, User: creds.User, Password: creds.Password})
+		return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: endpoints, User: creds.User, Password: creds.Password})
 	}, nil
 }
