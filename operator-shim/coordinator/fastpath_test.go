@@ -11,7 +11,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -29,23 +28,7 @@ func TestSubmitsAreDecidedOnTheFastPath(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	st := fleet.New(cli, "")
 	const flavor = "trainium2"
-	lease, err := cli.Grant(ctx, 3600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 6; i++ {
-		inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: flavor}
-		for d := 0; d < 8; d++ {
-			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: flavor, Healthy: true})
-		}
-		op, err := st.PutNodeOp(inv, clientv3.WithLease(lease.ID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Do(ctx, op); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putNeuronNodes(t, ctx, cli, st, flavor, 6)
 	for _, tm := range []policy.Team{
 		{Name: "a", Cohort: "all", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}},
 		{Name: "b", Cohort: "all", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}, Preemption: policy.PreemptLowerPriority},
@@ -154,23 +137,7 @@ func TestFastPathAfterStatusesLeftToCompare(t *testing.T) {
 			defer cancel()
 			_, cli := etcdtest.Start(t)
 			st := fleet.New(cli, "")
-			lease, err := cli.Grant(ctx, 3600)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := 0; i < 2; i++ {
-				inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: "trainium2"}
-				for d := 0; d < 8; d++ {
-					inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: "trainium2", Healthy: true})
-				}
-				op, err := st.PutNodeOp(inv, clientv3.WithLease(lease.ID))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := cli.Do(ctx, op); err != nil {
-					t.Fatal(err)
-				}
-			}
+			putNeuronNodes(t, ctx, cli, st, "trainium2", 2)
 			if err := st.PutTeam(ctx, policy.Team{Name: "a", Quotas: []policy.FlavorQuota{{Flavor: "trainium2", Nominal: 16}}}); err != nil {
 				t.Fatal(err)
 			}

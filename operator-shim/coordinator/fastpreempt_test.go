@@ -2,16 +2,12 @@ package coordinator
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -27,23 +23,7 @@ func TestOwnTeamPreemptionOnTheFastPathIsFollowedUp(t *testing.T) {
 	_, cli := etcdtest.Start(t)
 	st := fleet.New(cli, "")
 	const flavor = "trainium2"
-	lease, err := cli.Grant(ctx, 3600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 2; i++ {
-		inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: flavor}
-		for d := 0; d < 8; d++ {
-			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: flavor, Healthy: true})
-		}
-		op, err := st.PutNodeOp(inv, clientv3.WithLease(lease.ID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Do(ctx, op); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putNeuronNodes(t, ctx, cli, st, flavor, 2)
 	team := policy.Team{Name: "a", Quotas: []policy.FlavorQuota{{Flavor: flavor, Nominal: 16}}, Preemption: policy.PreemptLowerPriority}
 	if err := st.PutTeam(ctx, team); err != nil {
 		t.Fatal(err)

@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/hyperpodrun/hyperpodrun/devices"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
@@ -41,26 +38,11 @@ func incrementalRun(t *testing.T, seed uint64) {
 	k := st.Keys
 	rng := rand.New(rand.NewPCG(seed, 11))
 	const flavor = "trainium2"
-	node := func(i int) devices.Inventory {
-		inv := devices.Inventory{Node: fmt.Sprintf("n%02d", i), Flavor: flavor}
-		for d := 0; d < 8; d++ {
-			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNeuron, Index: d, Flavor: flavor, Healthy: true})
-		}
-		return inv
-	}
 	lease, err := cli.Grant(ctx, 3600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	putNode := func(i int) {
-		op, err := st.PutNodeOp(node(i), clientv3.WithLease(lease.ID))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cli.Do(ctx, op); err != nil {
-			t.Fatal(err)
-		}
-	}
+	putNode := func(i int) { putNeuronNode(t, ctx, cli, st, flavor, i, lease.ID) }
 	const nodes = 8
 	for i := 0; i < nodes; i++ {
 		putNode(i)
@@ -166,7 +148,7 @@ func incrementalRun(t *testing.T, seed uint64) {
 			i := rng.IntN(nodes)
 			if down[i] {
 				putNode(i)
-			} else if _, err := cli.Delete(ctx, k.Node(node(i).Node)); err != nil {
+			} else if _, err := cli.Delete(ctx, k.Node(fmt.Sprintf("n%02d", i))); err != nil {
 				t.Fatal(err)
 			}
 			down[i] = !down[i]
