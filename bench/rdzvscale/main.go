@@ -244,7 +244,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 	var wg sync.WaitGroup
 	var joined, lastJoin atomic.Int64 // lastJoin: when the last Join returned, since start
 	cpu0, ecpu0 := cpuTime(), srv.cpu()
-	ops0, events0 := etcdOps(srv), watchEvents(srv)
+	ops0 := etcdOps(srv)
 	start := time.Now()
 	logger.Info("rdzvscale: start", "nodes", n)
 	for i, nd := range nodes {
@@ -289,7 +289,8 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 		}
 	}
 	cpu, ecpu := cpuTime()-cpu0, srv.cpu()-ecpu0
-	ops, events := etcdOps(srv).minus(ops0), watchEvents(srv)-events0
+	ops := etcdOps(srv).minus(ops0)
+	events = ops.events
 	logger.Info("rdzvscale: done", "nodes", n, "elapsed", elapsed.Round(time.Millisecond), "cpu", cpu.Round(time.Millisecond), "etcd_cpu", ecpu.Round(time.Millisecond))
 	if ready {
 		joinedAt := time.Duration(lastJoin.Load())
@@ -350,38 +351,21 @@ func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *ren
 	return m.Mark(ctx, r.Number)
 }
 
-// watchEvents is the number of watch events this process's embedded etcd
-// servers have delivered to watchers so far (all watchers, summed: etcd's
-// etcd_debugging_mvcc_events_total).
-func watchEvents(srv *etcdServer) int64 {
-	mfs, err := srv.gather()
-	if err != nil {
-		return -1
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "etcd_debugging_mvcc_events_total" {
-			var sum float64
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-			return int64(sum)
-		}
-	}
-	return -1
-}
-
-// opCounts is what the embedded etcd servers of this process have handled
-// so far: raft proposals committed (every write: a put, a transaction, a
-// lease grant or revoke), and the gRPC messages received per method (a
-// unary call is one; a watch's create and cancel requests and each lease
-// keepalive are one each).
+// opCounts is what etcd has handled so far: raft proposals committed
+// (every write: a put, a transaction, a lease grant or revoke), the gRPC
+// messages received per method (a unary call is one; a watch's create and
+// cancel requests and each lease keepalive are one each), and the watch
+// events delivered to watchers (all watchers, summed:
+// etcd_debugging_mvcc_events_total; -1 when unknown).
 type opCounts struct {
 	proposals float64
 	msgs      map[string]float64
+	events    int64
 }
 
+// etcdOps reads the counts from one gathering of etcd's metrics.
 func etcdOps(srv *etcdServer) opCounts {
-	c := opCounts{msgs: map[string]float64{}}
+	c := opCounts{msgs: map[string]float64{}, events: -1}
 	mfs, err := srv.gather()
 	if err != nil {
 		return c
@@ -400,13 +384,22 @@ func etcdOps(srv *etcdServer) opCounts {
 					}
 				}
 			}
+		case "etcd_debugging_mvcc_events_total":
+			var sum float64
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+			c.events = int64(sum)
 		}
 	}
 	return c
 }
 
 func (c opCounts) minus(o opCounts) opCounts {
-	d := opCounts{proposals: c.proposals - o.proposals, msgs: map[string]float64{}}
+	d := opCounts{proposals: c.proposals - o.proposals, msgs: map[string]float64{}, events: -1}
+	if c.events >= 0 && o.events >= 0 {
+		d.events = c.events - o.events
+	}
 	for k, v := range c.msgs {
 		if v -= o.msgs[k]; v > 0 {
 			d.msgs[k] = v
