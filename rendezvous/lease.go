@@ -160,6 +160,11 @@ var (
 // keepAlive starts renewing lease id of node n (granted with ttl by a
 // request sent at sent) until n.stopKeepAlive.
 func (n *Node) startKeepAlive(id clientv3.LeaseID, ttl time.Duration, sent time.Time) {
+	// n.mu before muxMu, never inside it: fenceLocked takes muxMu while
+	// holding n.mu.
+	n.mu.Lock()
+	joined := n.returned > 0
+	n.mu.Unlock()
 	muxMu.Lock()
 	m := muxes[n.cli]
 	if m == nil {
@@ -172,9 +177,6 @@ func (n *Node) startKeepAlive(id clientv3.LeaseID, ttl time.Duration, sent time.
 			pprof.Do(ctx, pprof.Labels("rdzv-task", "keepalive"), m.run)
 		}()
 	}
-	n.mu.Lock()
-	joined := n.returned > 0
-	n.mu.Unlock()
 	interval := keepaliveInterval(ttl, joined)
 	m.mu.Lock()
 	m.leases[id] = &kaLease{n: n, interval: interval, next: sent.Add(interval)}
