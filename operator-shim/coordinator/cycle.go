@@ -271,6 +271,19 @@ func sameAllocation(a, b api.Allocation) bool {
 		slices.Equal(a.Nodes, b.Nodes) && slices.Equal(a.TookFrom, b.TookFrom)
 }
 
+// statusReason is what a job's status records of decision r. An admission
+// is recorded as the running state it starts: kind Running at its size,
+// with the admission's message. The admission itself is in the event
+// history (Admitted, with its code), and the next cycle's decision, the
+// job running unchanged, is then no rewrite: one status write per admitted
+// job, not two (issue 27's writes per churn round).
+func statusReason(r policy.Reason) policy.Reason {
+	if r.Kind == policy.KindAdmitted {
+		r.Kind, r.Code, r.FromSize, r.For, r.ForTeam = policy.KindRunning, "", r.ToSize, nil, ""
+	}
+	return r
+}
+
 // stable reports whether a job's status needs no rewrite: the same kind,
 // code, sizes and beneficiaries. The message alone (its usage figures,
 // who holds the capacity now) is no reason to write: the team usage record

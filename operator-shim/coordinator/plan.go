@@ -453,9 +453,9 @@ func (pl *planner) statusesAndEvents() {
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			p.waited = append(p.waited, now.Sub(prev.Since))
 		}
-		if !had || !stable(&prev.Reason, r) {
-			s := &fleet.Status{Reason: *r, Time: now, Since: now}
-			if had && prev.Kind == r.Kind && prev.Code == r.Code {
+		if sr := statusReason(*r); !had || !stable(&prev.Reason, &sr) {
+			s := &fleet.Status{Reason: sr, Time: now, Since: now}
+			if had && prev.Kind == sr.Kind && prev.Code == sr.Code && r.Kind != policy.KindAdmitted {
 				s.Since = prev.Since
 			}
 			op, err := c.store.PutStatusOp(*s)
