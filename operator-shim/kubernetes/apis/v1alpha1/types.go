@@ -150,8 +150,9 @@ type ElasticJobStatus struct {
 	// NodeNames are the allocated nodes, comma-separated (the NODES column
 	// of kubectl get -o wide).
 	NodeNames string `json:"nodeNames,omitempty"`
-	// Decision is the coordinator's latest decision kind (Admitted,
-	// Running, Grown, Shrunk, Preempted, Pending, ...).
+	// Decision is the coordinator's latest decision kind (Running, Grown,
+	// Shrunk, Preempted, Pending, ...): an admitted job's is Running at
+	// once, and its admission is an Admitted Event.
 	Decision string `json:"decision,omitempty"`
 	// Reason is the coordinator's reason code (WithinQuota, Borrowing,
 	// Reclaim, NoCapacity, ...) or the controller's (InvalidSpec, NameTaken).
