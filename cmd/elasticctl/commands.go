@@ -58,7 +58,7 @@ func commands() []*cli.Command {
 				outputFlag("table, wide, name, json or yaml"),
 				&cli.StringFlag{Name: "selector", Aliases: []string{"l"}, Usage: "select on fields: key=value,key!=value"},
 				&cli.StringFlag{Name: "team", Usage: "only the jobs of this team"},
-				&cli.StringFlag{Name: "state", Usage: "only the jobs in this state (Pending, Running, Admitted, Suspended, Succeeded, ...)"},
+				&cli.StringFlag{Name: "state", Usage: "only the jobs in this state (Pending, Running, Restarting, Suspended, Succeeded, Failed, ...)"},
 				&cli.StringFlag{Name: "sort-by", Usage: "sort by a column: name, team, priority, state, nodes, age, reason (jobs); name, state, flavor, accelerators (nodes); name, cohort, weight, used (teams)"},
 				&cli.BoolFlag{Name: "watch", Aliases: []string{"w"}, Usage: "after the list, print every change as it happens (Ctrl-C stops)"},
 			},
