@@ -35,31 +35,52 @@ func withSubmit(st State, j Job) State {
 	return st
 }
 
-// TestAdmitPreemptsForItsTeamOnTheFastPath: a single submit beyond its
-// team's full quota, in a team that preempts lower priorities, is decided
-// on the fast path where rule 6 finds its victims in its own team (at
-// fleet scale each such submit cost a full cycle of 170-330 ms): exactly
-// the full cycle's decision (allocations, every reason, team usage), the
-// victim preempted or shrunk, and the engine says a follow-up is due
-// (Settled false), as it is after the full cycle.
-func TestAdmitPreemptsForItsTeamOnTheFastPath(t *testing.T) {
+// TestAdmitPreemptsOnTheFastPath: a single submit is decided on the fast
+// path where it takes capacity from other jobs (at fleet scale each such
+// submit cost a full cycle of 170-430 ms): beyond its team's full quota,
+// in a team that preempts lower priorities, where rule 6 finds its victims
+// in its own team; within its team's nominal quota, where rule 3 reclaims
+// what its cohort lent to a team that borrows. Exactly the full cycle's
+// decision (allocations, every reason, team usage), the victim preempted
+// or shrunk, and the engine says a follow-up is due (Settled false), as it
+// is after the full cycle.
+func TestAdmitPreemptsOnTheFastPath(t *testing.T) {
 	for _, tc := range []struct {
 		rule   string
 		st     State
 		submit Job
+		code   ReasonCode
 		victim string
 		kind   ReasonKind
+		also   string // a waiting job admitted in the same cycle
 	}{
 		{"a submit beyond its team's full quota preempts a lower-priority job of its team", State{
 			Nodes: mkNodes("n", 2, 8),
 			Teams: []Team{preempting(mkTeam("a", 16))},
 			Jobs:  []Job{frac("a-low1", "a", 0, 8), frac("a-low2", "a", 0, 8)},
-		}, frac("a-high", "a", 10, 8), "a-low1", KindPreempted},
+		}, frac("a-high", "a", 10, 8), CodePriorityPreemption, "a-low1", KindPreempted, ""},
 		{"a submit beyond its team's full quota shrinks the team's lower-priority elastic job", State{
 			Nodes: mkNodes("n", 2, 8),
 			Teams: []Team{preempting(mkTeam("a", 16))},
 			Jobs:  []Job{job("a-el", "a", 0, 1, 2, true)},
-		}, frac("a-high", "a", 10, 8), "a-el", KindShrunk},
+		}, frac("a-high", "a", 10, 8), CodePriorityPreemption, "a-el", KindShrunk, ""},
+		{"a submit within its team's nominal quota reclaims it from another team's borrower", State{
+			Nodes: mkNodes("n", 2, 8),
+			Teams: []Team{inCohort(mkTeam("a", 8), "c"), inCohort(mkTeam("b", 8), "c")},
+			Jobs:  []Job{frac("b1", "b", 0, 8), frac("b2", "b", 0, 8)},
+		}, frac("a-new", "a", 0, 8), CodeReclaim, "b1", KindPreempted, ""},
+		{"a submit within its team's nominal quota shrinks another team's elastic borrower", State{
+			Nodes: mkNodes("n", 3, 8),
+			Teams: []Team{inCohort(mkTeam("a", 8), "c"), inCohort(mkTeam("b", 16), "c")},
+			Jobs:  []Job{job("b-el", "b", 0, 1, 3, true)},
+		}, frac("a-new", "a", 5, 8), CodeReclaim, "b-el", KindShrunk, ""},
+		{"a waiting job that fits what a reclaim left free is admitted by rule 5 in the same decision", State{
+			Nodes: mkNodes("n", 1, 8),
+			Teams: []Team{inCohort(mkTeam("a", 4), "c"), inCohort(mkTeam("b", 4), "c")},
+			Jobs:  []Job{frac("b-big", "b", 0, 8), frac("b-small", "b", 0, 2)},
+			// b-small came after b-big borrowed the node whole.
+			Allocations: []Allocation{placed("b-big", "b", 8, "n-000")},
+		}, frac("a-new", "a", 0, 4), CodeReclaim, "b-big", KindPreempted, "b-small"},
 		{"a waiting job of another team that rule 6 tries after the submit, and fails for again, keeps it on the fast path", State{
 			Nodes: mkNodes("n", 4, 8),
 			Teams: []Team{preempting(mkTeam("a", 16)), mkTeam("b", 8), preempting(mkTeam("c", 16))},
@@ -69,7 +90,7 @@ func TestAdmitPreemptsForItsTeamOnTheFastPath(t *testing.T) {
 			// and rule 6 fails for it every cycle.
 			Allocations: []Allocation{placed("a-low1", "a", 8, "n-000"), placed("a-low2", "a", 8, "n-001"),
 				placed("b1", "b", 8, "n-002"), placed("c-low", "c", 4, "n-003")},
-		}, frac("a-high", "a", 10, 8), "a-low1", KindPreempted},
+		}, frac("a-high", "a", 10, 8), CodePriorityPreemption, "a-low1", KindPreempted, ""},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			e, st := settledEngine(tc.st)
@@ -79,11 +100,16 @@ func TestAdmitPreemptsForItsTeamOnTheFastPath(t *testing.T) {
 			if !ok {
 				t.Fatalf("declined: %s", e.Declined())
 			}
-			if r := reasonOf(t, got, tc.submit.Name); r.Kind != KindAdmitted || r.Code != CodePriorityPreemption {
-				t.Fatalf("%s: %s/%s (%s), want Admitted/PriorityPreemption", tc.submit.Name, r.Kind, r.Code, r.Message)
+			if r := reasonOf(t, got, tc.submit.Name); r.Kind != KindAdmitted || r.Code != tc.code {
+				t.Fatalf("%s: %s/%s (%s), want Admitted/%s", tc.submit.Name, r.Kind, r.Code, r.Message, tc.code)
 			}
 			if r := reasonOf(t, got, tc.victim); r.Kind != tc.kind {
 				t.Fatalf("%s: %s (%s), want %s", tc.victim, r.Kind, r.Message, tc.kind)
+			}
+			if tc.also != "" {
+				if r := reasonOf(t, got, tc.also); r.Kind != KindAdmitted {
+					t.Fatalf("%s: %s (%s), want Admitted", tc.also, r.Kind, r.Message)
+				}
 			}
 			if !reflect.DeepEqual(got.Allocations, full.Allocations) {
 				t.Fatalf("allocations differ:\nfast %+v\nfull %+v", got.Allocations, full.Allocations)
@@ -99,8 +125,8 @@ func TestAdmitPreemptsForItsTeamOnTheFastPath(t *testing.T) {
 			}
 			// The next submit has no fixed point to start from.
 			st.Allocations = got.Allocations
-			st = withSubmit(st, frac("a-next", "a", 0, 1))
-			if _, ok := e.Admit(st, []string{"a-next"}); ok {
+			st = withSubmit(st, frac("z-next", tc.submit.Team, 0, 1))
+			if _, ok := e.Admit(st, []string{"z-next"}); ok {
 				t.Fatal("the submit after a preemption was decided on the fast path")
 			}
 		})

@@ -35,6 +35,7 @@ func (s *sched) tryDefrag(j *jobRT) bool {
 		return false
 	}
 	s.commitVictims(j, acts, CodeReclaim)
+	s.defragged = true
 	for _, m := range moves {
 		v := m.v
 		v.setMoved(j)

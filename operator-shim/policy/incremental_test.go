@@ -85,10 +85,12 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 // Where Admit declines, the full cycle decides. It must take the fast
 // path often enough to mean something.
 func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
-	fast, tried, preempting := 0, 0, 0
+	fast, tried, preempting, reclaiming, followed := 0, 0, 0, 0, 0
 	// Seed 7014: two submits within their teams' quotas after which rule 3
-	// reclaims for a waiting job (found over 30,000 seeds).
-	seeds := []uint64{7014}
+	// reclaims for a waiting job (found over 30,000 seeds). Seed 27255: a
+	// reclaim for a submit after which rule 6 preempts for a waiting job
+	// (found over 40,000).
+	seeds := []uint64{7014, 27255}
 	for seed := uint64(1); seed <= 2500; seed++ {
 		seeds = append(seeds, seed)
 	}
@@ -166,11 +168,44 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 				t.Fatalf("seed %d round %d: team usage differs:\nfast %+v\nfull %+v", seed, round, got.Teams, full.Teams)
 			}
 			st.Allocations = got.Allocations
+			for _, name := range names {
+				if r := reasonOf(t, got, name); r.Kind == KindAdmitted && r.Code == CodeReclaim {
+					reclaiming++
+				}
+			}
 			if !e.Settled() {
-				// It preempted (rule 6): the full cycle changed
-				// allocations too, and the coordinator follows either
-				// with another cycle.
+				// It preempted: the full cycle changed allocations too,
+				// and the coordinator follows either with another
+				// cycle, which FollowUp decides as the full cycle does
+				// (or declines).
 				preempting++
+				st.Now = st.Now.Add(time.Duration(1+rng.IntN(500)) * time.Millisecond)
+				full := Schedule(st)
+				got, ok := e.FollowUp(st)
+				if !ok {
+					break
+				}
+				followed++
+				if !reflect.DeepEqual(got.Allocations, full.Allocations) {
+					t.Fatalf("seed %d round %d: the follow-up's allocations differ from the full cycle's:\nfast %+v\nfull %+v", seed, round, got.Allocations, full.Allocations)
+				}
+				if !reflect.DeepEqual(got.Reasons, full.Reasons) {
+					for i := range full.Reasons {
+						if i < len(got.Reasons) && !reflect.DeepEqual(got.Reasons[i], full.Reasons[i]) {
+							t.Fatalf("seed %d round %d: follow-up: job %s:\nfast %+v\nfull %+v", seed, round, full.Reasons[i].Job, got.Reasons[i], full.Reasons[i])
+						}
+					}
+					t.Fatalf("seed %d round %d: the follow-up's reasons differ from the full cycle's", seed, round)
+				}
+				if !reflect.DeepEqual(got.Teams, full.Teams) {
+					t.Fatalf("seed %d round %d: follow-up: team usage differs:\nfast %+v\nfull %+v", seed, round, got.Teams, full.Teams)
+				}
+				// A fixed point, as the next Admit assumes.
+				next := st
+				next.Now = next.Now.Add(time.Millisecond)
+				if again := Schedule(next); !reflect.DeepEqual(again.Allocations, got.Allocations) {
+					t.Fatalf("seed %d round %d: the next full cycle changes the follow-up's allocations", seed, round)
+				}
 				continue
 			}
 			// A fixed point: the next full cycle on it changes nothing
@@ -183,12 +218,12 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("fast path taken in %d of %d submits, %d of them preempting a lower-priority job of the submit's team", fast, tried, preempting)
+	t.Logf("fast path taken in %d of %d submits, %d of them preempting (%d reclaiming from another team), %d followed up without a full cycle", fast, tried, preempting, reclaiming, followed)
 	if fast < 200 {
 		t.Fatalf("the fast path was taken in only %d of %d submits", fast, tried)
 	}
-	if preempting < 10 {
-		t.Fatalf("the fast path preempted for only %d submits", preempting)
+	if preempting < 10 || reclaiming < 5 || followed < 10 {
+		t.Fatalf("the fast path preempted for only %d submits, reclaiming for %d; %d followed up", preempting, reclaiming, followed)
 	}
 }
 

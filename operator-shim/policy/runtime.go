@@ -152,4 +152,7 @@ type sched struct {
 	runningTexts map[runningKey]string     // running reasons' messages
 	// CohortExhausted messages by team, flavor, need and usage phrase.
 	exhaustedTexts map[exhaustedKey]string
+	// defragged: rule 3b moved jobs in this cycle (Engine.Admit leaves
+	// that to the full cycle).
+	defragged bool
 }
