@@ -121,8 +121,9 @@ const maxFastSubmits = 32
 
 // decide runs the engine on st: on its fast path (policy.Engine.Admit)
 // when every input change since the last cycle was the submit of a job
-// under a new name and the last cycle's decision was written whole, else a
-// full cycle. fast says which.
+// under a new name and the last cycle's decision was written whole, or
+// (policy.Engine.FollowUp) when nothing changed since a fast path
+// decision that preempted; else a full cycle. fast says which.
 func (c *Coordinator) decide(st policy.State) (d policy.Decision, fast bool) {
 	v := c.view
 	submitted := v.submitted
@@ -140,6 +141,15 @@ func (c *Coordinator) decide(st policy.State) (d policy.Decision, fast bool) {
 			return d, true
 		}
 		c.log.Debug("submits decided by a full cycle", "why", c.engine.Declined())
+	}
+	if onlySubmits && v.haveLast && untouched && len(submitted) == 0 && !c.engine.Settled() {
+		// The follow-up of a fast path decision that preempted, with no
+		// input changed since: the engine's fast path decides it when
+		// the full cycle would change nothing more.
+		if d, ok := c.engine.FollowUp(st); ok {
+			return d, true
+		}
+		c.log.Debug("follow-up decided by a full cycle", "why", c.engine.Declined())
 	}
 	return c.engine.Schedule(st), false
 }
