@@ -30,6 +30,7 @@ func main() {
 	cycles := flag.Int("cycles", 15, "steady-state cycles (median reported)")
 	seed := flag.Uint64("seed", 1, "random seed")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the steady-state cycles")
+	admitprofile := flag.String("admitprofile", "", "write a CPU profile of the fast path's submits (after the steady state)")
 	name := flag.String("name", "", "the steady-state BENCH line's name (default engine_cycle_NODESn_JOBSj_TEAMSt)")
 	target := flag.Float64("target", 100, "the steady-state cycle's target, ms")
 	submits := flag.Int("submits", 15, "single submits decided on the engine's fast path after the steady state (0: none)")
@@ -100,14 +101,14 @@ func main() {
 		*name = fmt.Sprintf("engine_cycle_%dn_%dj_%dt", *nodes, *jobs, *teams)
 	}
 	fmt.Printf("BENCH %s %.1f ms target=%g\n", *name, ms(med), *target)
-	admits(st, *submits, newJob)
+	admits(st, *submits, newJob, *admitprofile)
 }
 
 // admits measures the engine's fast path (policy.Engine.Admit): single
 // 1-accelerator submits into the steady state, each after a full cycle
 // that changed nothing, as the coordinator runs them; the submits Admit
 // declines (a full cycle decides them) are counted, not timed.
-func admits(st policy.State, n int, newJob func(time.Time) policy.Job) {
+func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile string) {
 	if n <= 0 {
 		return
 	}
@@ -125,9 +126,20 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job) {
 		}
 	}
 	settle()
-	var times []time.Duration
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	var times, follows []time.Duration
+	var allocated uint64 // bytes Admit allocated, over the fast path's submits
 	declined := map[string]int{}
 	preempting := 0 // of the fast path's
+	var ms0, ms1 runtime.MemStats
 	for i := 0; i < n; i++ {
 		j := newJob(st.Now)
 		j.Name = fmt.Sprintf("zz-submit-%04d", i) // after every other name
@@ -135,18 +147,30 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job) {
 		st.Jobs = append(st.Jobs, j)
 		st.Now = st.Now.Add(100 * time.Millisecond)
 		runtime.GC()
+		runtime.ReadMemStats(&ms0)
 		start := time.Now()
 		d, ok := e.Admit(st, []string{j.Name})
 		el := time.Since(start)
+		runtime.ReadMemStats(&ms1)
 		if ok {
 			times = append(times, el)
+			allocated += ms1.TotalAlloc - ms0.TotalAlloc
 			st.Allocations = d.Allocations
 			if !e.Settled() {
-				// It preempted a lower-priority job of its team: the
-				// coordinator follows with full cycles, as after the
-				// full cycle's preemption.
+				// It preempted: the coordinator follows with another
+				// cycle, as after the full cycle's preemption, which
+				// the engine's FollowUp decides when it can.
 				preempting++
-				settle()
+				st.Now = st.Now.Add(10 * time.Millisecond)
+				runtime.GC()
+				start := time.Now()
+				d, ok := e.FollowUp(st)
+				if el := time.Since(start); ok {
+					follows = append(follows, el)
+					st.Allocations = d.Allocations
+				} else {
+					settle()
+				}
 			}
 			continue
 		}
@@ -162,8 +186,13 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job) {
 		return
 	}
 	slices.Sort(times)
-	fmt.Printf("# fast path (policy.Engine.Admit): %d of %d single submits (%d of them preempting for their team), min %.1f ms, median %.1f ms, max %.1f ms; declined (a full cycle decides): %v\n",
-		len(times), n, preempting, ms(times[0]), ms(times[len(times)/2]), ms(times[len(times)-1]), declined)
+	fmt.Printf("# fast path (policy.Engine.Admit): %d of %d single submits (%d of them preempting), min %.1f ms, median %.1f ms, max %.1f ms, %.1f MB allocated per submit; declined (a full cycle decides): %v\n",
+		len(times), n, preempting, ms(times[0]), ms(times[len(times)/2]), ms(times[len(times)-1]), float64(allocated)/float64(len(times))/1e6, declined)
+	if len(follows) > 0 {
+		slices.Sort(follows)
+		fmt.Printf("# follow-ups on the fast path (policy.Engine.FollowUp): %d of %d, median %.1f ms, max %.1f ms\n",
+			len(follows), preempting, ms(follows[len(follows)/2]), ms(follows[len(follows)-1]))
+	}
 	fmt.Printf("BENCH engine_admit_%dn_%dj %.2f ms\n", len(st.Nodes), len(st.Jobs)-n, ms(times[len(times)/2]))
 }
 
