@@ -1,7 +1,5 @@
 package policy
 
-import "slices"
-
 // priorityPreempt is rule 6.
 func (s *sched) priorityPreempt(f *flavorRT) {
 	built := false
@@ -56,6 +54,6 @@ func (s *sched) buildOwnLists(tf *teamFlavor) {
 			tf.ownShrink = append(tf.ownShrink, v)
 		}
 	}
-	slices.SortFunc(tf.ownShrink, shrinkOrder)
-	slices.SortFunc(tf.ownPreempt, preemptOrder)
+	s.victimKeys = sortVictims(tf.ownShrink, true, s.victimKeys)
+	s.victimKeys = sortVictims(tf.ownPreempt, false, s.victimKeys)
 }

@@ -1,7 +1,5 @@
 package policy
 
-import "slices"
-
 // reclaim is rule 3.
 func (s *sched) reclaim(f *flavorRT) {
 	f.bShrink, f.bPreempt = nil, nil
@@ -46,6 +44,6 @@ func (s *sched) buildBorrowerLists(f *flavorRT) {
 			f.bShrink = append(f.bShrink, v)
 		}
 	}
-	slices.SortFunc(f.bShrink, shrinkOrder)
-	slices.SortFunc(f.bPreempt, preemptOrder)
+	s.victimKeys = sortVictims(f.bShrink, true, s.victimKeys)
+	s.victimKeys = sortVictims(f.bPreempt, false, s.victimKeys)
 }

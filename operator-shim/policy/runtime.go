@@ -155,4 +155,6 @@ type sched struct {
 	// defragged: rule 3b moved jobs in this cycle (Engine.Admit leaves
 	// that to the full cycle).
 	defragged bool
+	// victimKeys is sortVictims' scratch space.
+	victimKeys []victimKey
 }
