@@ -12,12 +12,7 @@ func (s *sched) grow(f *flavorRT) {
 		if !j.spec.Elastic || j.size == 0 || j.yielded() || !j.exclusive {
 			continue
 		}
-		if j.nextSize(j.size) == 0 {
-			j.blockGrowth(CodeAtMax)
-			continue
-		}
-		if !j.admitted() && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable {
-			j.blockGrowth(CodeStablePeriod)
+		if s.growthBlocked(j) {
 			continue
 		}
 		tj := byTeam[j.tf]
@@ -53,6 +48,21 @@ func (s *sched) grow(f *flavorRT) {
 			th.pop()
 		}
 	}
+}
+
+// growthBlocked marks the elastic job j when it may not grow in this cycle,
+// at its maximum or (carried over) within its stable period, and reports
+// whether it may not.
+func (s *sched) growthBlocked(j *jobRT) bool {
+	switch {
+	case j.nextSize(j.size) == 0:
+		j.blockGrowth(CodeAtMax)
+	case !j.admitted() && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable:
+		j.blockGrowth(CodeStablePeriod)
+	default:
+		return false
+	}
+	return true
 }
 
 // growStep grows j by one step if quota and nodes allow, else records why not.

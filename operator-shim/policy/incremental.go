@@ -281,9 +281,7 @@ func (e *Engine) rulesAgain(f *flavorRT) string {
 		}
 	}
 	clear(f.failMemo)
-	for _, tf := range f.teams {
-		tf.ownBuilt, tf.ownPreempt, tf.ownShrink = false, tf.ownPreempt[:0], tf.ownShrink[:0]
-	}
+	dropOwnLists(f)
 	s.admitWithinNominal(f)
 	s.reclaim(f)
 	s.reserve(f)
@@ -464,11 +462,17 @@ func (e *Engine) laterRules(f *flavorRT) []*jobRT {
 		}
 	}
 	s.admitBorrowing(f)
+	dropOwnLists(f)
+	s.priorityPreempt(f)
+	return slices.DeleteFunc(waiting, func(p *jobRT) bool { return p.size == 0 })
+}
+
+// dropOwnLists drops the own-team victim lists of flavor f's teams:
+// rule 6 builds them again from the state it meets (buildOwnLists).
+func dropOwnLists(f *flavorRT) {
 	for _, tf := range f.teams {
 		tf.ownBuilt, tf.ownPreempt, tf.ownShrink = false, tf.ownPreempt[:0], tf.ownShrink[:0]
 	}
-	s.priorityPreempt(f)
-	return slices.DeleteFunc(waiting, func(p *jobRT) bool { return p.size == 0 })
 }
 
 // borrowFresh admits j, beyond its team's nominal quota, as rule 5 of the
@@ -686,12 +690,7 @@ func (e *Engine) noGrowth(fresh []*jobRT) bool {
 			// Marked as rule 7 marks them (a job the kept cycle
 			// carried has the mark already; one carried over since,
 			// FollowUp's, has not).
-			if j.nextSize(j.size) == 0 {
-				j.blockGrowth(CodeAtMax)
-				continue
-			}
-			if !j.admitted() && s.stable > 0 && s.now.Sub(j.lastResize) < s.stable {
-				j.blockGrowth(CodeStablePeriod)
+			if s.growthBlocked(j) {
 				continue
 			}
 			code, ok := s.growCheck(j)
