@@ -33,3 +33,40 @@ func TestEtcdFlagsCheckedBeforeConnecting(t *testing.T) {
 		})
 	}
 }
+
+// The coordinator sets Go's GC target from --gc-percent (200 by default:
+// at fleet scale collections at 100 stretched decisions past 250 ms),
+// unless the operator set $GOGC, which wins; a negative value is a usage
+// error that names the fix.
+func TestGCPercent(t *testing.T) {
+	for _, tc := range []struct {
+		rule string
+		flag int
+		env  string
+		want int
+		err  string
+	}{
+		{"the default sets 200", defaultGCPercent, "", 200, ""},
+		{"$GOGC wins over the flag", 300, "50", 0, ""},
+		{"$GOGC=off wins over the flag", 200, "off", 0, ""},
+		{"0 leaves Go's default", 0, "", 0, ""},
+		{"a negative value is a usage error", -1, "", 0, "set GOGC=off"},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			got, err := gcPercent(tc.flag, tc.env)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("gcPercent(%d, %q) = %d, %v; want %d", tc.flag, tc.env, got, err, tc.want)
+			}
+		})
+	}
+	var stderr strings.Builder
+	if code := run([]string{"hyperpod-coordinator", "--listen", "", "--gc-percent", "-5"}, &stderr); code != 2 || !strings.Contains(stderr.String(), "--gc-percent -5") {
+		t.Errorf("--gc-percent -5: exit %d, %q; want 2 and the flag named", code, stderr.String())
+	}
+}
