@@ -54,14 +54,7 @@ func (e *Engine) Schedule(st State) Decision {
 	e.unsettled = false
 	s, d := schedule(st)
 	e.s, e.d, e.cfg, e.jobs = s, d, st.Config, len(st.Jobs)
-	e.fix = len(d.Released) == 0
-	for i := range d.Reasons {
-		switch d.Reasons[i].Kind {
-		case KindRunning, KindPending, KindSuspended, KindInvalid:
-		default:
-			e.fix = false
-		}
-	}
+	e.fix = len(d.Released) == 0 && steady(d)
 	e.wake = time.Time{}
 	if s.stable > 0 {
 		for i := range s.jobs {
@@ -72,6 +65,20 @@ func (e *Engine) Schedule(st State) Decision {
 		}
 	}
 	return d
+}
+
+// steady reports whether every reason of d is one a job keeps while
+// nothing changes (running, waiting, suspended, invalid): no admission,
+// resize or preemption.
+func steady(d Decision) bool {
+	for i := range d.Reasons {
+		switch d.Reasons[i].Kind {
+		case KindRunning, KindPending, KindSuspended, KindInvalid:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // timed reports whether the end of j's stable period may change what a
@@ -239,10 +246,7 @@ func (e *Engine) FollowUp(st State) (Decision, bool) {
 		// A job preempted last cycle waits in this one (buildQueues).
 		v.prevSize, v.prevNodes, v.tookFrom = 0, nil, nil
 		v.setPending("", "")
-		at, _ := slices.BinarySearchFunc(v.fl.pending, v, jobOrder)
-		v.fl.pending = slices.Insert(v.fl.pending, at, v)
-		at, _ = slices.BinarySearchFunc(v.tf.queue, v, jobOrder)
-		v.tf.queue = slices.Insert(v.tf.queue, at, v)
+		enqueue(v)
 	}
 	for _, f := range flavors {
 		if why := e.rulesAgain(f); why != "" {
@@ -253,12 +257,7 @@ func (e *Engine) FollowUp(st State) (Decision, bool) {
 		return e.decline("an elastic job could grow")
 	}
 	e.d = e.render(nil, nil, append(carried, requeued...), false)
-	e.fix, e.unsettled, e.victims, e.admitted = true, false, nil, nil
-	for i := range e.d.Reasons {
-		if k := e.d.Reasons[i].Kind; k != KindRunning && k != KindPending && k != KindSuspended && k != KindInvalid {
-			e.fix = false
-		}
-	}
+	e.fix, e.unsettled, e.victims, e.admitted = steady(e.d), false, nil, nil
 	if !e.fix {
 		return e.decline("a job's reason is not a steady one")
 	}
@@ -555,16 +554,17 @@ func (e *Engine) waitsOnQuota(j *jobRT) bool {
 
 // pendFresh indexes the new job j as a waiting one.
 func (e *Engine) pendFresh(j *jobRT) {
-	s, tf, f := e.s, j.tf, j.fl
-	s.jobByName[j.name] = j
-	at, _ := slices.BinarySearchFunc(tf.jobs, j.name, byJobName)
-	tf.jobs = slices.Insert(tf.jobs, at, j)
-	at, _ = slices.BinarySearchFunc(f.jobs, j.name, byJobName)
-	f.jobs = slices.Insert(f.jobs, at, j)
-	at, _ = slices.BinarySearchFunc(f.pending, j, jobOrder)
-	f.pending = slices.Insert(f.pending, at, j)
-	at, _ = slices.BinarySearchFunc(tf.queue, j, jobOrder)
-	tf.queue = slices.Insert(tf.queue, at, j)
+	e.indexFresh(j)
+	enqueue(j)
+}
+
+// enqueue inserts the waiting job j in its flavor's and team's pending
+// queues, in admission order (buildQueues').
+func enqueue(j *jobRT) {
+	at, _ := slices.BinarySearchFunc(j.fl.pending, j, jobOrder)
+	j.fl.pending = slices.Insert(j.fl.pending, at, j)
+	at, _ = slices.BinarySearchFunc(j.tf.queue, j, jobOrder)
+	j.tf.queue = slices.Insert(j.tf.queue, at, j)
 }
 
 // attachFresh indexes the new job j and admits it on nodes.
