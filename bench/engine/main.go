@@ -56,15 +56,7 @@ func main() {
 	cold := time.Since(start)
 	report("cold", d, cold)
 
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
-	}
+	stopProfile := profileCPU(*cpuprofile)
 	var times []time.Duration
 	total := map[policy.ReasonKind]int{}
 	for c := 0; c < *cycles; c++ {
@@ -90,6 +82,7 @@ func main() {
 			report("steady", d, el)
 		}
 	}
+	stopProfile()
 	slices.Sort(times)
 	med := times[len(times)/2]
 	fmt.Printf("# %d nodes x 8 GPUs, %d jobs, %d teams (10 cohorts), GOMAXPROCS=%d; steady state: median of %d cycles with 1%% job churn each\n",
@@ -126,15 +119,7 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile s
 		}
 	}
 	settle()
-	if profile != "" {
-		f, err := os.Create(profile)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
-	}
+	defer profileCPU(profile)()
 	var times, follows []time.Duration
 	var allocated uint64 // bytes Admit allocated, over the fast path's submits
 	declined := map[string]int{}
@@ -194,6 +179,27 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile s
 			len(follows), preempting, ms(follows[len(follows)/2]), ms(follows[len(follows)-1]))
 	}
 	fmt.Printf("BENCH engine_admit_%dn_%dj %.2f ms\n", len(st.Nodes), len(st.Jobs)-n, ms(times[len(times)/2]))
+}
+
+// profileCPU starts a CPU profile written to path ("": none) and returns
+// what stops it.
+func profileCPU(path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
