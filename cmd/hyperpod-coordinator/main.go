@@ -49,6 +49,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.StringFlag{Name: "id", Usage: "name in the leader election (default hostname-pid)"},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error (debug: one line per scheduling cycle with its engine, diff and write times)"},
 			&cli.IntFlag{Name: "gc-percent", Value: defaultGCPercent, Usage: "Go's garbage collection target for this process, unless $GOGC is set (0: Go's default, 100): a fleet's coordinator keeps a large heap, and at 20,000 nodes 200 keeps collections out of most decisions for about twice the memory (docs/scale.md); $GOMEMLIMIT caps the memory whatever the target"},
+			&cli.BoolFlag{Name: "idle-gc", Value: true, Usage: "start Go's garbage collection between cycles when the next decision's allocation could start one, so that its mark runs while the coordinator waits rather than during a decision (docs/scale.md)"},
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
@@ -191,6 +192,7 @@ func serve(c *cli.Context) error {
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
 		FinishedRetention: off(c.Duration("finished-retention")), CompactRetention: off(c.Duration("compact-retention")),
 		EventDedupWindow: c.Duration("event-dedup-window"),
+		IdleGC:           c.Bool("idle-gc"),
 		Tracer:           tp,
 		OnCycle:          m.cycle, OnLeader: m.setLeader, OnEtcdError: m.etcdError,
 	})

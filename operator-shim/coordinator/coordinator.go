@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/idlegc"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -123,6 +124,11 @@ type Config struct {
 	// re-passwords the node's user and seals the password to the pod
 	// (etcdauth.ServeEnrollments). Needs etcd auth on and etcd's root role.
 	NodeEnrollment bool
+	// IdleGC starts Go's garbage collector at the end of a cycle that no
+	// follow-up follows, when the next cycle's allocation could start one
+	// (idlegc): the collection's mark then runs while the coordinator
+	// waits, not during the next decision.
+	IdleGC bool
 }
 
 // CycleStats are one scheduling cycle's figures.
@@ -196,6 +202,15 @@ type Coordinator struct {
 	// etcdSeen is what the coordinator saw of etcd (its epoch, cluster
 	// id, highest revision): checkEtcd finds a loss of etcd's data by it.
 	etcdSeen fleet.EtcdView
+	// idleGC starts collections between cycles (Config.IdleGC); nil: off.
+	idleGC burstGC
+}
+
+// burstGC is told when each cycle starts and ends, and whether a wait
+// follows (idlegc.Collector; tests record the calls).
+type burstGC interface {
+	Begin()
+	End(idle bool) bool
 }
 
 type revAt struct {
@@ -252,8 +267,12 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	}
 	st := fleet.New(cli, cfg.Prefix)
 	cfg.Prefix = st.Keys.Prefix()
-	return &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity),
+	c := &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity),
 		tracer: cfg.Tracer.Tracer("hyperpodrun/coordinator")}
+	if cfg.IdleGC {
+		c.idleGC = idlegc.New()
+	}
+	return c
 }
 
 // Run campaigns for leadership and, while leader, schedules on every
@@ -480,7 +499,13 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				wakeT, wakeC = nil, nil
 			}
 			c.followUp, caused = !caused, false
+			if c.idleGC != nil {
+				c.idleGC.Begin()
+			}
 			again, err := c.cycle(ctx, leader)
+			if c.idleGC != nil && c.idleGC.End(err == nil && !again) {
+				c.log.Debug("garbage collection started while idle")
+			}
 			if err != nil {
 				if errors.Is(err, errNotLeader) {
 					return err

@@ -62,6 +62,14 @@ func TestPreemptionOnTheFastPathIsFollowedUp(t *testing.T) {
 				cycles = append(cycles, s)
 			}
 			c := New(cli, Config{Debounce: 5 * time.Millisecond, OnCycle: observe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			// idle[i] is what the cycle loop told the idle collector at
+			// the end of cycle i: whether a wait follows.
+			var idle []bool
+			c.idleGC = gcRecorder(func(wait bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				idle = append(idle, wait)
+			})
 			cctx, stop := context.WithCancel(ctx)
 			done := make(chan struct{})
 			go func() { c.Run(cctx); close(done) }()
@@ -138,6 +146,20 @@ func TestPreemptionOnTheFastPathIsFollowedUp(t *testing.T) {
 			if r, _ := next.Decision.Reason(tc.victim); r.Kind != policy.KindPending {
 				t.Errorf("after the follow-up %s is %s (%s), want Pending", tc.victim, r.Kind, r.Message)
 			}
+			// No collection may start between the preemption and its
+			// follow-up (Config.IdleGC): the follow-up comes at once, and
+			// a collection's mark would slow it. After the follow-up the
+			// coordinator waits, and one may.
+			until(t, "the follow-up's end told to the idle collector", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(idle) > at+1
+			})
+			mu.Lock()
+			if idle[at] || !idle[at+1] {
+				t.Errorf("idle collector told wait=%v after the preempting cycle and %v after its follow-up; want false, true", idle[at], idle[at+1])
+			}
+			mu.Unlock()
 			// The follow-up left a fixed point: the next submit takes
 			// the fast path.
 			submit(tc.next)
@@ -163,6 +185,17 @@ func TestPreemptionOnTheFastPathIsFollowedUp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gcRecorder is an idle collector (burstGC) that records what each
+// cycle's end says and never collects.
+type gcRecorder func(idle bool)
+
+func (gcRecorder) Begin() {}
+
+func (r gcRecorder) End(idle bool) bool {
+	r(idle)
+	return false
 }
 
 // gpuJob is a single-node job of 8 accelerators (a whole Trainium2 node).

@@ -1,0 +1,108 @@
+// Package idlegc starts the garbage collector while a process waits
+// between bursts of work, when the next burst would otherwise start one.
+//
+// Go starts a collection when the heap reaches its goal, that is, while
+// something allocates. In a process that allocates only while it works (a
+// coordinator deciding, between watch events), every collection therefore
+// starts inside a piece of work, and its concurrent mark slows that work
+// down. A Collector watches how much each burst allocates and, at the end
+// of one, starts a collection at once when the next burst could reach the
+// goal: the mark then overlaps the wait instead.
+package idlegc
+
+import (
+	"runtime"
+	"runtime/metrics"
+	"sync"
+)
+
+// Due reports whether a collection should start now: the heap (heap
+// bytes, live or not yet collected) is within twice the largest recent
+// burst of the goal, so the next burst could start one. A burst of 0 (no
+// history) or a goal of 0 (unknown) starts none.
+func Due(heap, goal, burst uint64) bool {
+	if burst == 0 || goal == 0 {
+		return false
+	}
+	return heap+2*burst >= goal
+}
+
+// history is how many bursts the largest is taken over.
+const history = 8
+
+// Collector tracks the bursts of one process's work. Begin and End bracket
+// each burst; they are meant for one goroutine (a loop), and the
+// collection End starts runs on its own.
+type Collector struct {
+	mu      sync.Mutex
+	allocs0 uint64          // the allocation count at Begin
+	bursts  [history]uint64 // the latest bursts' allocations
+	next    int
+	running bool
+	// collect starts a collection (runtime.GC; tests replace it).
+	collect func()
+	// read reads the allocation count, the heap and the goal (tests
+	// replace it).
+	read func() (allocs, heap, goal uint64)
+}
+
+// New returns a Collector for this process.
+func New() *Collector {
+	return &Collector{collect: runtime.GC, read: readMetrics}
+}
+
+// Begin marks the start of a burst of work.
+func (c *Collector) Begin() {
+	allocs, _, _ := c.read()
+	c.mu.Lock()
+	c.allocs0 = allocs
+	c.mu.Unlock()
+}
+
+// End marks the end of the burst Begin started. idle says whether a wait
+// follows (else more work comes at once, and no collection starts: the
+// burst is only counted). It reports whether it started a collection; it
+// starts none while its last one runs.
+func (c *Collector) End(idle bool) bool {
+	allocs, heap, goal := c.read()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if allocs > c.allocs0 {
+		c.bursts[c.next] = allocs - c.allocs0
+		c.next = (c.next + 1) % history
+	}
+	var burst uint64
+	for _, b := range c.bursts {
+		burst = max(burst, b)
+	}
+	if !idle || c.running || !Due(heap, goal, burst) {
+		return false
+	}
+	c.running = true
+	go func() {
+		c.collect()
+		c.mu.Lock()
+		c.running = false
+		c.mu.Unlock()
+	}()
+	return true
+}
+
+var names = []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/gc/heap/goal:bytes"}
+
+// readMetrics reads the bytes allocated so far, the heap's objects (live
+// and not yet swept) and the heap goal.
+func readMetrics() (allocs, heap, goal uint64) {
+	s := make([]metrics.Sample, len(names))
+	for i, n := range names {
+		s[i].Name = n
+	}
+	metrics.Read(s)
+	v := func(i int) uint64 {
+		if s[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return s[i].Value.Uint64()
+	}
+	return v(0), v(1), v(2)
+}

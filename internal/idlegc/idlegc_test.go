@@ -1,0 +1,123 @@
+package idlegc
+
+import (
+	"runtime/metrics"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestDue(t *testing.T) {
+	const mb = 1 << 20
+	for _, tc := range []struct {
+		name              string
+		heap, goal, burst uint64
+		want              bool
+	}{
+		{"two more bursts fit under the goal: none", 400 * mb, 720 * mb, 30 * mb, false},
+		{"the next two bursts could reach the goal: collect", 670 * mb, 720 * mb, 30 * mb, true},
+		{"exactly two bursts from the goal: collect", 660 * mb, 720 * mb, 30 * mb, true},
+		{"past the goal (a collection is due anyway): collect", 800 * mb, 720 * mb, 1, true},
+		{"no burst seen yet: none", 700 * mb, 720 * mb, 0, false},
+		{"goal unknown: none", 700 * mb, 0, 30 * mb, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Due(tc.heap, tc.goal, tc.burst); got != tc.want {
+				t.Errorf("Due(%d, %d, %d) = %v, want %v", tc.heap, tc.goal, tc.burst, got, tc.want)
+			}
+		})
+	}
+}
+
+// fake is a process whose allocation count, heap and goal the test sets.
+type fake struct {
+	mu                  sync.Mutex
+	allocs, heap, goal  uint64
+	collections         int
+	release, collecting chan struct{}
+}
+
+func newFake(goal uint64) (*Collector, *fake) {
+	f := &fake{goal: goal, release: make(chan struct{}), collecting: make(chan struct{}, 10)}
+	c := &Collector{
+		read: func() (uint64, uint64, uint64) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return f.allocs, f.heap, f.goal
+		},
+		collect: func() {
+			f.mu.Lock()
+			f.collections++
+			f.mu.Unlock()
+			f.collecting <- struct{}{}
+			<-f.release
+		},
+	}
+	return c, f
+}
+
+// burst runs one burst of work that allocates n bytes, all kept on the
+// heap.
+func (f *fake) burst(c *Collector, n uint64, idle bool) bool {
+	c.Begin()
+	f.mu.Lock()
+	f.allocs += n
+	f.heap += n
+	f.mu.Unlock()
+	return c.End(idle)
+}
+
+func TestCollectorStartsACollectionBeforeTheBurstThatWouldReachTheGoal(t *testing.T) {
+	c, f := newFake(100)
+	f.heap = 40
+	for i, want := range []bool{false, false, false, true} {
+		// Heap after each burst: 50, 60, 70, 80; the next two bursts
+		// (20) reach the goal (100) only from 80.
+		if got := f.burst(c, 10, true); got != want {
+			t.Fatalf("burst %d: started a collection = %v, want %v (heap %d, goal %d)", i+1, got, want, f.heap, f.goal)
+		}
+	}
+	select {
+	case <-f.collecting:
+	case <-time.After(10 * time.Second):
+		t.Fatal("End reported a collection but none ran")
+	}
+	// While it runs, no second one starts.
+	if f.burst(c, 10, true) {
+		t.Fatal("a second collection started while the first ran")
+	}
+	close(f.release)
+}
+
+func TestCollectorWaitsWhileMoreWorkFollows(t *testing.T) {
+	c, f := newFake(100)
+	f.heap = 90
+	if f.burst(c, 5, false) {
+		t.Fatal("started a collection although more work follows at once")
+	}
+	// The burst was counted: the next idle end collects.
+	if !f.burst(c, 0, true) {
+		t.Fatal("no collection at the next idle end, with the heap at the goal")
+	}
+	<-f.collecting
+	close(f.release)
+}
+
+func TestReadMetricsReadsThisProcess(t *testing.T) {
+	for _, n := range names {
+		var s [1]metrics.Sample
+		s[0].Name = n
+		metrics.Read(s[:])
+		if s[0].Value.Kind() != metrics.KindUint64 {
+			t.Fatalf("runtime/metrics has no uint64 %s: the collector would never start a collection", n)
+		}
+	}
+	a0, heap, goal := readMetrics()
+	sink = make([]byte, 1<<20)
+	a1, _, _ := readMetrics()
+	if heap == 0 || goal == 0 || a1-a0 < 1<<20 {
+		t.Fatalf("readMetrics: allocs %d -> %d after 1 MiB, heap %d, goal %d", a0, a1, heap, goal)
+	}
+}
+
+var sink []byte
