@@ -18,7 +18,9 @@ import (
 
 // Due reports whether a collection should start now: the heap (heap
 // bytes, live or not yet collected) is within twice the largest recent
-// burst of the goal, so the next burst could start one. A burst of 0 (no
+// burst of the goal, so the next burst could start one. Go would start
+// that collection a burst or two later anyway: collecting at the end of a
+// burst moves it, it does not add one. A burst of 0 (no
 // history) or a goal of 0 (unknown) starts none.
 func Due(heap, goal, burst uint64) bool {
 	if burst == 0 || goal == 0 {
@@ -27,8 +29,12 @@ func Due(heap, goal, burst uint64) bool {
 	return heap+2*burst >= goal
 }
 
-// history is how many bursts the largest is taken over.
-const history = 8
+// history is how many bursts the largest is taken over: the last two, so
+// that a burst alternating with a larger one (a submit and its follow-up)
+// is covered, while one exceptional burst (a cold start's full cycle) is
+// forgotten after two more, rather than making every end for long after
+// start a collection it does not need.
+const history = 2
 
 // Collector tracks the bursts of one process's work. Begin and End bracket
 // each burst; they are meant for one goroutine (a loop), and the

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
 
 func TestDue(t *testing.T) {
@@ -101,6 +103,40 @@ func TestCollectorWaitsWhileMoreWorkFollows(t *testing.T) {
 	}
 	<-f.collecting
 	close(f.release)
+}
+
+// One exceptional burst (a cold start's full cycle) does not make every
+// later end collect: once two ordinary bursts followed it, the margin is
+// theirs again, and the collections are only the ones Go would make.
+func TestCollectorForgetsAnExceptionalBurst(t *testing.T) {
+	c, f := newFake(1000)
+	close(f.release) // collections end at once
+	f.heap = 300
+	collected := func() {
+		<-f.collecting
+		f.mu.Lock()
+		f.heap = 300 // what the collection left
+		f.mu.Unlock()
+		testutil.Eventually(t, 10*time.Second, "the collection to end", testutil.True(func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return !c.running
+		}))
+	}
+	if !f.burst(c, 600, true) {
+		t.Fatal("no collection after a burst that brought the heap near the goal")
+	}
+	collected()
+	// The exceptional burst is still among the last two.
+	if !f.burst(c, 10, true) {
+		t.Fatal("no collection while the last two bursts include one that could reach the goal")
+	}
+	collected()
+	for i := range 5 {
+		if f.burst(c, 10, true) {
+			t.Fatalf("ordinary burst %d after the exceptional one started a collection (heap %d of goal %d)", i+2, f.heap, f.goal)
+		}
+	}
 }
 
 func TestReadMetricsReadsThisProcess(t *testing.T) {
