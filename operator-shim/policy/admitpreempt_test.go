@@ -153,6 +153,12 @@ func TestAdmitLeavesOtherPreemptionsToTheFullCycle(t *testing.T) {
 			Teams:  []Team{preempting(mkTeam("a", 16))},
 			Jobs:   []Job{frac("a-low1", "a", 0, 8), frac("a-low2", "a", 0, 8)},
 		}, frac("a-high", "a", 10, 8), "StrictFIFO"},
+		{"a preemption that frees a node another elastic job grows onto goes to the full cycle", State{
+			Config: Config{MinStablePeriod: -1},
+			Nodes:  mkNodes("n", 3, 8),
+			Teams:  []Team{preempting(mkTeam("a", 24))},
+			Jobs:   []Job{job("a-low", "a", 0, 2, 2, false), job("a-elastic", "a", 5, 1, 2, true)},
+		}, job("a-high", "a", 10, 1, 1, false), "an elastic job could grow"},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			e, st := settledEngine(tc.st)

@@ -104,9 +104,11 @@ func (e *Engine) drop() {
 // nodes as they are (rule 2 admits it where rule 2 of the full cycle would),
 // or one job beyond it borrows (rule 5) or waits on its quota
 // (waitsOnQuota), no job of its team of a higher priority waits in a team
-// that preempts lower priorities (rule 6 could preempt it), it is not
-// elastic, the reservations rule 4 makes after it are no smaller
-// than before, and after it is placed no elastic job could grow (rule 7);
+// that preempts lower priorities (rule 6 could preempt it), it has one
+// size or is elastic (rule 2 admits it at its minimum), the reservations
+// rule 4 makes after it are no smaller than before, and after it is
+// placed no elastic job could grow (rule 7; a job admitted in the cycle
+// grows at once, its stable period notwithstanding);
 // the later rules only take capacity or quota that the admission left
 // smaller (rules 3 and 6 are run again on the changed state and must admit
 // nothing). One job beyond its team's full quota that rule 6 admits by
@@ -144,7 +146,7 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	for _, name := range submitted {
 		j := e.newJob(st, name)
 		if j == nil {
-			return e.decline("job " + name + ": elastic, suspended, invalid, known already or without a team quota")
+			return e.decline("job " + name + ": suspended, invalid, of a size range without elasticity, known already or without a team quota")
 		}
 		fresh = append(fresh, j)
 	}
@@ -177,7 +179,7 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 	} else if reclaimed {
 		preempted, admitted = true, later
 	}
-	if !e.noGrowth(fresh) {
+	if !e.growFresh(append(slices.Clone(fresh), carried...), fresh) {
 		return e.decline("an elastic job could grow")
 	}
 	e.d = e.render(fresh, admitted, carried, preempted)
@@ -616,11 +618,11 @@ func (e *Engine) newJob(st State, name string) *jobRT {
 		return nil
 	}
 	spec := st.Jobs[i] // a copy: the caller moves its slice's entries
-	if spec.Suspended || spec.Elastic {
+	if spec.Suspended {
 		return nil
 	}
 	sp, err := normalize(spec, s.cfg)
-	if err != nil || sp.min != sp.max {
+	if err != nil || (sp.min != sp.max && !spec.Elastic) {
 		return nil
 	}
 	j := &jobRT{spec: &spec, name: name, valid: true, sp: sp, per: spec.PerNode.Accelerators,
@@ -698,6 +700,36 @@ func (e *Engine) noGrowth(fresh []*jobRT) bool {
 				return false
 			}
 			j.blockGrowth(code)
+		}
+	}
+	return true
+}
+
+// growFresh runs rule 7 on the flavors of touched (the submitted jobs and
+// those the last Admit admitted, which the full cycle marks again) as the
+// full cycle runs it after rules 2 to 6: a submitted elastic job grows at
+// once, as the full cycle grows a job it admits. It reports false when a
+// job not submitted grew (the full cycle decides that: its Engine records
+// are then dropped). With growth disabled nothing runs.
+func (e *Engine) growFresh(touched, fresh []*jobRT) bool {
+	s := e.s
+	if s.cfg.DisableGrowth {
+		return true // rule 7 does not run
+	}
+	for _, f := range flavorsOf(touched) {
+		var others []*jobRT
+		var sizes []int
+		for _, j := range f.jobs {
+			if j.spec.Elastic && j.size > 0 && !slices.Contains(fresh, j) {
+				others = append(others, j)
+				sizes = append(sizes, j.size)
+			}
+		}
+		s.grow(f)
+		for i, j := range others {
+			if j.size != sizes[i] {
+				return false
+			}
 		}
 	}
 	return true

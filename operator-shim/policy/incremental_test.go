@@ -85,12 +85,14 @@ func randomJob(rng *rand.Rand, name string, teams int, flavors []string, at time
 // Where Admit declines, the full cycle decides. It must take the fast
 // path often enough to mean something.
 func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
-	fast, tried, preempting, reclaiming, followed := 0, 0, 0, 0, 0
+	fast, tried, preempting, reclaiming, followed, elastic := 0, 0, 0, 0, 0, 0
 	// Seed 7014: two submits within their teams' quotas after which rule 3
 	// reclaims for a waiting job (found over 30,000 seeds). Seed 27255: a
 	// reclaim for a submit after which rule 6 preempts for a waiting job
-	// (found over 40,000).
-	seeds := []uint64{7014, 27255}
+	// (found over 40,000). Seed 8776: an elastic job a first Admit
+	// admitted, which the next Admit must mark as rule 7 does (it cannot
+	// grow) though the new submit is of another flavor.
+	seeds := []uint64{7014, 27255, 8776}
 	for seed := uint64(1); seed <= 2500; seed++ {
 		seeds = append(seeds, seed)
 	}
@@ -169,8 +171,12 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 			}
 			st.Allocations = got.Allocations
 			for _, name := range names {
-				if r := reasonOf(t, got, name); r.Kind == KindAdmitted && r.Code == CodeReclaim {
+				r := reasonOf(t, got, name)
+				if r.Kind == KindAdmitted && r.Code == CodeReclaim {
 					reclaiming++
+				}
+				if i := slices.IndexFunc(st.Jobs, func(j Job) bool { return j.Name == name }); r.Kind == KindAdmitted && st.Jobs[i].Elastic {
+					elastic++
 				}
 			}
 			if !e.Settled() {
@@ -218,9 +224,12 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("fast path taken in %d of %d submits, %d of them preempting (%d reclaiming from another team), %d followed up without a full cycle", fast, tried, preempting, reclaiming, followed)
+	t.Logf("fast path taken in %d of %d submits, %d of them preempting (%d reclaiming from another team), %d followed up without a full cycle; %d elastic jobs admitted", fast, tried, preempting, reclaiming, followed, elastic)
 	if fast < 200 {
 		t.Fatalf("the fast path was taken in only %d of %d submits", fast, tried)
+	}
+	if elastic < 10 {
+		t.Fatalf("the fast path admitted only %d elastic jobs", elastic)
 	}
 	if preempting < 10 || reclaiming < 5 || followed < 10 {
 		t.Fatalf("the fast path preempted for only %d submits, reclaiming for %d; %d followed up", preempting, reclaiming, followed)
@@ -246,11 +255,6 @@ func TestAdmitDeclines(t *testing.T) {
 	}{
 		{"a job no free nodes fit goes to the full cycle", func(st *State) []string {
 			st.Jobs = append(st.Jobs, job("b1", "b", 0, 2, 2, false))
-			return []string{"b1"}
-		}},
-		{"an elastic job (growth) goes to the full cycle", func(st *State) []string {
-			j := job("b1", "b", 0, 1, 2, true)
-			st.Jobs = append(st.Jobs, j)
 			return []string{"b1"}
 		}},
 		{"submits beyond the nominal quota together go to the full cycle", func(st *State) []string {
@@ -383,6 +387,11 @@ func TestAdmitDecidesOnTheFastPath(t *testing.T) {
 			Jobs:        []Job{frac("a1", "a", 0, 4), job("a-wait", "a", 10, 3, 3, false)},
 			Allocations: []Allocation{{Job: "a1", Team: "a", Flavor: h100, Size: 1, Nodes: []string{"n-000"}, AcceleratorsPerNode: 4, Since: t0, LastResize: t0}},
 		}, frac("a-new", "a", 0, 2), KindAdmitted, CodeWithinQuota},
+		{"an elastic submit admitted at its minimum, with no free node to grow onto, is decided on the fast path", State{
+			Nodes: mkNodes("n", 2, 8),
+			Teams: []Team{mkTeam("a", 32)},
+			Jobs:  []Job{frac("a1", "a", 0, 4)},
+		}, job("a-elastic", "a", 0, 1, 2, true), KindAdmitted, CodeWithinQuota},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			st := tc.st
@@ -421,6 +430,29 @@ func TestAdmitDecidesOnTheFastPath(t *testing.T) {
 			}
 		})
 	}
+	t.Run("an elastic job that rule 7 grows at once is decided on the fast path, grown", func(t *testing.T) {
+		// The full cycle admits it at its minimum and grows it onto the
+		// other free node in the same cycle (a job admitted in a cycle
+		// is not held by the stable period).
+		st := State{Now: t0, Nodes: mkNodes("n", 3, 8), Teams: []Team{mkTeam("a", 8), mkTeam("b", 16)}, Jobs: []Job{frac("a1", "a", 0, 4)}}
+		var e Engine
+		for range 2 {
+			st.Allocations = e.Schedule(st).Allocations
+			st.Now = st.Now.Add(time.Second)
+		}
+		st.Jobs = append(st.Jobs, job("b1", "b", 0, 1, 2, true))
+		full := Schedule(st)
+		d, ok := e.Admit(st, []string{"b1"})
+		if !ok {
+			t.Fatalf("declined: %s", e.Declined())
+		}
+		if size(full, "b1") != 2 || size(d, "b1") != 2 {
+			t.Fatalf("b1 at %d nodes on the fast path, %d in the full cycle; want 2 (grown at once)", size(d, "b1"), size(full, "b1"))
+		}
+		if !reflect.DeepEqual(d.Allocations, full.Allocations) || !reflect.DeepEqual(d.Reasons, full.Reasons) {
+			t.Fatalf("not the full cycle's decision:\nfast %+v\nfull %+v", d.Reasons, full.Reasons)
+		}
+	})
 }
 
 func inCohort(t Team, cohort string) Team { t.Cohort = cohort; return t }
