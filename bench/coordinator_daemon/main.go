@@ -64,6 +64,7 @@ type options struct {
 	seed                 uint64
 	keep                 bool
 	coordinatorFlags     string
+	elasticSubmits       bool
 }
 
 func main() {
@@ -74,6 +75,7 @@ func main() {
 	flag.DurationVar(&o.idle, "idle", 12*time.Second, "idle window (extrapolated per minute)")
 	flag.IntVar(&o.rounds, "rounds", 4, "churn rounds")
 	flag.IntVar(&o.submits, "submits", 15, "single submits timed for submit -> decision")
+	flag.BoolVar(&o.elasticSubmits, "elastic-submits", false, "time elastic whole-node submits (8 accelerators a node, 1 to 4 nodes) instead of 1-accelerator ones (the submit lines' names end in _elastic)")
 	flag.IntVar(&o.agents, "agents", 5000, "simulated agent watches (one per node, at most this many)")
 	flag.Uint64Var(&o.seed, "seed", 1, "random seed")
 	flag.StringVar(&o.coordinatorFlags, "coordinator-flags", "", "more flags for the coordinator, space-separated (e.g. --log-level=debug, with -keep: one log line per cycle)")

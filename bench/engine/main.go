@@ -101,14 +101,18 @@ func main() {
 		*name = fmt.Sprintf("engine_cycle_%dn_%dj_%dt", *nodes, *jobs, *teams)
 	}
 	fmt.Printf("BENCH %s %.1f ms target=%g\n", *name, ms(med), *target)
-	admits(st, *submits, newJob, *admitprofile)
+	admits(st, *submits, newJob, *admitprofile, false)
+	admits(st, *submits, newJob, "", true)
 }
 
 // admits measures the engine's fast path (policy.Engine.Admit): single
 // 1-accelerator submits into the steady state, each after a full cycle
 // that changed nothing, as the coordinator runs them; the submits Admit
 // declines (a full cycle decides them) are counted, not timed.
-func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile string) {
+//
+// With elastic, the submits are elastic whole-node jobs (8 accelerators a
+// node, 1 to 4 nodes), which rule 7 grows at once where nodes are free.
+func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile string, elastic bool) {
 	if n <= 0 {
 		return
 	}
@@ -136,6 +140,9 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile s
 		j := newJob(st.Now)
 		j.Name = fmt.Sprintf("zz-submit-%04d", i) // after every other name
 		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic = 1, 0, 0, false
+		if elastic {
+			j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic = 8, 1, 4, true
+		}
 		st.Jobs = append(st.Jobs, j)
 		st.Now = st.Now.Add(100 * time.Millisecond)
 		runtime.GC()
@@ -173,19 +180,23 @@ func admits(st policy.State, n int, newJob func(time.Time) policy.Job, profile s
 		declined[why]++
 		settle()
 	}
+	what, name := "single submits", "engine_admit"
+	if elastic {
+		what, name = "elastic submits (1-4 nodes)", "engine_admit_elastic"
+	}
 	if len(times) == 0 {
-		fmt.Printf("# fast path: all %d submits declined: %v\n", n, declined)
+		fmt.Printf("# fast path: all %d %s declined: %v\n", n, what, declined)
 		return
 	}
 	slices.Sort(times)
-	fmt.Printf("# fast path (policy.Engine.Admit): %d of %d single submits (%d of them preempting), min %.1f ms, median %.1f ms, max %.1f ms, %.1f MB allocated per submit; declined (a full cycle decides): %v\n",
-		len(times), n, preempting, ms(times[0]), ms(times[len(times)/2]), ms(times[len(times)-1]), float64(allocated)/float64(len(times))/1e6, declined)
+	fmt.Printf("# fast path (policy.Engine.Admit): %d of %d %s (%d of them preempting), min %.1f ms, median %.1f ms, max %.1f ms, %.1f MB allocated per submit; declined (a full cycle decides): %v\n",
+		len(times), n, what, preempting, ms(times[0]), ms(times[len(times)/2]), ms(times[len(times)-1]), float64(allocated)/float64(len(times))/1e6, declined)
 	if len(follows) > 0 {
 		slices.Sort(follows)
 		fmt.Printf("# follow-ups on the fast path (policy.Engine.FollowUp): %d of %d, median %.1f ms, max %.1f ms\n",
 			len(follows), preempting, ms(follows[len(follows)/2]), ms(follows[len(follows)-1]))
 	}
-	fmt.Printf("BENCH engine_admit_%dn_%dj %.2f ms\n", len(st.Nodes), len(st.Jobs)-n, ms(times[len(times)/2]))
+	fmt.Printf("BENCH %s_%dn_%dj %.2f ms\n", name, len(st.Nodes), len(st.Jobs)-n, ms(times[len(times)/2]))
 }
 
 // profileCPU starts a CPU profile written to path ("": none) and returns
