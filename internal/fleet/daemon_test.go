@@ -3,9 +3,14 @@ package fleet_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -81,5 +86,49 @@ func TestAssignmentKeysAndRecords(t *testing.T) {
 	json.Unmarshal([]byte(`{"time":"2026-01-01T00:00:00Z","job":"j","kind":"Admitted","message":"m","fromSize":0,"toSize":1}`), &e)
 	if e.Times() != 1 || e.Count != 0 {
 		t.Errorf("old event reads as %d times", e.Times())
+	}
+}
+
+// The coordinator reads its records in pages: at 20,000 nodes and 50,000
+// jobs they are about 80 MB, past the client's 64 MiB message limit, and
+// one transaction of every prefix failed on every retry. Here a client
+// limited to 1 MiB reads 3 MB of statuses, whole.
+func TestReadSnapshotReadsMoreThanOneMessage(t *testing.T) {
+	srv, cli := etcdtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := fleet.New(cli, "")
+	const jobs = 6000
+	msg := strings.Repeat("x", 400)
+	var ops []clientv3.Op
+	for i := range jobs {
+		s := fleet.Status{Reason: policy.Reason{Job: fmt.Sprintf("job-%05d", i), Kind: policy.KindPending, Message: msg}, Time: time.Now(), Since: time.Now()}
+		op, err := st.PutStatusOp(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ops = append(ops, op); len(ops) == 100 || i == jobs-1 {
+			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+			ops = ops[:0]
+		}
+	}
+	small, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints, DialTimeout: 5 * time.Second, MaxCallRecvMsgSize: 1 << 20, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	snap, err := fleet.New(small, "").ReadSnapshot(ctx)
+	if err != nil {
+		t.Fatalf("read a snapshot larger than a message: %v", err)
+	}
+	if len(snap.Statuses) != jobs {
+		t.Fatalf("read %d statuses, want %d", len(snap.Statuses), jobs)
+	}
+	for i, kv := range snap.Statuses {
+		if want := st.Keys.Status(fmt.Sprintf("job-%05d", i)); string(kv.Key) != want {
+			t.Fatalf("status %d: key %s, want %s", i, kv.Key, want)
+		}
 	}
 }
