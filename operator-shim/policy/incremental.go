@@ -561,12 +561,19 @@ func (e *Engine) pendFresh(j *jobRT) {
 }
 
 // enqueue inserts the waiting job j in its flavor's and team's pending
-// queues, in admission order (buildQueues').
+// queues, in admission order (buildQueues'), unless it is there: the kept
+// queues still list a job a fast path decision admitted from them (the
+// rules skip a job that holds nodes), and one of those preempted since
+// and requeued by FollowUp was listed twice, so that rule 5 admitted it
+// twice (two allocations of one job: a transaction with a duplicate key,
+// at 20,000 nodes with elastic submits).
 func enqueue(j *jobRT) {
-	at, _ := slices.BinarySearchFunc(j.fl.pending, j, jobOrder)
-	j.fl.pending = slices.Insert(j.fl.pending, at, j)
-	at, _ = slices.BinarySearchFunc(j.tf.queue, j, jobOrder)
-	j.tf.queue = slices.Insert(j.tf.queue, at, j)
+	if at, found := slices.BinarySearchFunc(j.fl.pending, j, jobOrder); !found {
+		j.fl.pending = slices.Insert(j.fl.pending, at, j)
+	}
+	if at, found := slices.BinarySearchFunc(j.tf.queue, j, jobOrder); !found {
+		j.tf.queue = slices.Insert(j.tf.queue, at, j)
+	}
 }
 
 // attachFresh indexes the new job j and admits it on nodes.

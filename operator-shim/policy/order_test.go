@@ -39,3 +39,27 @@ func TestSortVictimsKeepsTheVictimOrders(t *testing.T) {
 		}
 	}
 }
+
+// A job FollowUp requeues is listed once in its queues, though the kept
+// queues still list it from when a fast path decision admitted it there:
+// listed twice, rule 5 admitted it twice (two allocations of one job, a
+// transaction with a duplicate key at 20,000 nodes with elastic submits).
+func TestEnqueueListsAJobOnce(t *testing.T) {
+	fl, tf := &flavorRT{}, &teamFlavor{}
+	mk := func(name string, prio int) *jobRT {
+		return &jobRT{name: name, sp: spec{prio: prio}, spec: &Job{Name: name, SubmitTime: t0}, fl: fl, tf: tf}
+	}
+	a, b, c := mk("a", 5), mk("b", 0), mk("c", 0)
+	for _, j := range []*jobRT{b, a, c, b} {
+		enqueue(j)
+	}
+	for what, q := range map[string][]*jobRT{"flavor's pending": fl.pending, "team's queue": tf.queue} {
+		if !slices.Equal(q, []*jobRT{a, b, c}) {
+			var names []string
+			for _, j := range q {
+				names = append(names, j.name)
+			}
+			t.Errorf("%s: %v, want [a b c] (priority first, then name; each once)", what, names)
+		}
+	}
+}
