@@ -202,6 +202,9 @@ type Coordinator struct {
 	// etcdSeen is what the coordinator saw of etcd (its epoch, cluster
 	// id, highest revision): checkEtcd finds a loss of etcd's data by it.
 	etcdSeen fleet.EtcdView
+	// reportsLeft says the last cycle left nodes' reports unprocessed
+	// (an etcd error): its wake comes back for them (retryWake).
+	reportsLeft bool
 	// idleGC starts collections between cycles (Config.IdleGC); nil: off.
 	idleGC burstGC
 }

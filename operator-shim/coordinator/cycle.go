@@ -102,7 +102,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	}
 	c.log.Debug("cycle", "fast", fast, "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now
-	c.wake = c.nextWake(d, now)
+	c.wake = retryWake(c.nextWake(d, now), now, c.reportsLeft)
 	if c.cfg.OnDecision != nil {
 		c.cfg.OnDecision(d)
 	}
@@ -113,6 +113,24 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 		c.cfg.OnCycle(cs)
 	}
 	return again, nil
+}
+
+// reportRetry is how soon a cycle comes again after a node's report could
+// not be processed (an etcd error), when nothing else brings one sooner.
+const reportRetry = time.Second
+
+// retryWake is the cycle's next wake, wake, brought forward to
+// reportRetry from now when reports are left unprocessed: without it a
+// finished job's report waited for the next input change or the resync
+// (10 minutes), the job Running all that while.
+func retryWake(wake, now time.Time, reportsLeft bool) time.Time {
+	if !reportsLeft {
+		return wake
+	}
+	if retry := now.Add(reportRetry); wake.IsZero() || retry.Before(wake) {
+		return retry
+	}
+	return wake
 }
 
 // maxFastSubmits bounds the submits one cycle decides on the engine's

@@ -75,6 +75,7 @@ func (v *view) placedOn(job, node string) bool {
 // of the same key is processed on its own) and by leadership.
 func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 	v := c.view
+	c.reportsLeft = false
 	if len(v.reports) == 0 {
 		return
 	}
@@ -86,6 +87,7 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 	k := c.store.Keys
 	for _, key := range keys {
 		if ctx.Err() != nil {
+			c.reportsLeft = true
 			return
 		}
 		kv := v.reports[key]
@@ -148,6 +150,7 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 		if err != nil {
 			c.etcdError("write")
 			c.log.Warn("cannot process a node's report yet", "key", clipMsg(key), "err", err)
+			c.reportsLeft = true // the cycle's wake comes back for it (retryWake)
 			continue
 		}
 		delete(v.reports, key)
