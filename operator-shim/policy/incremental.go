@@ -255,7 +255,7 @@ func (e *Engine) FollowUp(st State) (Decision, bool) {
 			return e.decline(why)
 		}
 	}
-	if !e.noGrowth(carried) {
+	if !e.growFresh(carried, nil) {
 		return e.decline("an elastic job could grow")
 	}
 	e.d = e.render(nil, nil, append(carried, requeued...), false)
@@ -683,41 +683,13 @@ func (e *Engine) admitFresh(j *jobRT) (why string) {
 // byJobName orders job records by name.
 func byJobName(j *jobRT, name string) int { return strings.Compare(j.name, name) }
 
-// noGrowth reports whether rule 7 of the full cycle would grow no job of
-// the admitted jobs' flavors, and records, as rule 7 would, why each
-// elastic job that may grow did not: each is tried once, on the end state.
-func (e *Engine) noGrowth(fresh []*jobRT) bool {
-	s := e.s
-	if s.cfg.DisableGrowth {
-		return true // rule 7 does not run
-	}
-	for _, f := range flavorsOf(fresh) {
-		for _, j := range f.jobs {
-			if !j.spec.Elastic || j.size == 0 || j.yielded() || !j.exclusive {
-				continue
-			}
-			// Marked as rule 7 marks them (a job the kept cycle
-			// carried has the mark already; one carried over since,
-			// FollowUp's, has not).
-			if s.growthBlocked(j) {
-				continue
-			}
-			code, ok := s.growCheck(j)
-			if ok {
-				return false
-			}
-			j.blockGrowth(code)
-		}
-	}
-	return true
-}
-
-// growFresh runs rule 7 on the flavors of touched (the submitted jobs and
-// those the last Admit admitted, which the full cycle marks again) as the
-// full cycle runs it after rules 2 to 6: a submitted elastic job grows at
+// growFresh runs rule 7 on the flavors of touched (Admit: the submitted
+// jobs and those the last Admit admitted; FollowUp: the jobs it carries)
+// as the full cycle runs it after rules 2 to 6, marking why each elastic
+// job that may grow did not: a submitted (fresh) elastic job grows at
 // once, as the full cycle grows a job it admits. It reports false when a
-// job not submitted grew (the full cycle decides that: its Engine records
-// are then dropped). With growth disabled nothing runs.
+// job not in fresh grew (the full cycle decides that: the caller declines
+// and its Engine records are dropped). With growth disabled nothing runs.
 func (e *Engine) growFresh(touched, fresh []*jobRT) bool {
 	s := e.s
 	if s.cfg.DisableGrowth {
