@@ -539,13 +539,7 @@ func (e *elastic) leave(ctx context.Context) {
 
 // opTimeout bounds each etcd request the agent makes itself, as the
 // rendezvous bounds its own: the longer of 5s and two lease TTLs.
-func (e *elastic) opTimeout() time.Duration {
-	ttl := e.cfg.LeaseTTL
-	if ttl == 0 {
-		ttl = rendezvous.DefaultLeaseTTL
-	}
-	return max(5*time.Second, 2*ttl)
-}
+func (e *elastic) opTimeout() time.Duration { return rendezvous.OpTimeout(e.cfg.LeaseTTL) }
 
 // drain is a planned leave of this node (SIGUSR2, sent by the node agent
 // when the coordinator moves the job off this node): the workers of every

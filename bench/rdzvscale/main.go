@@ -258,7 +258,7 @@ func measure(n, nclients int, ttl time.Duration, nproc int, auth, ready bool, lo
 				}
 			}
 			if errs[i] == nil && ready {
-				errs[i] = startWorkers(ctx, clis[i%len(clis)], job, nd, rounds[i])
+				errs[i] = startWorkers(ctx, clis[i%len(clis)], job, nd, rounds[i], ttl)
 			}
 			joined.Add(1)
 		}()
@@ -331,8 +331,12 @@ func cpuSplit(nodes, etcd time.Duration, n int) string {
 // round's ready barrier (rank 0 prunes older barriers), wait for every
 // member, wait for older workers of other nodes to be gone, and mark this
 // node's workers running under its lease.
-func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *rendezvous.Node, r *rendezvous.Round) error {
-	b := rendezvous.NewBarrier(cli, "", job, r.Number, r.NumNodes, nd.ID(), 0)
+func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *rendezvous.Node, r *rendezvous.Round, ttl time.Duration) error {
+	// The bound agent/elastic gives them: with the 5 s default, nodes
+	// answered "too many requests" for longer failed their round at
+	// 20,000 nodes on a loaded machine, where the agent would have waited.
+	timeout := rendezvous.OpTimeout(ttl)
+	b := rendezvous.NewBarrier(cli, "", job, r.Number, r.NumNodes, nd.ID(), timeout)
 	if err := b.Arrive(ctx); err != nil {
 		return err
 	}
@@ -344,7 +348,7 @@ func startWorkers(ctx context.Context, cli *clientv3.Client, job string, nd *ren
 	if err := b.Wait(ctx); err != nil {
 		return err
 	}
-	m := rendezvous.NewRunningMarker(cli, "", job, nd.ID(), nd.Lease(), 0)
+	m := rendezvous.NewRunningMarker(cli, "", job, nd.ID(), nd.Lease(), timeout)
 	if err := m.WaitOlderGone(ctx, r.Number, nil); err != nil {
 		return err
 	}
