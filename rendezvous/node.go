@@ -257,14 +257,15 @@ func (n *Node) Lease() clientv3.LeaseID {
 // opTimeout bounds single etcd requests made on the node's behalf.
 func (n *Node) opTimeout() time.Duration { return OpTimeout(n.cfg.LeaseTTL) }
 
-// OpTimeout bounds one etcd request made on the behalf of a node whose
-// lease lasts ttl (0: DefaultLeaseTTL), retries of transient errors
-// included: the longer of 5 s and two TTLs. A Barrier and a RunningMarker
-// take it as their timeout. Every member of a round arrives and marks
-// itself at once, and an etcd thousands of proposals behind answers "too
-// many requests" to many of them for seconds (20,000 nodes in
-// bench/rdzvscale): a shorter bound fails nodes whose lease is fine, and
-// each failed node ends the round for every other.
+// OpTimeout is the bound on etcd requests made for a node whose lease
+// lasts ttl (0: DefaultLeaseTTL): the longer of 5 s and two TTLs. A Node
+// bounds each attempt of its own requests by it; a Barrier or a
+// RunningMarker given it bounds each operation, its retries of transient
+// errors included. Every member of a round arrives and marks itself at
+// once, and an etcd thousands of proposals behind answers "too many
+// requests" to many of them for seconds (20,000 nodes in bench/rdzvscale):
+// a shorter bound fails nodes whose lease is fine, and each failed node
+// ends the round for every other.
 func OpTimeout(ttl time.Duration) time.Duration {
 	if ttl <= 0 {
 		ttl = DefaultLeaseTTL
