@@ -56,15 +56,25 @@ func (e *Engine) Schedule(st State) Decision {
 	e.s, e.d, e.cfg, e.jobs = s, d, st.Config, len(st.Jobs)
 	e.fix = len(d.Released) == 0 && steady(d)
 	e.wake = time.Time{}
-	if s.stable > 0 {
-		for i := range s.jobs {
-			j := &s.jobs[i]
-			if t := j.lastResize.Add(s.stable); timed(j) && t.After(s.now) && (e.wake.IsZero() || t.Before(e.wake)) {
-				e.wake = t
-			}
-		}
+	for i := range s.jobs {
+		e.noteWake(&s.jobs[i])
 	}
 	return d
+}
+
+// noteWake moves the wake (when the fast path must leave the decision to
+// a full cycle) to the end of j's stable period when that comes sooner
+// and may change what a cycle decides (timed). Schedule notes every job;
+// Admit notes the jobs it admits, grows or shrinks, whose stable periods
+// start with its decision (FollowUp changes no allocation).
+func (e *Engine) noteWake(j *jobRT) {
+	s := e.s
+	if s.stable <= 0 {
+		return
+	}
+	if t := j.lastResize.Add(s.stable); timed(j) && t.After(s.now) && (e.wake.IsZero() || t.Before(e.wake)) {
+		e.wake = t
+	}
 }
 
 // steady reports whether every reason of d is one a job keeps while
@@ -196,6 +206,12 @@ func (e *Engine) Admit(st State, submitted []string) (Decision, bool) {
 				}
 			}
 		}
+	}
+	for _, j := range e.admitted {
+		e.noteWake(j)
+	}
+	for _, v := range e.victims {
+		e.noteWake(v)
 	}
 	return e.d, true
 }

@@ -458,3 +458,93 @@ func TestAdmitDecidesOnTheFastPath(t *testing.T) {
 func inCohort(t Team, cohort string) Team { t.Cohort = cohort; return t }
 
 func preempting(t Team) Team { t.Preemption = PreemptLowerPriority; return t }
+
+// TestAdmitDeclinesOnceAStablePeriodItStartedEnds: a job the fast path
+// admitted and grew, or shrank for a higher-priority submit, starts a
+// stable period, after which rule 7 may grow it again. A later Admit in
+// another flavor must then leave the decision to the full cycle, which
+// runs rule 7 on it and says why it does not grow; run on, the fast path
+// kept saying "may grow again after" a time already past (found in
+// review).
+func TestAdmitDeclinesOnceAStablePeriodItStartedEnds(t *testing.T) {
+	const a100 = "nvidia-a100-80gb"
+	inX := func(j Job) Job { j.Flavor = h100; return j }
+	inY := func(j Job) Job { j.Flavor = a100; return j }
+	for _, tc := range []struct {
+		rule    string
+		nominal int // team a's quota of flavor X
+		jobs    []Job
+		first   Job // submitted and decided on the fast path
+		watched string
+		size    int // the watched job's size after first
+	}{
+		{"a job admitted and grown at once", 32, nil,
+			inX(job("f", "a", 0, 1, 3, true)), "f", 2},
+		{"a job shrunk for a higher-priority submit of its team", 16, []Job{inX(job("v", "a", 0, 1, 2, true))},
+			inX(job("p", "a", 10, 1, 1, false)), "v", 1},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			nodes := mkNodes("x", 2, 8)
+			for i := range 2 {
+				nodes = append(nodes, Node{Name: fmt.Sprintf("y-%03d", i), Flavor: a100, Accelerators: 8, VCPUs: 96, Memory: 1 << 40})
+			}
+			st := State{
+				Now:    t0,
+				Config: Config{MinStablePeriod: 10 * time.Second},
+				Nodes:  nodes,
+				Teams: []Team{preempting(Team{Name: "a", Quotas: []FlavorQuota{
+					{Flavor: h100, Nominal: tc.nominal}, {Flavor: a100, Nominal: 32}}})},
+				Jobs: tc.jobs,
+			}
+			var e Engine
+			for range 12 {
+				st.Allocations = e.Schedule(st).Allocations
+				st.Now = st.Now.Add(time.Second)
+			}
+			// decide submits j and checks the decision against the full
+			// cycle's; fast: whether Admit (and FollowUp) decided it.
+			decide := func(j Job) (d Decision, fast bool) {
+				t.Helper()
+				j.SubmitTime = st.Now
+				st.Jobs = append(st.Jobs, j)
+				slices.SortFunc(st.Jobs, func(a, b Job) int { return strings.Compare(a.Name, b.Name) })
+				full := Schedule(st)
+				d, fast = e.Admit(st, []string{j.Name})
+				if !fast {
+					t.Logf("%s: declined: %s", j.Name, e.Declined())
+					d = e.Schedule(st)
+				}
+				if !reflect.DeepEqual(d.Allocations, full.Allocations) || !reflect.DeepEqual(d.Reasons, full.Reasons) {
+					t.Fatalf("%s: not the full cycle's decision:\nfast %+v\nfull %+v", j.Name, d.Reasons, full.Reasons)
+				}
+				st.Allocations = d.Allocations
+				if fast && !e.Settled() {
+					st.Now = st.Now.Add(100 * time.Millisecond)
+					full := Schedule(st)
+					if d, fast = e.FollowUp(st); !fast {
+						t.Fatalf("%s: follow-up declined: %s", j.Name, e.Declined())
+					}
+					if !reflect.DeepEqual(d.Allocations, full.Allocations) || !reflect.DeepEqual(d.Reasons, full.Reasons) {
+						t.Fatalf("%s: follow-up: not the full cycle's decision:\nfast %+v\nfull %+v", j.Name, d.Reasons, full.Reasons)
+					}
+				}
+				return d, fast
+			}
+			d, fast := decide(tc.first)
+			if !fast || size(d, tc.watched) != tc.size {
+				t.Fatalf("%s: fast path %v, %s at %d nodes; want the fast path, %d nodes", tc.first.Name, fast, tc.watched, size(d, tc.watched), tc.size)
+			}
+			st.Now = st.Now.Add(time.Second)
+			if _, fast := decide(inY(frac("g", "a", 0, 4))); !fast {
+				t.Fatal("g: want the fast path (its stable period runs on)")
+			}
+			// The watched job's stable period (10 s) ends; nothing else
+			// changes in its flavor.
+			st.Now = st.Now.Add(15 * time.Second)
+			d, _ = decide(inY(frac("h", "a", 0, 4)))
+			if r := reasonOf(t, d, tc.watched); r.Code == CodeStablePeriod {
+				t.Fatalf("%s: %s/%s (%s) after its stable period ended", tc.watched, r.Kind, r.Code, r.Message)
+			}
+		})
+	}
+}
