@@ -41,15 +41,22 @@ const history = 2
 // collection End starts runs on its own.
 type Collector struct {
 	mu      sync.Mutex
-	allocs0 uint64          // the allocation count at Begin
+	begin   sample          // what Begin read
 	bursts  [history]uint64 // the latest bursts' allocations
 	next    int
 	running bool
 	// collect starts a collection (runtime.GC; tests replace it).
 	collect func()
-	// read reads the allocation count, the heap and the goal (tests
-	// replace it).
-	read func() (allocs, heap, goal uint64)
+	// read reads the process's counts (tests replace it).
+	read func() sample
+}
+
+// sample is what a Collector reads of its process.
+type sample struct {
+	allocs uint64 // bytes allocated so far
+	heap   uint64 // the heap's objects, live or not yet swept
+	goal   uint64 // the heap goal
+	cycles uint64 // collections completed so far
 }
 
 // New returns a Collector for this process.
@@ -59,29 +66,32 @@ func New() *Collector {
 
 // Begin marks the start of a burst of work.
 func (c *Collector) Begin() {
-	allocs, _, _ := c.read()
+	b := c.read()
 	c.mu.Lock()
-	c.allocs0 = allocs
+	c.begin = b
 	c.mu.Unlock()
 }
 
 // End marks the end of the burst Begin started. idle says whether a wait
 // follows (else more work comes at once, and no collection starts: the
 // burst is only counted). It reports whether it started a collection; it
-// starts none while its last one runs.
+// starts none while its last one runs, nor when a collection completed
+// during the burst: until the sweep after it ends, the heap still counts
+// the garbage it found, and one more would mark the whole heap again for
+// nothing.
 func (c *Collector) End(idle bool) bool {
-	allocs, heap, goal := c.read()
+	e := c.read()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if allocs > c.allocs0 {
-		c.bursts[c.next] = allocs - c.allocs0
+	if e.allocs > c.begin.allocs {
+		c.bursts[c.next] = e.allocs - c.begin.allocs
 		c.next = (c.next + 1) % history
 	}
 	var burst uint64
 	for _, b := range c.bursts {
 		burst = max(burst, b)
 	}
-	if !idle || c.running || !Due(heap, goal, burst) {
+	if !idle || c.running || e.cycles != c.begin.cycles || !Due(e.heap, e.goal, burst) {
 		return false
 	}
 	c.running = true
@@ -94,11 +104,10 @@ func (c *Collector) End(idle bool) bool {
 	return true
 }
 
-var names = []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/gc/heap/goal:bytes"}
+var names = []string{"/gc/heap/allocs:bytes", "/memory/classes/heap/objects:bytes", "/gc/heap/goal:bytes", "/gc/cycles/total:gc-cycles"}
 
-// readMetrics reads the bytes allocated so far, the heap's objects (live
-// and not yet swept) and the heap goal.
-func readMetrics() (allocs, heap, goal uint64) {
+// readMetrics reads this process's sample.
+func readMetrics() sample {
 	s := make([]metrics.Sample, len(names))
 	for i, n := range names {
 		s[i].Name = n
@@ -110,5 +119,5 @@ func readMetrics() (allocs, heap, goal uint64) {
 		}
 		return s[i].Value.Uint64()
 	}
-	return v(0), v(1), v(2)
+	return sample{allocs: v(0), heap: v(1), goal: v(2), cycles: v(3)}
 }

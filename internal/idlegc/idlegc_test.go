@@ -1,6 +1,7 @@
 package idlegc
 
 import (
+	"runtime"
 	"runtime/metrics"
 	"sync"
 	"testing"
@@ -33,19 +34,19 @@ func TestDue(t *testing.T) {
 
 // fake is a process whose allocation count, heap and goal the test sets.
 type fake struct {
-	mu                  sync.Mutex
-	allocs, heap, goal  uint64
-	collections         int
-	release, collecting chan struct{}
+	mu                         sync.Mutex
+	allocs, heap, goal, cycles uint64
+	collections                int
+	release, collecting        chan struct{}
 }
 
 func newFake(goal uint64) (*Collector, *fake) {
 	f := &fake{goal: goal, release: make(chan struct{}), collecting: make(chan struct{}, 10)}
 	c := &Collector{
-		read: func() (uint64, uint64, uint64) {
+		read: func() sample {
 			f.mu.Lock()
 			defer f.mu.Unlock()
-			return f.allocs, f.heap, f.goal
+			return sample{allocs: f.allocs, heap: f.heap, goal: f.goal, cycles: f.cycles}
 		},
 		collect: func() {
 			f.mu.Lock()
@@ -88,6 +89,32 @@ func TestCollectorStartsACollectionBeforeTheBurstThatWouldReachTheGoal(t *testin
 	if f.burst(c, 10, true) {
 		t.Fatal("a second collection started while the first ran")
 	}
+	close(f.release)
+}
+
+// A collection of Go's own that completed during the burst leaves the
+// heap counting its garbage until the sweep ends: End must not take that
+// for a heap near the goal and mark it all again.
+func TestCollectorStartsNoneAfterGosOwnCollection(t *testing.T) {
+	c, f := newFake(100)
+	f.heap = 40
+	for range 2 {
+		f.burst(c, 10, true) // heap 60; bursts of 10
+	}
+	c.Begin()
+	f.mu.Lock()
+	f.allocs += 10
+	f.heap += 25 // 85: the burst, and garbage not yet swept
+	f.cycles++
+	f.mu.Unlock()
+	if c.End(true) {
+		t.Fatal("started a collection right after one of Go's own completed during the burst")
+	}
+	// The next burst's end, with the heap as high, collects again.
+	if !f.burst(c, 0, true) {
+		t.Fatal("no collection at the next idle end, the heap within two bursts of the goal")
+	}
+	<-f.collecting
 	close(f.release)
 }
 
@@ -148,11 +175,12 @@ func TestReadMetricsReadsThisProcess(t *testing.T) {
 			t.Fatalf("runtime/metrics has no uint64 %s: the collector would never start a collection", n)
 		}
 	}
-	a0, heap, goal := readMetrics()
+	s0 := readMetrics()
 	sink = make([]byte, 1<<20)
-	a1, _, _ := readMetrics()
-	if heap == 0 || goal == 0 || a1-a0 < 1<<20 {
-		t.Fatalf("readMetrics: allocs %d -> %d after 1 MiB, heap %d, goal %d", a0, a1, heap, goal)
+	runtime.GC()
+	s1 := readMetrics()
+	if s0.heap == 0 || s0.goal == 0 || s1.allocs-s0.allocs < 1<<20 || s1.cycles <= s0.cycles {
+		t.Fatalf("readMetrics: allocs %d -> %d after 1 MiB, heap %d, goal %d, collections %d -> %d after one", s0.allocs, s1.allocs, s0.heap, s0.goal, s0.cycles, s1.cycles)
 	}
 }
 
