@@ -205,6 +205,9 @@ type Coordinator struct {
 	// reportsLeft says the last cycle left nodes' reports unprocessed
 	// (an etcd error): its wake comes back for them (retryWake).
 	reportsLeft bool
+	// reportRetries counts the cycles in a row that left reports (the
+	// retry backs off with it).
+	reportRetries int
 	// idleGC starts collections between cycles (Config.IdleGC); nil: off.
 	idleGC burstGC
 }

@@ -102,7 +102,12 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	}
 	c.log.Debug("cycle", "fast", fast, "engine", engine, "diff", diff, "write", time.Since(t1)-diff, "ops", ops, "jobs", len(d.Reasons))
 	c.ran, c.lastCycle = v.changed, now
-	c.wake = retryWake(c.nextWake(d, now), now, c.reportsLeft)
+	if c.reportsLeft {
+		c.reportRetries++
+	} else {
+		c.reportRetries = 0
+	}
+	c.wake = retryWake(c.nextWake(d, now), now, c.reportRetries)
 	if c.cfg.OnDecision != nil {
 		c.cfg.OnDecision(d)
 	}
@@ -116,18 +121,30 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 }
 
 // reportRetry is how soon a cycle comes again after a node's report could
-// not be processed (an etcd error), when nothing else brings one sooner.
-const reportRetry = time.Second
+// not be processed (an etcd error), when nothing else brings one sooner;
+// it doubles with each cycle in a row that leaves reports, up to
+// maxReportRetry.
+const (
+	reportRetry    = time.Second
+	maxReportRetry = 30 * time.Second
+)
 
-// retryWake is the cycle's next wake, wake, brought forward to
-// reportRetry from now when reports are left unprocessed: without it a
+// retryWake is the cycle's next wake, wake, brought forward to a retry when
+// the last retries cycles in a row left reports unprocessed: without it a
 // finished job's report waited for the next input change or the resync
-// (10 minutes), the job Running all that while.
-func retryWake(wake, now time.Time, reportsLeft bool) time.Time {
-	if !reportsLeft {
+// (10 minutes), the job Running all that while. The retry backs off (1 s,
+// 2 s, 4 s, ... 30 s): each is a full cycle, and an etcd that refuses
+// writes for minutes (its space alarm) would otherwise cost one every
+// second.
+func retryWake(wake, now time.Time, retries int) time.Time {
+	if retries <= 0 {
 		return wake
 	}
-	if retry := now.Add(reportRetry); wake.IsZero() || retry.Before(wake) {
+	delay := maxReportRetry
+	if retries <= 5 {
+		delay = min(reportRetry<<(retries-1), maxReportRetry)
+	}
+	if retry := now.Add(delay); wake.IsZero() || retry.Before(wake) {
 		return retry
 	}
 	return wake

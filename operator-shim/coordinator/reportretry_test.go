@@ -21,20 +21,24 @@ import (
 func TestRetryWake(t *testing.T) {
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
-		rule        string
-		wake        time.Time
-		reportsLeft bool
-		want        time.Time
+		rule    string
+		wake    time.Time
+		retries int // cycles in a row that left reports
+		want    time.Time
 	}{
-		{"no report left: the wake as it is", now.Add(time.Minute), false, now.Add(time.Minute)},
-		{"no report left and no wake: none", time.Time{}, false, time.Time{}},
-		{"a report left and no wake: a retry", time.Time{}, true, now.Add(reportRetry)},
-		{"a report left and a later wake: the retry first", now.Add(time.Minute), true, now.Add(reportRetry)},
-		{"a report left and a sooner wake: the wake", now.Add(100 * time.Millisecond), true, now.Add(100 * time.Millisecond)},
+		{"no report left: the wake as it is", now.Add(time.Minute), 0, now.Add(time.Minute)},
+		{"no report left and no wake: none", time.Time{}, 0, time.Time{}},
+		{"a report left and no wake: a retry", time.Time{}, 1, now.Add(reportRetry)},
+		{"a report left and a later wake: the retry first", now.Add(time.Minute), 1, now.Add(reportRetry)},
+		{"a report left and a sooner wake: the wake", now.Add(100 * time.Millisecond), 1, now.Add(100 * time.Millisecond)},
+		{"left by a second cycle in a row: twice as long", time.Time{}, 2, now.Add(2 * reportRetry)},
+		{"left by a fifth cycle in a row: 16 times", time.Time{}, 5, now.Add(16 * reportRetry)},
+		{"left by a sixth cycle in a row: the bound", time.Time{}, 6, now.Add(maxReportRetry)},
+		{"left for an hour: still the bound", time.Time{}, 3600, now.Add(maxReportRetry)},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
-			if got := retryWake(tc.wake, now, tc.reportsLeft); !got.Equal(tc.want) {
-				t.Errorf("retryWake(%v, now, %v) = %v, want %v", tc.wake, tc.reportsLeft, got, tc.want)
+			if got := retryWake(tc.wake, now, tc.retries); !got.Equal(tc.want) {
+				t.Errorf("retryWake(%v, now, %d) = %v, want %v", tc.wake, tc.retries, got, tc.want)
 			}
 		})
 	}
