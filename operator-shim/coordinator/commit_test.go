@@ -51,7 +51,7 @@ func TestCommitWritesEverythingAndKeepsASplitJobInOrder(t *testing.T) {
 		total += len(u)
 	}
 	leader := clientv3.Compare(clientv3.CreateRevision("no-such-key"), "=", 0)
-	n, err := c.commit(ctx, leader, units)
+	n, err := c.commit(ctx, leader, units, 0)
 	if err != nil || n != total {
 		t.Fatalf("commit wrote %d of %d ops: %v", n, total, err)
 	}
@@ -73,7 +73,36 @@ func TestCommitWritesEverythingAndKeepsASplitJobInOrder(t *testing.T) {
 		}
 	}
 	// Not the leader: nothing is written and the caller is told.
-	if _, err := c.commit(ctx, clientv3.Compare(clientv3.CreateRevision(st.Keys.Desired("big")), "=", 0), units); err != errNotLeader {
+	if _, err := c.commit(ctx, clientv3.Compare(clientv3.CreateRevision(st.Keys.Desired("big")), "=", 0), units, 0); err != errNotLeader {
 		t.Errorf("commit as a deposed leader: %v, want errNotLeader", err)
+	}
+}
+
+// The units that take nodes are sent only once every unit before them is
+// written: when a release fails, no taking unit is written, even one that
+// a transaction of its own would have carried at the same time.
+func TestCommitSendsTheTakingUnitsOnlyAfterTheReleases(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, cli := etcdtest.Start(t)
+	c := New(cli, Config{})
+	k := c.store.Keys
+	unit := func(job string, n int) []clientv3.Op {
+		var u []clientv3.Op
+		for i := range n {
+			u = append(u, clientv3.OpPut(k.Assignment(fmt.Sprintf("n%03d", i), job), "{}"))
+		}
+		return u
+	}
+	// The release fails: etcd refuses a transaction that names a key twice.
+	release := append(unit("a", 100), clientv3.OpDelete(k.Assignment("n000", "a")))
+	take := unit("b", 100)
+	leader := clientv3.Compare(clientv3.CreateRevision("no-such-key"), "=", 0)
+	if _, err := c.commit(ctx, leader, [][]clientv3.Op{release, take}, 1); err == nil {
+		t.Fatal("commit of a failing release: no error")
+	}
+	r, err := cli.Get(ctx, k.Assignment("n000", "b"), clientv3.WithCountOnly())
+	if err != nil || r.Count != 0 {
+		t.Fatalf("b's assignment was written although the release before it failed (count %d, %v)", r.Count, err)
 	}
 }

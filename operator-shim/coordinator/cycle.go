@@ -229,22 +229,29 @@ const commitConcurrency = 4
 
 // commit writes units (the ops of one job stay in one transaction), each
 // transaction guarded by leadership, up to commitConcurrency at once; it
-// returns how many ops it wrote. On an error some of the other
-// transactions may have committed: the caller reads the view again.
-func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op) (int, error) {
+// returns how many ops it wrote. The units from takes on (plan.takes; 0:
+// none) are sent only once every unit before them is written. On an error
+// some of the other transactions may have committed, none after a failed
+// one of an earlier phase: the caller reads the view again.
+func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op, takes int) (int, error) {
 	type txn struct {
 		ops     []clientv3.Op
 		ordered bool // committed after every earlier transaction
 	}
 	var txns []txn
 	var batch []clientv3.Op
+	orderNext := false // the next transaction starts the taking units
 	cut := func(ordered bool) {
 		if len(batch) > 0 {
-			txns = append(txns, txn{batch, ordered})
-			batch = nil
+			txns = append(txns, txn{batch, ordered || orderNext})
+			batch, orderNext = nil, false
 		}
 	}
-	for _, u := range units {
+	for i, u := range units {
+		if i == takes && i > 0 {
+			cut(false)
+			orderNext = true
+		}
 		if len(batch)+len(u) > maxTxnOps {
 			cut(false)
 		}

@@ -22,6 +22,12 @@ import (
 // failed commit leaves the view as it was.
 type plan struct {
 	units [][]clientv3.Op
+	// takes is where the units that put a job on a node it did not hold
+	// begin: they are committed after every unit before them, which
+	// release nodes (a preempted, stopped or shrunk job's), so no node is
+	// ever assigned to a job before the job it is taken from has left it
+	// in etcd, even when a transaction fails half way.
+	takes int
 	// changed counts the desired records written by the kind of their
 	// decision; again says a follow-up cycle is due (a job was
 	// preempted); running are the jobs placed (JobCredentials only);
@@ -99,7 +105,7 @@ type etcdCommitter struct {
 }
 
 func (e etcdCommitter) commit(ctx context.Context, p *plan) (int, error) {
-	return e.c.commit(ctx, e.leader, p.units)
+	return e.c.commit(ctx, e.leader, p.units, p.takes)
 }
 
 // commitPlan commits p and, once every unit is written, applies it to the
@@ -165,6 +171,8 @@ type planner struct {
 	// cycle.
 	retry     map[string]bool
 	placedIdx map[string]bool // full only
+	// takes are the jobs whose unit assigns them a node they did not hold.
+	takes map[string]bool
 }
 
 // plan turns a decision into the etcd writes it needs, one unit of ops
@@ -178,7 +186,7 @@ type planner struct {
 // job) and the jobs whose records the view changed meanwhile; the first
 // cycle after a read compares every job with the view (full).
 func (c *Coordinator) plan(d policy.Decision, full bool) *plan {
-	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{},
+	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{}, takes: map[string]bool{},
 		p: &plan{changed: map[policy.ReasonKind]int{}, statuses: map[string]*fleet.Status{}}}
 	if full {
 		pl.placedIdx = make(map[string]bool, len(d.Allocations))
@@ -284,6 +292,9 @@ func (pl *planner) place(a api.Allocation) {
 		op, err := c.store.PutAssignmentRecordOp(n, fleet.Assignment{Job: a.Job, Generation: gen, UID: uid, Creds: c.creds[a.Job]})
 		if pl.add(a.Job, op, err) {
 			p.assign = append(p.assign, assignEdit{job: a.Job, node: n, gen: gen})
+			if _, held := have[n]; !held {
+				pl.takes[a.Job] = true
+			}
 		}
 	}
 	for n := range have {
@@ -496,7 +507,15 @@ func (pl *planner) finish() *plan {
 	p, d := pl.p, pl.d
 	p.units = make([][]clientv3.Op, 0, len(pl.order)+1)
 	for _, job := range pl.order {
-		p.units = append(p.units, pl.unit[job])
+		if !pl.takes[job] {
+			p.units = append(p.units, pl.unit[job])
+		}
+	}
+	p.takes = len(p.units)
+	for _, job := range pl.order {
+		if pl.takes[job] {
+			p.units = append(p.units, pl.unit[job])
+		}
 	}
 	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, p.events)
 	p.units = append(p.units, pl.v.events.pruneOps(p.pruned, p.events)...)

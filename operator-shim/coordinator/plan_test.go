@@ -282,3 +282,45 @@ func TestPlannedPruneCountsThePlansEvents(t *testing.T) {
 		})
 	}
 }
+
+// A node a preempted job leaves is released in etcd before another job's
+// assignment names it: the taking units come after every other (plan.takes),
+// and commit sends them only once those are written. Before, the admitted
+// job's unit came first, and a failed transaction of the preempted job's
+// stop left both jobs assigned to the node, the agent running both.
+func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	k := fleet.NewKeys("")
+	c := newPlanCoordinator(t)
+	onA := api.Allocation{Job: "a", Team: "t", Flavor: "f", Size: 2, AcceleratorsPerNode: 8, Nodes: []string{"n1", "n2"}, Since: t0}
+	admit := policy.Decision{Now: t0, Allocations: []api.Allocation{onA},
+		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindAdmitted, ToSize: 2, Message: "admitted"}}}
+	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, c.plan(admit, !c.view.haveLast)); err != nil {
+		t.Fatal(err)
+	}
+	t1 := t0.Add(time.Minute)
+	onB := onA
+	onB.Job, onB.Since = "b", t1
+	preempt := policy.Decision{Now: t1, Allocations: []api.Allocation{onB},
+		Reasons: []policy.Reason{
+			{Job: "a", Team: "t", Kind: policy.KindPreempted, FromSize: 2, Message: "preempted for b"},
+			{Job: "b", Team: "t", Kind: policy.KindAdmitted, ToSize: 2, Message: "admitted"},
+		}}
+	p := c.plan(preempt, !c.view.haveLast)
+	unitOf := func(key string) int {
+		for i, u := range p.units {
+			for _, op := range u {
+				if string(op.KeyBytes()) == key {
+					return i
+				}
+			}
+		}
+		t.Fatalf("no op on %s in the plan: %v", key, opKeys(p))
+		return -1
+	}
+	for _, n := range []string{"n1", "n2"} {
+		if rel, take := unitOf(k.Assignment(n, "a")), unitOf(k.Assignment(n, "b")); rel >= p.takes || take < p.takes {
+			t.Errorf("node %s: a's release in unit %d, b's assignment in unit %d; the taking units begin at %d", n, rel, take, p.takes)
+		}
+	}
+}
