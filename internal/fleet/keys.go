@@ -68,15 +68,24 @@ func (k Keys) Spec(team, job string) string { return k.TeamSpecs(team) + job }
 // SpecOwner splits a spec key into its team and job; ok is false for any
 // other key.
 //
-// Unlike ParseSpecKey it takes any non-empty names: a spec whose name is
-// no DNS-1123 label is read, for the engine to report it invalid.
+// Unlike ParseSpecKey it takes any non-empty names up to MaxReadName
+// bytes: a spec whose name is no DNS-1123 label is read, for the engine to
+// report it invalid. A longer name is not read at all: the coordinator
+// keys the job's status and events by it, and a transaction carrying a
+// 600 KB name three times was refused, with the decisions of every job
+// that shared it, cycle after cycle.
 func (k Keys) SpecOwner(key string) (team, job string, ok bool) {
 	s, ok := segments(key, k.SpecsPrefix(), 2)
-	if !ok {
+	if !ok || len(s[0]) > MaxReadName || len(s[1]) > MaxReadName {
 		return "", "", false
 	}
 	return s[0], s[1], true
 }
+
+// MaxReadName is the longest team or job name of a spec key that is read
+// (253, a DNS subdomain's bound; a valid name is a DNS-1123 label of at
+// most 63).
+const MaxReadName = 253
 
 // CredsPrefix is the prefix of the per-job etcd credentials the
 // coordinator mints when auth is on; only the coordinator and the node

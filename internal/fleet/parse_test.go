@@ -202,6 +202,9 @@ func TestParseRunningAndReadyKeys(t *testing.T) {
 // another shape.
 func TestLenientReadersTakeAnyName(t *testing.T) {
 	k := Keys{}
+	if _, job, ok := k.SpecOwner(k.Spec("t", strings.Repeat("j", MaxReadName))); !ok || len(job) != MaxReadName {
+		t.Errorf("SpecOwner of a spec named with MaxReadName bytes: not read")
+	}
 	if team, job, ok := k.SpecOwner(k.Spec("Team_1", "Bad_Name")); !ok || team != "Team_1" || job != "Bad_Name" {
 		t.Errorf("SpecOwner of a spec named no label = %q, %q, %v", team, job, ok)
 	}
@@ -222,6 +225,8 @@ func TestLenientReadersTakeAnyName(t *testing.T) {
 	for rule, ok := range map[string]bool{
 		"spec: extra segment":       func() bool { _, _, ok := k.SpecOwner(k.Spec("t", "j") + "/x"); return ok }(),
 		"spec: empty job":           func() bool { _, _, ok := k.SpecOwner(k.TeamSpecs("t")); return ok }(),
+		"spec: job name too long":   func() bool { _, _, ok := k.SpecOwner(k.Spec("t", strings.Repeat("j", MaxReadName+1))); return ok }(),
+		"spec: team name too long":  func() bool { _, _, ok := k.SpecOwner(k.Spec(strings.Repeat("t", MaxReadName+1), "j")); return ok }(),
 		"assignment: empty node":    func() bool { _, _, ok := k.AssignmentOwner(k.AssignPrefix() + "/j"); return ok }(),
 		"assignment: extra segment": func() bool { _, _, ok := k.AssignmentOwner(k.Assignment("n", "j") + "/x"); return ok }(),
 		"report: unknown kind":      func() bool { _, _, _, ok := k.ReportOwner(k.NodeReports("n1") + "other/j"); return ok }(),

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -130,6 +131,30 @@ func TestMalformedInputsAreIgnoredNotFatal(t *testing.T) {
 	done := make(chan struct{})
 	go func() { c.Run(cctx); close(done) }()
 	defer func() { cancel(); <-done }()
+	waitTarget(t, ctx, cli, "ok", "1")
+}
+
+// A spec whose name is huge (600 KB, written by a team user straight to
+// etcd) is not read: its status and event, keyed by its name, made a
+// transaction etcd refused, and every job whose decision shared it, such
+// as a valid job submitted after, was never admitted.
+func TestAHugeSpecNameHoldsUpNoOtherJob(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	huge := strings.Repeat("x", 600<<10)
+	rec, err := json.Marshal(fleet.JobSpec{Job: policy.Job{Name: huge, Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, st.Keys.Spec("a", huge), string(rec)); err != nil {
+		t.Fatal(err)
+	}
+	c := New(cli, Config{Resync: 100 * time.Millisecond})
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { c.Run(cctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "ok", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
 	waitTarget(t, ctx, cli, "ok", "1")
 }
 
