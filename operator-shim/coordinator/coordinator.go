@@ -205,6 +205,9 @@ type Coordinator struct {
 	// reportsLeft says the last cycle left nodes' reports unprocessed
 	// (an etcd error): its wake comes back for them (retryWake).
 	reportsLeft bool
+	// failedCycles counts the cycles in a row that failed (the leader
+	// waits longer before each read after them: cycleRetryDelay).
+	failedCycles int
 	// reportRetries counts the cycles in a row that left reports (the
 	// retry backs off with it).
 	reportRetries int
@@ -352,7 +355,33 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		if !errors.Is(err, errRelist) {
 			return err
 		}
+		if d := cycleRetryDelay(c.failedCycles); d > 0 {
+			c.log.Warn("cycles keep failing; waiting before reading the fleet again", "failed_in_a_row", c.failedCycles, "in", d)
+			select {
+			case <-lctx.Done():
+				return lctx.Err()
+			case <-sess.Done():
+				return errors.New("leader session expired")
+			case <-time.After(d):
+			}
+		}
 	}
+}
+
+// cycleRetryDelay is how long the leader waits before it reads the fleet
+// again after failed cycles in a row: not at all after the first (a
+// transient etcd error), then 100 ms doubling up to 30 s. A cycle that
+// fails every time (etcd refusing writes: its space alarm, or a request
+// it will never take) read the whole fleet again about 20 times a second
+// before.
+func cycleRetryDelay(failed int) time.Duration {
+	if failed <= 1 {
+		return 0
+	}
+	if failed > 10 {
+		return 30 * time.Second
+	}
+	return min(100*time.Millisecond<<(failed-2), 30*time.Second)
 }
 
 // reload reads the whole view (start-up, compaction, a broken watch).
@@ -516,9 +545,11 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				if errors.Is(err, errNotLeader) {
 					return err
 				}
+				c.failedCycles++
 				c.log.Warn("cycle failed; reading the fleet again", "err", err)
 				return errRelist
 			}
+			c.failedCycles = 0
 			// A cycle that changed allocations is followed by another at
 			// once (preempted jobs are reconsidered, capacity freed is
 			// used): now, not at the next input change or the resync.

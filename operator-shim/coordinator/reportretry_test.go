@@ -107,3 +107,25 @@ func TestAReportLeftByAnEtcdErrorIsProcessedWithoutAnotherInput(t *testing.T) {
 		return err == nil && f != nil && f.Outcome == fleet.Succeeded, fmt.Sprintf("%+v %v", f, err)
 	})
 }
+
+func TestCycleRetryDelay(t *testing.T) {
+	for _, tc := range []struct {
+		rule   string
+		failed int // cycles in a row that failed
+		want   time.Duration
+	}{
+		{"no failed cycle: none", 0, 0},
+		{"one failed cycle (a transient error): read again at once", 1, 0},
+		{"a second in a row: 100 ms", 2, 100 * time.Millisecond},
+		{"a third: twice as long", 3, 200 * time.Millisecond},
+		{"the tenth: 25.6 s", 10, 25600 * time.Millisecond},
+		{"the eleventh: the bound", 11, 30 * time.Second},
+		{"for hours: still the bound", 100000, 30 * time.Second},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			if got := cycleRetryDelay(tc.failed); got != tc.want {
+				t.Errorf("cycleRetryDelay(%d) = %v, want %v", tc.failed, got, tc.want)
+			}
+		})
+	}
+}
