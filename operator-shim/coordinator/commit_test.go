@@ -51,7 +51,7 @@ func TestCommitWritesEverythingAndKeepsASplitJobInOrder(t *testing.T) {
 		total += len(u)
 	}
 	leader := clientv3.Compare(clientv3.CreateRevision("no-such-key"), "=", 0)
-	n, err := c.commit(ctx, leader, units, 0)
+	n, err := c.commit(ctx, leader, units)
 	if err != nil || n != total {
 		t.Fatalf("commit wrote %d of %d ops: %v", n, total, err)
 	}
@@ -73,7 +73,7 @@ func TestCommitWritesEverythingAndKeepsASplitJobInOrder(t *testing.T) {
 		}
 	}
 	// Not the leader: nothing is written and the caller is told.
-	if _, err := c.commit(ctx, clientv3.Compare(clientv3.CreateRevision(st.Keys.Desired("big")), "=", 0), units, 0); err != errNotLeader {
+	if _, err := c.commit(ctx, clientv3.Compare(clientv3.CreateRevision(st.Keys.Desired("big")), "=", 0), units); err != errNotLeader {
 		t.Errorf("commit as a deposed leader: %v, want errNotLeader", err)
 	}
 }

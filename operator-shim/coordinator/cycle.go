@@ -229,18 +229,19 @@ const commitConcurrency = 4
 
 // commit writes units (the ops of one job stay in one transaction), each
 // transaction guarded by leadership, up to commitConcurrency at once; it
-// returns how many ops it wrote. The units from takes on (plan.takes; 0:
-// none) are sent only once every unit before them is written. On an error
-// some of the other transactions may have committed, none after a failed
-// one of an earlier phase: the caller reads the view again.
-func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op, takes int) (int, error) {
+// returns how many ops it wrote. The units from each of phases on
+// (plan.moves, plan.takes) are sent only once every unit before them is
+// written. On an error some of the other transactions may have committed,
+// none after a failed one of an earlier phase: the caller reads the view
+// again.
+func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][]clientv3.Op, phases ...int) (int, error) {
 	type txn struct {
 		ops     []clientv3.Op
 		ordered bool // committed after every earlier transaction
 	}
 	var txns []txn
 	var batch []clientv3.Op
-	orderNext := false // the next transaction starts the taking units
+	orderNext := false // the next transaction starts a phase
 	cut := func(ordered bool) {
 		if len(batch) > 0 {
 			txns = append(txns, txn{batch, ordered || orderNext})
@@ -248,7 +249,7 @@ func (c *Coordinator) commit(ctx context.Context, leader clientv3.Cmp, units [][
 		}
 	}
 	for i, u := range units {
-		if i == takes && i > 0 {
+		if i > 0 && slices.Contains(phases, i) {
 			cut(false)
 			orderNext = true
 		}

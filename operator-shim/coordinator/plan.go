@@ -22,12 +22,15 @@ import (
 // failed commit leaves the view as it was.
 type plan struct {
 	units [][]clientv3.Op
-	// takes is where the units that put a job on a node it did not hold
-	// begin: they are committed after every unit before them, which
-	// release nodes (a preempted, stopped or shrunk job's), so no node is
-	// ever assigned to a job before the job it is taken from has left it
-	// in etcd, even when a transaction fails half way.
-	takes int
+	// moves and takes are where the units that put a job on a node it did
+	// not hold begin: first those of jobs that also leave a node (moved),
+	// then the others. Each phase is committed after every unit before it,
+	// so no node is assigned to a job before the job it is taken from (a
+	// preempted, stopped, shrunk or moved one) has left it in etcd, even
+	// when a transaction fails half way. (A move goes to a node that is
+	// free or freed by a release: the engine never moves a job onto a node
+	// another move clears.)
+	moves, takes int
 	// changed counts the desired records written by the kind of their
 	// decision; again says a follow-up cycle is due (a job was
 	// preempted); running are the jobs placed (JobCredentials only);
@@ -77,7 +80,10 @@ func (p *plan) settle(followed bool) {
 			p.touched[d.job] = true
 			continue
 		}
-		p.units = append(p.units, []clientv3.Op{d.op})
+		// Before the taking phases: a status waits for no placement.
+		p.units = slices.Insert(p.units, p.moves, []clientv3.Op{d.op})
+		p.moves++
+		p.takes++
 		p.statuses[d.job] = d.s
 	}
 	p.deferred = nil
@@ -105,7 +111,7 @@ type etcdCommitter struct {
 }
 
 func (e etcdCommitter) commit(ctx context.Context, p *plan) (int, error) {
-	return e.c.commit(ctx, e.leader, p.units, p.takes)
+	return e.c.commit(ctx, e.leader, p.units, p.moves, p.takes)
 }
 
 // commitPlan commits p and, once every unit is written, applies it to the
@@ -171,8 +177,9 @@ type planner struct {
 	// cycle.
 	retry     map[string]bool
 	placedIdx map[string]bool // full only
-	// takes are the jobs whose unit assigns them a node they did not hold.
-	takes map[string]bool
+	// takes are the jobs whose unit assigns them a node they did not
+	// hold; leaves those whose unit deletes an assignment of theirs.
+	takes, leaves map[string]bool
 }
 
 // plan turns a decision into the etcd writes it needs, one unit of ops
@@ -186,7 +193,7 @@ type planner struct {
 // job) and the jobs whose records the view changed meanwhile; the first
 // cycle after a read compares every job with the view (full).
 func (c *Coordinator) plan(d policy.Decision, full bool) *plan {
-	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{}, takes: map[string]bool{},
+	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{}, takes: map[string]bool{}, leaves: map[string]bool{},
 		p: &plan{changed: map[policy.ReasonKind]int{}, statuses: map[string]*fleet.Status{}}}
 	if full {
 		pl.placedIdx = make(map[string]bool, len(d.Allocations))
@@ -301,6 +308,7 @@ func (pl *planner) place(a api.Allocation) {
 		if !slices.Contains(a.Nodes, n) {
 			pl.add(a.Job, c.store.DeleteAssignmentOp(n, a.Job), nil)
 			p.assign = append(p.assign, assignEdit{job: a.Job, node: n, del: true})
+			pl.leaves[a.Job] = true
 		}
 	}
 }
@@ -506,19 +514,20 @@ func (pl *planner) planUsage() {
 func (pl *planner) finish() *plan {
 	p, d := pl.p, pl.d
 	p.units = make([][]clientv3.Op, 0, len(pl.order)+1)
-	for _, job := range pl.order {
-		if !pl.takes[job] {
-			p.units = append(p.units, pl.unit[job])
+	phase := func(taking, leaving bool) {
+		for _, job := range pl.order {
+			if pl.takes[job] == taking && (!taking || pl.leaves[job] == leaving) {
+				p.units = append(p.units, pl.unit[job])
+			}
 		}
 	}
-	p.takes = len(p.units)
-	for _, job := range pl.order {
-		if pl.takes[job] {
-			p.units = append(p.units, pl.unit[job])
-		}
-	}
+	phase(false, false)
 	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, p.events)
 	p.units = append(p.units, pl.v.events.pruneOps(p.pruned, p.events)...)
+	p.moves = len(p.units)
+	phase(true, true)
+	p.takes = len(p.units)
+	phase(true, false)
 	// The next cycle diffs against this decision. The lists are the
 	// engine's, not copied: nothing changes them after the cycle.
 	p.allocs, p.reasons = d.Allocations, d.Reasons

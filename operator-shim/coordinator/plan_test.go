@@ -319,8 +319,37 @@ func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
 		return -1
 	}
 	for _, n := range []string{"n1", "n2"} {
-		if rel, take := unitOf(k.Assignment(n, "a")), unitOf(k.Assignment(n, "b")); rel >= p.takes || take < p.takes {
-			t.Errorf("node %s: a's release in unit %d, b's assignment in unit %d; the taking units begin at %d", n, rel, take, p.takes)
+		if rel, take := unitOf(k.Assignment(n, "a")), unitOf(k.Assignment(n, "b")); rel >= p.moves || take < p.takes {
+			t.Errorf("node %s: a's release in unit %d, b's assignment in unit %d; the moves begin at %d, the takes at %d", n, rel, take, p.moves, p.takes)
 		}
+	}
+
+	// A job moved off a node (defragmentation) leaves it before another
+	// job is assigned it, and goes to its new node after every release.
+	c = newPlanCoordinator(t)
+	onC := api.Allocation{Job: "c", Team: "t", Flavor: "f", Size: 1, AcceleratorsPerNode: 8, Nodes: []string{"n3"}, Since: t0}
+	admit.Allocations = []api.Allocation{onA, onC}
+	admit.Reasons = append(admit.Reasons, policy.Reason{Job: "c", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"})
+	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, c.plan(admit, !c.view.haveLast)); err != nil {
+		t.Fatal(err)
+	}
+	moved := onA
+	moved.Nodes = []string{"n2", "n4"}
+	onB.Nodes, onB.Size = []string{"n1"}, 1
+	move := policy.Decision{Now: t1, Allocations: []api.Allocation{moved, onB},
+		Reasons: []policy.Reason{
+			{Job: "a", Team: "t", Kind: policy.KindMoved, FromSize: 2, ToSize: 2, Message: "moved"},
+			{Job: "b", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"},
+			{Job: "c", Team: "t", Kind: policy.KindPreempted, FromSize: 1, Message: "preempted for b"},
+		}}
+	p = c.plan(move, !c.view.haveLast)
+	if rel := unitOf(k.Assignment("n3", "c")); rel >= p.moves {
+		t.Errorf("c's release in unit %d; the moves begin at %d", rel, p.moves)
+	}
+	if mv := unitOf(k.Assignment("n4", "a")); mv < p.moves || mv >= p.takes {
+		t.Errorf("a's move in unit %d; want in the moves, [%d, %d)", mv, p.moves, p.takes)
+	}
+	if take := unitOf(k.Assignment("n1", "b")); take < p.takes {
+		t.Errorf("b's assignment on the node a left in unit %d; the takes begin at %d", take, p.takes)
 	}
 }
