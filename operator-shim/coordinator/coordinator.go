@@ -304,6 +304,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 // errRelist ends a watch loop whose view must be read again.
 var errRelist = errors.New("the view must be read again")
 
+// errCycleFailed is errRelist after a failed cycle (the leader backs off
+// before reading again: cycleRetryDelay).
+var errCycleFailed = fmt.Errorf("%w: a cycle failed", errRelist)
+
 func (c *Coordinator) lead(ctx context.Context) error {
 	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
@@ -316,6 +320,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	c.log.Info("elected leader")
+	c.failedCycles = 0 // a new term retries at once
 	c.checkEtcd(ctx)
 	if c.cfg.OnLeader != nil {
 		c.cfg.OnLeader(true)
@@ -355,7 +360,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		if !errors.Is(err, errRelist) {
 			return err
 		}
-		if d := cycleRetryDelay(c.failedCycles); d > 0 {
+		if d := cycleRetryDelay(c.failedCycles); d > 0 && errors.Is(err, errCycleFailed) {
 			c.log.Warn("cycles keep failing; waiting before reading the fleet again", "failed_in_a_row", c.failedCycles, "in", d)
 			select {
 			case <-lctx.Done():
@@ -547,7 +552,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				}
 				c.failedCycles++
 				c.log.Warn("cycle failed; reading the fleet again", "err", err)
-				return errRelist
+				return errCycleFailed
 			}
 			c.failedCycles = 0
 			// A cycle that changed allocations is followed by another at
