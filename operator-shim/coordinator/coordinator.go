@@ -539,28 +539,39 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				wakeT, wakeC = nil, nil
 			}
 			c.followUp, caused = !caused, false
-			if c.idleGC != nil {
-				c.idleGC.Begin()
-			}
-			again, err := c.cycle(ctx, leader)
-			if c.idleGC != nil && c.idleGC.End(err == nil && !again) {
-				c.log.Debug("garbage collection started while idle")
-			}
+			again, err := c.runCycle(ctx, leader)
 			if err != nil {
-				if errors.Is(err, errNotLeader) {
-					return err
-				}
-				c.failedCycles++
-				c.log.Warn("cycle failed; reading the fleet again", "err", err)
-				return errCycleFailed
+				return err
 			}
-			c.failedCycles = 0
 			// A cycle that changed allocations is followed by another at
 			// once (preempted jobs are reconsidered, capacity freed is
 			// used): now, not at the next input change or the resync.
 			dirty = again
 		}
 	}
+}
+
+// runCycle runs one cycle between the idle collector's brackets and
+// counts the failed ones in a row: errNotLeader as the cycle returned it,
+// any other error as errCycleFailed (the view must be read again).
+func (c *Coordinator) runCycle(ctx context.Context, leader clientv3.Cmp) (again bool, err error) {
+	if c.idleGC != nil {
+		c.idleGC.Begin()
+	}
+	again, err = c.cycle(ctx, leader)
+	if c.idleGC != nil && c.idleGC.End(err == nil && !again) {
+		c.log.Debug("garbage collection started while idle")
+	}
+	switch {
+	case err == nil:
+		c.failedCycles = 0
+		return again, nil
+	case errors.Is(err, errNotLeader):
+		return false, err
+	}
+	c.failedCycles++
+	c.log.Warn("cycle failed; reading the fleet again", "err", err)
+	return false, errCycleFailed
 }
 
 // startWatches watches every prefix the coordinator keeps from the view's
