@@ -345,12 +345,8 @@ func (c *Coordinator) lead(ctx context.Context) error {
 				return lctx.Err()
 			}
 			c.log.Warn("cannot read the fleet; retrying", "err", err, "in", backoff)
-			select {
-			case <-lctx.Done():
-				return lctx.Err()
-			case <-sess.Done():
-				return errors.New("leader session expired")
-			case <-time.After(backoff):
+			if err := waitInTerm(lctx, sess, backoff); err != nil {
+				return err
 			}
 			backoff = min(2*backoff, 5*time.Second)
 			continue
@@ -362,14 +358,26 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		}
 		if d := cycleRetryDelay(c.failedCycles); d > 0 && errors.Is(err, errCycleFailed) {
 			c.log.Warn("cycles keep failing; waiting before reading the fleet again", "failed_in_a_row", c.failedCycles, "in", d)
-			select {
-			case <-lctx.Done():
-				return lctx.Err()
-			case <-sess.Done():
-				return errors.New("leader session expired")
-			case <-time.After(d):
+			if err := waitInTerm(lctx, sess, d); err != nil {
+				return err
 			}
 		}
+	}
+}
+
+// waitInTerm waits d, or less when the leadership term ends first: it
+// returns ctx's error when ctx ends and an error when the leader's session
+// expires, nil once d has passed.
+func waitInTerm(ctx context.Context, sess *concurrency.Session, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-sess.Done():
+		return errors.New("leader session expired")
+	case <-t.C:
+		return nil
 	}
 }
 
