@@ -362,6 +362,22 @@ func Revoke(ctx context.Context, cli *clientv3.Client, k fleet.Keys, job string)
 	return nil
 }
 
+// HasJobUser reports whether job's etcd user exists (minted and not
+// revoked).
+func HasJobUser(ctx context.Context, cli *clientv3.Client, job string) (bool, error) {
+	if err := api.ValidateName("job", job); err != nil {
+		return false, err
+	}
+	err := call(ctx, func(ctx context.Context) error { _, err := cli.UserGet(ctx, JobRole(job)); return err })
+	if gone(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read job %s's etcd user: %w", job, err)
+	}
+	return true, nil
+}
+
 // MintedJobs lists the jobs that have a user (for revoking those whose job
 // is gone).
 func MintedJobs(ctx context.Context, cli *clientv3.Client) ([]string, error) {

@@ -34,7 +34,14 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 		mctx, cancel := context.WithTimeout(ctx, credsTimeout)
 		var cr *fleet.JobCreds
 		var err error
-		if c.minted[a.Job] {
+		if !c.minted[a.Job] {
+			// Another leader may have minted it since this term listed
+			// the users: this one may be deposed without knowing yet.
+			// Minting again would reset the password its hyperpodruns
+			// hold, so reuse the record when the user exists.
+			c.minted[a.Job], err = etcdauth.HasJobUser(mctx, c.cli, a.Job)
+		}
+		if err == nil && c.minted[a.Job] {
 			// Minted by an earlier leader: its record has the password
 			// the assignments carry.
 			cr, err = c.store.Creds(mctx, a.Job)

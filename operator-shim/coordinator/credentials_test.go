@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
@@ -90,4 +91,45 @@ func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
 	if _, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: creds.User, Password: creds.Password}); err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("the revoked job's user still connects: %v", err)
 	}
+}
+
+// A leader that does not know another leader minted a job's credentials
+// since it listed the users (it was deposed and does not know yet, or the
+// other minted meanwhile) reuses them: minting again would reset the
+// password the job's hyperpodruns already hold.
+func TestMintReusesCredentialsAnotherLeaderMinted(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	dir := filepath.Join(t.TempDir(), "pw")
+	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
+		t.Fatal(err)
+	}
+	pw, err := etcdconn.ReadPassword(filepath.Join(dir, etcdauth.CoordinatorUser+".password"), "", "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coordCli, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: cli.Endpoints(), User: etcdauth.CoordinatorUser, Password: pw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coordCli.Close()
+	c := New(coordCli, Config{Identity: "old", JobCredentials: true})
+	if err := c.loadMinted(ctx); err != nil { // this term lists no job users
+		t.Fatal(err)
+	}
+	theirs, err := etcdauth.Mint(ctx, coordCli, st.Keys, "j") // the other leader
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.mintFor(ctx, []api.Allocation{{Job: "j"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.creds["j"]; got == nil || got.Password != theirs.Password {
+		t.Fatalf("the coordinator holds %+v for the job, not the other leader's credentials", got)
+	}
+	jc, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: cli.Endpoints(), User: theirs.User, Password: theirs.Password})
+	if err != nil {
+		t.Fatalf("the job's hyperpodruns lost etcd: their password was reset: %v", err)
+	}
+	jc.Close()
 }
