@@ -114,6 +114,17 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 		if ok {
 			act, why = judgeReport(kind, v.placedOn(job, node), f != nil, p, node, job)
 		}
+		if act == reportDrop {
+			if lk := key + "\x00" + why; !c.ignored[lk] {
+				if c.ignored == nil {
+					c.ignored = map[string]bool{}
+				}
+				c.ignored[lk] = true
+				c.log.Warn("ignoring a node's report", "why", why, "key", clipMsg(key))
+			}
+			drops = append(drops, kv)
+			continue // deleted in batches: dropReports
+		}
 		mine := clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
 		drop := clientv3.OpDelete(key)
 		var ops []clientv3.Op
@@ -133,16 +144,6 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 			}
 		case reportClear:
 			ops = append(ops, c.store.DeleteProblemOp(job, node))
-		case reportDrop:
-			if lk := key + "\x00" + why; !c.ignored[lk] {
-				if c.ignored == nil {
-					c.ignored = map[string]bool{}
-				}
-				c.ignored[lk] = true
-				c.log.Warn("ignoring a node's report", "why", why, "key", clipMsg(key))
-			}
-			drops = append(drops, &mvccpb.KeyValue{Key: []byte(key), ModRevision: kv.ModRevision})
-			continue // deleted in batches: dropReports
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		r, err := c.cli.Txn(wctx).If(cmps...).Then(append(ops, drop)...).Commit()
@@ -183,6 +184,10 @@ func (c *Coordinator) processReports(ctx context.Context, leader clientv3.Cmp) {
 // hold up every decision: 5,000 reports of jobs not placed on it delayed
 // an unrelated admission by 4.6 s.
 func (c *Coordinator) dropReports(ctx context.Context, leader clientv3.Cmp, drops []*mvccpb.KeyValue) {
+	if len(drops) > 0 && ctx.Err() != nil {
+		c.reportsLeft = true // the term or the cycle ended: the next one deletes them
+		return
+	}
 	for len(drops) > 0 {
 		batch := drops[:min(len(drops), maxTxnOps)]
 		drops = drops[len(batch):]
