@@ -204,14 +204,14 @@ func (b *benchRun) startCoordinator(dir string, port int) (pid int, logName stri
 // the idle window).
 func (b *benchRun) waitColdStart(ctx context.Context, start time.Time, logName string, port int) error {
 	for {
-		r, err := b.cli.Get(ctx, b.k.StatusPrefix(), clientv3.WithPrefix(), clientv3.WithCountOnly())
-		if err == nil && r.Count >= int64(b.z.jobs) {
+		n, err := b.decided(ctx)
+		if err == nil && n >= b.z.jobs {
 			break
 		}
 		if time.Since(start) > 5*time.Minute {
-			return fmt.Errorf("the coordinator decided %d of %d jobs in 5m (log: %s)", r.Count, b.z.jobs, logName)
+			return fmt.Errorf("the coordinator decided %d of %d jobs in 5m (log: %s)", n, b.z.jobs, logName)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond)
 	}
 	const settleFor = 5 * time.Second
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
@@ -226,6 +226,22 @@ func (b *benchRun) waitColdStart(ctx context.Context, start time.Time, logName s
 		}
 	}
 	return fmt.Errorf("the coordinator did not settle in 2m after the cold start (log: %s)", logName)
+}
+
+// decided counts the jobs the coordinator decided: those with a status
+// record or a desired record (a job running as admitted has no status).
+func (b *benchRun) decided(ctx context.Context) (int, error) {
+	jobs := map[string]bool{}
+	for _, p := range []string{b.k.StatusPrefix(), b.k.DesiredPrefix()} {
+		r, err := b.cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return len(jobs), err
+		}
+		for _, kv := range r.Kvs {
+			jobs[strings.TrimPrefix(string(kv.Key), p)] = true
+		}
+	}
+	return len(jobs), nil
 }
 
 // watchAgents opens the agents' watches: one per node on its own

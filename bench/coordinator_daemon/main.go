@@ -393,12 +393,8 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					if e.Type == clientv3.EventTypePut {
 						if st, err := fleet.DecodeStatus(key, e.Kv.Value); err == nil {
 							t.byKind["status:"+string(st.Kind)]++
-							what = "status:" + string(st.Kind)
+							what = "status:" + string(st.Kind) + "/" + string(st.Code)
 						}
-					}
-					if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut {
-						close(ch)
-						delete(t.statusAt, job)
 					}
 				case strings.HasPrefix(key, k.AssignPrefix()):
 					_, job, _ = k.AssignmentOwner(key)
@@ -418,6 +414,13 @@ func (t *tally) watch(ctx context.Context, cli *clientv3.Client, k fleet.Keys, r
 					if e.Type != clientv3.EventTypePut {
 						what = "del-" + kind
 					}
+				}
+				// The job's decision is written: its status, or (a job
+				// that runs as admitted has no status record) its
+				// desired record.
+				if ch := t.statusAt[job]; ch != nil && e.Type == clientv3.EventTypePut && (kind == "status" || kind == "desired") {
+					close(ch)
+					delete(t.statusAt, job)
 				}
 				if job != "" {
 					if kind != "events" {

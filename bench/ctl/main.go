@@ -163,9 +163,12 @@ func populate(ctx context.Context, st *fleet.Store, jobs, events int) error {
 		if i%2 == 0 {
 			r = api.Reason{Job: name, Team: team, Kind: api.KindRunning, Code: api.CodeWithinQuota, Message: "running within the team's nominal quota", FromSize: 1, ToSize: 1}
 			d := fleet.Desired{Allocation: api.Allocation{Job: name, Team: team, Flavor: "nvidia-h100-80gb", Size: 1, Nodes: []string{fmt.Sprintf("node-%d", i)},
-				AcceleratorsPerNode: 8, Since: sub.Add(time.Minute), LastResize: sub.Add(time.Minute)}, Generation: 1}
+				AcceleratorsPerNode: 8, Since: sub.Add(time.Minute), LastResize: sub.Add(time.Minute)}, Generation: 1, Message: r.Message}
 			if err := put(st.Keys.Desired(name), d); err != nil {
 				return err
+			}
+			if i%4 == 0 {
+				continue // runs as admitted: no status record (fleet.ImpliedStatus)
 			}
 		}
 		if err := put(st.Keys.Status(name), fleet.Status{Reason: r, Time: sub, Since: sub}); err != nil {

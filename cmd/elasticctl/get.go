@@ -32,7 +32,9 @@ var timeNow = time.Now
 
 // viewOf joins one job's records.
 func viewOf(r query.JobRecord) jobView {
-	v := jobView{Spec: r.Spec, Status: r.Status, Finished: r.Finished, Problems: r.Problems}
+	// No status record: the desired record's implied one (a running job
+	// has none while it runs as admitted).
+	v := jobView{Spec: r.Spec, Status: fleet.StatusOf(r.Status, r.Desired), Finished: r.Finished, Problems: r.Problems}
 	if r.Desired.Running() {
 		a := r.Desired.Allocation
 		v.Allocation = &a

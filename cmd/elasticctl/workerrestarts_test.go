@@ -225,7 +225,8 @@ func TestWatchedJobTurnsRestartingAndBack(t *testing.T) {
 }
 
 // A team's user may not read jobs/ (the members' lease ids are there): its
-// get jobs lists the job without the restarts and without a warning; root
+// get jobs lists the job without the restarts and without a warning
+// (Running: its desired record, with no status record, implies it); root
 // sees it Restarting.
 func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
 	ep, cli := startFleet(t, 1)
@@ -247,7 +248,7 @@ func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
 		return []string{"--etcd-user", user, "--etcd-password-file", filepath.Join(dir, user+".password")}
 	}
 	out, errs, code := ctl(t, ep, append(as("hyperpod-team-research"), "get", "jobs")...)
-	if code != 0 || errs != "" || !regexp.MustCompile(`(?m)^sweep\s+research\s+\d+\s+Submitted\s+1\s`).MatchString(out) {
+	if code != 0 || errs != "" || !regexp.MustCompile(`(?m)^sweep\s+research\s+\d+\s+Running\s+1\s`).MatchString(out) {
 		t.Errorf("research's get jobs: exit %d, stderr %q:\n%s", code, errs, out)
 	}
 	out, errs, code = ctl(t, ep, append(as("root"), "get", "jobs")...)
@@ -258,8 +259,9 @@ func TestTeamUserListsJobsWithoutRestarts(t *testing.T) {
 
 // submitPlaced submits job (one node of one accelerator, maxRestarts 5,
 // running script) for team and writes the coordinator's desired record
-// placing it on node; running also writes the coordinator's status of it
-// running within quota.
+// placing it on node (which alone implies Running at 1 node:
+// fleet.ImpliedStatus); running also writes the coordinator's status of
+// it running within quota.
 func submitPlaced(ctx context.Context, t *testing.T, st *fleet.Store, cli *clientv3.Client, job, team, node, script string, running bool) {
 	t.Helper()
 	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: job, Team: team, PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1},

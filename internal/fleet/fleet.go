@@ -240,6 +240,11 @@ type Desired struct {
 	// the fleet while the job lives (the coordinator's --job-uid-range);
 	// 0 when the coordinator allocates none.
 	UID uint32 `json:"uid,omitempty"`
+	// Message is the coordinator's explanation of the decision that set
+	// this allocation (an admission's, a resize's). While the job runs as
+	// this record places it, the coordinator writes no status record, and
+	// this is the message of the status the record implies (ImpliedStatus).
+	Message string `json:"message,omitempty"`
 }
 
 // Target is the node count the rendezvous should size the job to. 0 means

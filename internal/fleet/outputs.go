@@ -35,20 +35,93 @@ func (s *Store) PutEvent(ctx context.Context, e Event) error {
 	return s.put(ctx, s.Keys.Event(e.Time, e.Job), e)
 }
 
-// Status reads the coordinator's latest decision for a job.
-func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
-	return getJSON[Status](ctx, s, s.Keys.Status(job))
+// ImpliedStatus is the status a job's desired record stands for when the
+// job has no status record. The coordinator writes no status while a job
+// runs as its desired record places it with nothing more to explain
+// (Running at the record's size: no resize under way, no capacity given
+// to another job), and deletes the one it had when the job comes to that;
+// a status record, when there is one, is the job's status. ok is false
+// when the record does not run the job (absent, or a stop record).
+func ImpliedStatus(d *Desired) (st Status, ok bool) {
+	if !d.Running() {
+		return Status{}, false
+	}
+	t := d.LastResize
+	if t.IsZero() {
+		t = d.Since
+	}
+	msg := d.Message
+	if msg == "" {
+		msg = fmt.Sprintf("running on %d node(s)", d.Size)
+	}
+	return Status{Reason: api.Reason{Job: d.Job, Team: d.Team, Kind: api.KindRunning, Message: msg, FromSize: d.Size, ToSize: d.Size},
+		Time: t, Since: t}, true
 }
 
-// Statuses lists every job's latest decision; malformed records are
-// returned as problems.
+// StatusOf is a job's status from its two records, as every reader reads
+// it: st when the job has a status record, else the status its desired
+// record implies (ImpliedStatus); nil when neither says anything.
+func StatusOf(st *Status, d *Desired) *Status {
+	if st != nil {
+		return st
+	}
+	if s, ok := ImpliedStatus(d); ok {
+		return &s
+	}
+	return nil
+}
+
+// Status reads the coordinator's latest decision for a job: its status
+// record, or the status its desired record implies (StatusOf), both read
+// at one revision. ErrNotFound when neither says anything.
+func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
+	sk, dk := s.Keys.Status(job), s.Keys.Desired(job)
+	r, err := s.Cli.Txn(ctx).Then(clientv3.OpGet(sk), clientv3.OpGet(dk)).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read %s and %s: %w", sk, dk, err)
+	}
+	if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		var st Status
+		if err := json.Unmarshal(kvs[0].Value, &st); err != nil {
+			return nil, fmt.Errorf("malformed value at %s: %w", ClipKey(sk), err)
+		}
+		return &st, nil
+	}
+	if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		d, err := DecodeDesired(dk, kvs[0].Value)
+		if err != nil {
+			return nil, err
+		}
+		if st := StatusOf(nil, d); st != nil {
+			return st, nil
+		}
+	}
+	return nil, fmt.Errorf("%s: %w", sk, ErrNotFound)
+}
+
+// Statuses lists every job's latest decision (StatusOf: the status
+// records, and the statuses the desired records of the others imply), all
+// read at one revision; malformed records are returned as problems.
 func (s *Store) Statuses(ctx context.Context) (map[string]Status, []error, error) {
-	st, bad, err := listRecords(ctx, s, s.Keys.StatusPrefix(), jsonNamed(func(x *Status) string { return x.Job }, nil))
-	out := make(map[string]Status, len(st))
+	sp, dp := s.Keys.StatusPrefix(), s.Keys.DesiredPrefix()
+	r, err := s.Cli.Txn(ctx).Then(clientv3.OpGet(sp, clientv3.WithPrefix()), clientv3.OpGet(dp, clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s and %s: %w", sp, dp, err)
+	}
+	st, bad := decodeRecords(ctx, s, r.Responses[0].GetResponseRange().Kvs, jsonNamed(func(x *Status) string { return x.Job }, nil))
+	ds, dbad := decodeRecords(ctx, s, r.Responses[1].GetResponseRange().Kvs, DecodeDesired)
+	out := make(map[string]Status, len(st)+len(ds))
 	for _, x := range st {
 		out[x.Job] = x
 	}
-	return out, bad, err
+	for i := range ds {
+		if _, has := out[ds[i].Job]; !has {
+			if x, ok := ImpliedStatus(&ds[i]); ok {
+				out[x.Job] = x
+			}
+		}
+	}
+	return out, append(bad, dbad...), nil
 }
 
 // Usage reads the teams' usage from the last decision.

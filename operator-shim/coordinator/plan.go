@@ -180,6 +180,8 @@ type planner struct {
 	// takes are the jobs whose unit assigns them a node they did not
 	// hold; leaves those whose unit deletes an assignment of theirs.
 	takes, leaves map[string]bool
+	// desired are the desired records this plan writes, by job.
+	desired map[string]fleet.Desired
 }
 
 // plan turns a decision into the etcd writes it needs, one unit of ops
@@ -193,7 +195,7 @@ type planner struct {
 // job) and the jobs whose records the view changed meanwhile; the first
 // cycle after a read compares every job with the view (full).
 func (c *Coordinator) plan(d policy.Decision, full bool) *plan {
-	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{}, takes: map[string]bool{}, leaves: map[string]bool{},
+	pl := &planner{c: c, v: c.view, d: d, full: full, unit: map[string][]clientv3.Op{}, retry: map[string]bool{}, takes: map[string]bool{}, leaves: map[string]bool{}, desired: map[string]fleet.Desired{},
 		p: &plan{changed: map[policy.ReasonKind]int{}, statuses: map[string]*fleet.Status{}}}
 	if full {
 		pl.placedIdx = make(map[string]bool, len(d.Allocations))
@@ -284,9 +286,16 @@ func (pl *planner) place(a api.Allocation) {
 		if !prev.Running() || prev.Size != a.Size {
 			nd.TraceParent = c.decisionSpan(pl.d.Now, r, prev.Target(), a.Size)
 		}
+		// The decision that set the allocation explains it (the status
+		// the record implies); a new uid alone keeps the explanation.
+		nd.Message = r.Message
+		if had && prev.Running() && sameAllocation(prev.Allocation, a) && prev.Message != "" {
+			nd.Message = prev.Message
+		}
 		op, err := c.store.PutDesiredOp(nd)
 		if pl.add(a.Job, op, err) {
 			p.desired = append(p.desired, nd)
+			pl.desired[a.Job] = nd
 			gen = nd.Generation
 			p.changed[r.Kind]++
 		}
@@ -375,6 +384,7 @@ func (pl *planner) stop(job string) {
 	op, err := c.store.PutDesiredOp(nd)
 	if pl.add(job, op, err) {
 		p.desired = append(p.desired, nd)
+		pl.desired[job] = nd
 		kind := r.Kind
 		if !ok {
 			kind = "Released"
@@ -424,13 +434,43 @@ func (pl *planner) releaseStatuses() {
 	}
 }
 
-// status is job's status as the plan leaves it.
+// status is job's status before this plan's statuses and events (its
+// status record as the plan leaves it so far, else the status its desired
+// record in the view implies: fleet.StatusOf).
 func (pl *planner) status(job string) (*fleet.Status, bool) {
+	if s, ok := pl.record(job); ok {
+		return s, true
+	}
+	if d, ok := pl.v.desired[job]; ok {
+		if s, ok := fleet.ImpliedStatus(&d); ok {
+			return &s, true
+		}
+	}
+	return nil, false
+}
+
+// record is job's status record as the plan leaves it so far.
+func (pl *planner) record(job string) (*fleet.Status, bool) {
 	if s, ok := pl.p.statuses[job]; ok {
 		return s, s != nil
 	}
 	s, ok := pl.v.statuses[job]
 	return s, ok
+}
+
+// implied reports whether job's desired record, as this plan leaves it,
+// implies status sr (fleet.ImpliedStatus): then the job needs no status
+// record.
+func (pl *planner) implied(job string, sr *policy.Reason) bool {
+	d, ok := pl.desired[job]
+	if !ok {
+		d, ok = pl.v.desired[job]
+	}
+	if !ok {
+		return false
+	}
+	s, ok := fleet.ImpliedStatus(&d)
+	return ok && stable(&s.Reason, sr)
 }
 
 // statusesAndEvents plans every job's status (when a stable field
@@ -472,7 +512,14 @@ func (pl *planner) statusesAndEvents() {
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			p.waited = append(p.waited, now.Sub(prev.Since))
 		}
-		if sr := statusReason(*r); !had || !stable(&prev.Reason, &sr) {
+		if sr := statusReason(*r); (!had || !stable(&prev.Reason, &sr)) && pl.implied(r.Job, &sr) {
+			// The desired record says it: no status record (the one the
+			// job had goes).
+			if _, rec := pl.record(r.Job); rec {
+				pl.add(r.Job, c.store.DeleteStatusOp(r.Job), nil)
+				p.statuses[r.Job] = nil
+			}
+		} else if !had || !stable(&prev.Reason, &sr) {
 			s := &fleet.Status{Reason: sr, Time: now, Since: now}
 			if had && prev.Kind == sr.Kind && prev.Code == sr.Code && r.Kind != policy.KindAdmitted {
 				s.Since = prev.Since

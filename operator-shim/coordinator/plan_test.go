@@ -123,7 +123,7 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 		}, Teams: usage}
 	admitWrites := []string{
 		"put " + k.Desired("a"), "put " + k.Assignment("n1", "a"), "put " + k.Assignment("n2", "a"),
-		"put " + k.Status("a"), "put " + k.Event(t0, "a"),
+		"put " + k.Event(t0, "a"), // a runs as admitted: no status record
 		"put " + k.Status("b"), "put " + k.Event(t0, "b"),
 		"put " + k.Usage(),
 	}
@@ -131,6 +131,15 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 		"put " + k.Desired("a"), "delete " + k.Assignment("n1", "a"), "delete " + k.Assignment("n2", "a"),
 		"put " + k.Status("a"), "put " + k.Event(t1, "a"),
 		"put " + k.Usage(),
+	}
+	// a finishes: released, placed nowhere, explained by no reason.
+	finish := policy.Decision{Now: t1, Released: []string{"a"},
+		Reasons: []policy.Reason{
+			{Job: "b", Team: "t", Kind: policy.KindPending, Code: policy.CodeNoCapacity, Message: "no room"},
+		}, Teams: []api.TeamUsage{{Team: "t", Flavor: "f", Nominal: 16}}}
+	finishWrites := []string{
+		"put " + k.Desired("a"), "delete " + k.Assignment("n1", "a"), "delete " + k.Assignment("n2", "a"),
+		"put " + k.Usage(), // a had no status record to delete
 	}
 	errBoom := errors.New("etcd unavailable")
 	for _, tc := range []struct {
@@ -148,11 +157,16 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 			if !reflect.DeepEqual(v.assigned["a"], map[string]int64{"n1": 1, "n2": 1}) {
 				t.Errorf("a's assignments in the view: %v", v.assigned["a"])
 			}
-			// The admission is the event; the status is the running
-			// state it starts, so that the next cycle's Running is no
-			// rewrite (one status write per admission).
-			if s := v.statuses["a"]; s == nil || s.Kind != policy.KindRunning || s.FromSize != 2 || s.ToSize != 2 || s.Message != "admitted" || !s.Since.Equal(t0) {
-				t.Errorf("a's status in the view: %+v, want Running at 2 nodes since the admission, its message", s)
+			// The admission is the event; a runs as its desired record
+			// places it, so it has no status record: the record implies
+			// Running at 2 nodes since the admission, with the admission's
+			// message (no status write per admission, none per finish).
+			if s, has := v.statuses["a"]; has {
+				t.Errorf("a has a status record in the view: %+v, want none", s)
+			}
+			d := v.desired["a"]
+			if s, ok := fleet.ImpliedStatus(&d); !ok || s.Kind != policy.KindRunning || s.FromSize != 2 || s.ToSize != 2 || s.Message != "admitted" || !s.Since.Equal(t0) {
+				t.Errorf("the status a's desired record implies: %+v %v, want Running at 2 nodes since the admission, its message", s, ok)
 			}
 			if s := v.statuses["b"]; s == nil || s.Kind != policy.KindPending {
 				t.Errorf("b's status in the view: %+v", s)
@@ -165,6 +179,7 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 		{rule: "a deposed leader's commit leaves the view unchanged", committed: []policy.Decision{admit}, d: preempt, fail: errNotLeader, want: preemptWrites},
 		{rule: "the same decision again writes nothing", committed: []policy.Decision{admit, steady}, d: steady},
 		{rule: "an admitted job running on unchanged writes nothing", committed: []policy.Decision{admit}, d: steady},
+		{rule: "a finished job that ran as admitted writes its stop record and deletes no status", committed: []policy.Decision{admit}, d: finish, want: finishWrites},
 		{rule: "a preempted job's stop record goes with its assignments' deletion", committed: []policy.Decision{admit}, d: preempt, want: preemptWrites,
 			check: func(t *testing.T, v *view) {
 				d := v.desired["a"]

@@ -34,7 +34,9 @@ type StatusInput struct {
 	// InvalidCode is the reason code of Invalid (default InvalidSpec).
 	InvalidCode string
 	Desired     *fleet.Desired
-	// Decision is the coordinator's latest status record (nil: none).
+	// Decision is the coordinator's latest decision for the job: its
+	// status record, or the status its desired record implies
+	// (fleet.StatusOf; nil: neither).
 	Decision *fleet.Status
 	// Finish is the job's finish record (nil: running or waiting).
 	Finish *fleet.Finish

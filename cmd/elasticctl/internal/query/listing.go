@@ -163,6 +163,10 @@ var leanDesired = leanReader(
 		return err
 	}},
 	jsonField("stop", func(d *fleet.Desired) **fleet.Stop { return &d.Stop }),
+	// What the status the record implies shows (fleet.ImpliedStatus).
+	strField("message", func(d *fleet.Desired) *string { return &d.Message }),
+	timeField("since", func(d *fleet.Desired) *time.Time { return &d.Since }),
+	timeField("lastResize", func(d *fleet.Desired) *time.Time { return &d.LastResize }),
 )
 
 // leanStatus reads a status's listing fields.

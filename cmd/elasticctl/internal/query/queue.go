@@ -24,18 +24,22 @@ type QueueState struct {
 	dec      decoder[fleet.JobSpec]
 }
 
-// QueueState reads the statuses and specs of every job at one revision
-// (in parallel); malformed statuses and specs under a younger namesake's
-// key are problems.
+// QueueState reads the statuses, specs and desired records of every job
+// at one revision (in parallel): a job with no status record has the
+// status its desired record implies. Malformed statuses and desired
+// records, and specs under a younger namesake's key, are problems.
 func (s *Store) QueueState(ctx context.Context) (*QueueState, []error, error) {
 	k := s.Keys
 	q := &QueueState{dec: specDecoder(k)}
-	statDec := leanStatusDecoder()
-	var badStatus, badSpecs []error
+	statDec, desDec := leanStatusDecoder(), leanDesiredDecoder()
+	var badStatus, badSpecs, badDesired []error
+	var desired []*fleet.Desired
 	rev, err := s.prefixesAt(ctx, func(i int, kvs []*mvccpb.KeyValue) {
 		switch i {
 		case 0:
 			q.Statuses, badStatus = byName(kvs, statDec, func(_ string, st *fleet.Status) string { return st.Job })
+		case 2:
+			desired, badDesired = decodeParallel(kvs, desDec)
 		case 1:
 			owned, dup := k.OwnedSpecs(kvs)
 			badSpecs = dup
@@ -46,12 +50,21 @@ func (s *Store) QueueState(ctx context.Context) (*QueueState, []error, error) {
 				}
 			}
 		}
-	}, k.StatusPrefix(), k.SpecsPrefix())
+	}, k.StatusPrefix(), k.SpecsPrefix(), k.DesiredPrefix())
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the queues: %w", err)
 	}
+	// A job running as admitted has no status record: its desired
+	// record's implied status (fleet.StatusOf).
+	for _, d := range desired {
+		if _, has := q.Statuses[d.Job]; !has {
+			if st := fleet.StatusOf(nil, d); st != nil {
+				q.Statuses[d.Job] = st
+			}
+		}
+	}
 	q.Revision = rev
-	return q, append(badStatus, badSpecs...), nil
+	return q, append(append(badStatus, badSpecs...), badDesired...), nil
 }
 
 // Specs decodes the specs of the named jobs (in parallel); a job without
