@@ -240,10 +240,11 @@ type Desired struct {
 	// the fleet while the job lives (the coordinator's --job-uid-range);
 	// 0 when the coordinator allocates none.
 	UID uint32 `json:"uid,omitempty"`
-	// Message is the coordinator's explanation of the decision that set
-	// this allocation (an admission's, a resize's). While the job runs as
-	// this record places it, the coordinator writes no status record, and
-	// this is the message of the status the record implies (ImpliedStatus).
+	// Message is the admission's explanation ("" after a resize, a move
+	// or a repair, whose status records explain them). While the job runs
+	// as this record places it, the coordinator writes no status record,
+	// and this is the message of the status the record implies
+	// (ImpliedStatus: "running on N node(s)" when empty).
 	Message string `json:"message,omitempty"`
 }
 

@@ -99,6 +99,17 @@ func (s *Store) Status(ctx context.Context, job string) (*Status, error) {
 	return nil, fmt.Errorf("%s: %w", sk, ErrNotFound)
 }
 
+// StatusRecord reads a job's status record alone (nil when it has none),
+// for a reader that holds the job's desired record already and applies
+// StatusOf itself.
+func (s *Store) StatusRecord(ctx context.Context, job string) (*Status, error) {
+	st, err := getJSON[Status](ctx, s, s.Keys.Status(job))
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	return st, err
+}
+
 // Statuses lists every job's latest decision (StatusOf: the status
 // records, and the statuses the desired records of the others imply), all
 // read at one revision; malformed records are returned as problems.

@@ -1,11 +1,16 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -75,5 +80,77 @@ func TestAnAdmissionWritesNoStatus(t *testing.T) {
 		} else if evs[0].Message != s.Message {
 			t.Errorf("%s's status says %q, its admission %q; want the admission's message", name, s.Message, evs[0].Message)
 		}
+	}
+}
+
+// A job's status after a resize, as the planner leaves it, by rule: the
+// resize has its own status record while it is news; once the job runs
+// as placed the record goes, and the status its desired record implies
+// says where it runs, not the resize's message.
+func TestStatusAfterAResize(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	k := fleet.NewKeys("")
+	two := api.Allocation{Job: "a", Team: "t", Flavor: "f", Size: 2, AcceleratorsPerNode: 8, Nodes: []string{"n1", "n2"}, Since: t0, LastResize: t0}
+	three := two
+	three.Size, three.Nodes, three.LastResize = 3, []string{"n1", "n2", "n3"}, t0.Add(time.Minute)
+	c := newPlanCoordinator(t)
+	commit := func(d policy.Decision) []string {
+		p := c.plan(d, !c.view.haveLast)
+		if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, p); err != nil {
+			t.Fatal(err)
+		}
+		return opKeys(p)
+	}
+	commit(policy.Decision{Now: t0, Allocations: []api.Allocation{two},
+		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindAdmitted, ToSize: 2, Message: "admitted at 2 nodes"}}})
+	grown := commit(policy.Decision{Now: t0.Add(time.Minute), Allocations: []api.Allocation{three},
+		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindGrown, Code: policy.CodeFairShare, FromSize: 2, ToSize: 3, Message: "grown from 2 to 3 nodes"}}})
+	if !slices.Contains(grown, "put "+k.Status("a")) {
+		t.Errorf("the grow writes no status record: %v", grown)
+	}
+	steady := commit(policy.Decision{Now: t0.Add(2 * time.Minute), Allocations: []api.Allocation{three},
+		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindRunning, FromSize: 3, ToSize: 3, Message: "running on 3 nodes"}}})
+	if !slices.Contains(steady, "delete "+k.Status("a")) {
+		t.Errorf("running as placed again keeps the grow's status record: %v", steady)
+	}
+	d := c.view.desired["a"]
+	s := fleet.StatusOf(c.view.statuses["a"], &d)
+	if s == nil || s.Kind != policy.KindRunning || s.ToSize != 3 || strings.Contains(s.Message, "grown") || !s.Since.Equal(three.LastResize) {
+		t.Errorf("a's status once it runs as placed: %+v; want Running at 3 since the grow, not the grow's message", s)
+	}
+	if again := commit(policy.Decision{Now: t0.Add(3 * time.Minute), Allocations: []api.Allocation{three},
+		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindRunning, FromSize: 3, ToSize: 3, Message: "running on 3 nodes"}}}); len(again) != 0 {
+		t.Errorf("the same decision again writes %v", again)
+	}
+}
+
+// A status record that cannot be read, with no good version, is replaced
+// when a coordinator reads the fleet (here: deleted, the job running as
+// admitted) rather than left for every reader to trip on.
+func TestAnUnreadableStatusIsRepaired(t *testing.T) {
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	first, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { New(cli, Config{Engine: policy.Config{MinStablePeriod: -1}}).Run(first); close(done) }()
+	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "j", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	waitTarget(t, ctx, cli, "j", "1")
+	stop()
+	<-done
+	if _, err := cli.Put(ctx, st.Keys.Status("j"), "{not a status"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Status(ctx, "j"); err == nil {
+		t.Fatal("an unreadable status record reads as a status")
+	}
+	runCoordinator(t, ctx, New(cli, Config{Engine: policy.Config{MinStablePeriod: -1}}))
+	until(t, "the unreadable status gone and j read as Running", func() bool {
+		s, err := st.Status(ctx, "j")
+		return err == nil && s.Kind == policy.KindRunning
+	})
+	if rec, err := st.StatusRecord(ctx, "j"); err != nil || rec != nil {
+		t.Errorf("j's status record: %+v %v; want none", rec, err)
 	}
 }

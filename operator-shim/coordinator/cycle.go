@@ -440,6 +440,8 @@ func (c *Coordinator) refreshJobs(ctx context.Context) error {
 				delete(v.statuses, j)
 			} else if s, err := fleet.DecodeStatus(string(kvs[0].Key), kvs[0].Value); err == nil {
 				v.statuses[j] = s
+			} else {
+				v.statuses[j] = unreadableStatus(j)
 			}
 		}
 		jobs = jobs[n:]

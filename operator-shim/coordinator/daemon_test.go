@@ -307,9 +307,11 @@ func TestStatusOnlyOnRealChangeAndEventsDeduplicated(t *testing.T) {
 	st := fleet.New(cli, "")
 	c := New(cli, Config{Debounce: 10 * time.Millisecond, Engine: policy.Config{MinStablePeriod: -1}})
 	runCoordinator(t, ctx, c)
-	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "a1", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
+	// a1 is elastic at its max: it keeps a status record (Running,
+	// AtMax), which a job running as admitted does not have.
+	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "a1", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1, Elastic: true}})
 	waitTarget(t, ctx, cli, "a1", "1")
-	// 0: no status record (a job running as admitted has none).
+	// 0: no status record.
 	statusRev := func(job string) int64 {
 		r, err := cli.Get(ctx, st.Keys.Status(job))
 		if err != nil {
@@ -324,8 +326,14 @@ func TestStatusOnlyOnRealChangeAndEventsDeduplicated(t *testing.T) {
 	// a2's cycle settles a1 (Admitted, then Running: a change of kind).
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "a2", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
 	waitTarget(t, ctx, cli, "a2", "1")
-	until(t, "a1 running", func() bool { s, err := st.Status(ctx, "a1"); return err == nil && s.Kind == policy.KindRunning })
+	until(t, "a1 running at its max", func() bool {
+		s, err := st.Status(ctx, "a1")
+		return err == nil && s.Kind == policy.KindRunning && s.Code == policy.CodeAtMax
+	})
 	rev := statusRev("a1")
+	if rev == 0 {
+		t.Fatal("a1 has no status record: the test needs one")
+	}
 	// a3 joins the team: a1's message would now say the team uses 48.
 	st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "a3", Team: "a", PerNode: policy.Resources{Accelerators: 16}, MinNodes: 1, MaxNodes: 1}})
 	waitTarget(t, ctx, cli, "a3", "1")

@@ -286,10 +286,15 @@ func (pl *planner) place(a api.Allocation) {
 		if !prev.Running() || prev.Size != a.Size {
 			nd.TraceParent = c.decisionSpan(pl.d.Now, r, prev.Target(), a.Size)
 		}
-		// The decision that set the allocation explains it (the status
-		// the record implies); a new uid alone keeps the explanation.
-		nd.Message = r.Message
-		if had && prev.Running() && sameAllocation(prev.Allocation, a) && prev.Message != "" {
+		// The admission explains the allocation (the status the record
+		// implies once the job runs as placed); a resize, a move or a
+		// repair has its own status record while it is news, and the
+		// record then says only where the job runs (fleet.ImpliedStatus).
+		// A new uid alone keeps the explanation.
+		if r.Kind == policy.KindAdmitted || r.Kind == policy.KindRunning {
+			nd.Message = r.Message
+		}
+		if had && prev.Running() && sameAllocation(prev.Allocation, a) {
 			nd.Message = prev.Message
 		}
 		op, err := c.store.PutDesiredOp(nd)

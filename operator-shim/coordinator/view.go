@@ -184,6 +184,11 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	for _, kv := range snap.Statuses {
 		if s := decodeOrLastGood(ctx, cli, v.log, "status", kv, fleet.DecodeStatus); s != nil {
 			v.statuses[s.Job] = s
+		} else if job, ok := v.keys.ParseStatusKey(string(kv.Key)); ok {
+			// Unreadable, with no good version: a record that matches
+			// no decision, so that the job's next status write, or the
+			// delete of a job running as placed, replaces it.
+			v.statuses[job] = unreadableStatus(job)
 		}
 	}
 	for _, kv := range snap.Assigned {
@@ -223,6 +228,12 @@ func (v *view) assign(job, node string, gen int64) {
 }
 
 // decodeOrLastGood decodes kv, or falls back on its last good value.
+// unreadableStatus stands in the view for a status record that cannot be
+// decoded: its kind is no kind a decision has.
+func unreadableStatus(job string) *fleet.Status {
+	return &fleet.Status{Reason: api.Reason{Job: job, Message: "(unreadable)"}}
+}
+
 func decodeOrLastGood[T any](ctx context.Context, cli *clientv3.Client, log *slog.Logger, what string, kv *mvccpb.KeyValue, dec func(string, []byte) (*T, error)) *T {
 	x, err := dec(string(kv.Key), kv.Value)
 	if err == nil {

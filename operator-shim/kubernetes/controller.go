@@ -580,8 +580,10 @@ func (c *Controller) reconcileOwned(ctx context.Context, ej *v1alpha1.ElasticJob
 		desired = nil
 	}
 	in.Desired = desired
-	if st, err := c.store.Status(ctx, job); err == nil {
-		in.Decision = st
+	// The status record, or the status the desired record read above
+	// implies (a job running as admitted has no status record).
+	if st, err := c.store.StatusRecord(ctx, job); err == nil {
+		in.Decision = fleet.StatusOf(st, desired)
 	}
 	fin, _, err := c.store.Finished(ctx)
 	if err != nil {

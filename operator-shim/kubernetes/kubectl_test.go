@@ -199,3 +199,20 @@ func TestNewJobsTeamAppliedFirst(t *testing.T) {
 		t.Errorf("the job was told its team is missing:\n%s", txt)
 	}
 }
+
+// A job running as admitted has no status record in etcd (the coordinator
+// writes none): the ElasticJob's status still names the decision, the one
+// its desired record implies (fleet.StatusOf), as kubectl shows it.
+func TestRunningJobsDecisionComesFromItsDesiredRecord(t *testing.T) {
+	e := startEnv(t, envOptions{})
+	if _, err := e.cl.ElasticJobs("ml").Create(e.ctx, elasticJob("fixed", "research", "", 1, 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "fixed running, its decision Running", func() (bool, string) {
+		s := e.status("fixed")
+		return s.Phase == v1alpha1.PhaseRunning && s.Decision == string(api.KindRunning) && s.Message != "", fmt.Sprintf("%+v", s)
+	})
+	if rec, err := e.st.StatusRecord(e.ctx, "fixed"); err != nil || rec != nil {
+		t.Errorf("fixed's status record: %+v %v; want none (it runs as admitted)", rec, err)
+	}
+}
