@@ -227,13 +227,13 @@ func (v *view) assign(job, node string, gen int64) {
 	m[node] = gen
 }
 
-// decodeOrLastGood decodes kv, or falls back on its last good value.
 // unreadableStatus stands in the view for a status record that cannot be
 // decoded: its kind is no kind a decision has.
 func unreadableStatus(job string) *fleet.Status {
 	return &fleet.Status{Reason: api.Reason{Job: job, Message: "(unreadable)"}}
 }
 
+// decodeOrLastGood decodes kv, or falls back on its last good value.
 func decodeOrLastGood[T any](ctx context.Context, cli *clientv3.Client, log *slog.Logger, what string, kv *mvccpb.KeyValue, dec func(string, []byte) (*T, error)) *T {
 	x, err := dec(string(kv.Key), kv.Value)
 	if err == nil {
