@@ -517,14 +517,16 @@ func (pl *planner) statusesAndEvents() {
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			p.waited = append(p.waited, now.Sub(prev.Since))
 		}
-		if sr := statusReason(*r); (!had || !stable(&prev.Reason, &sr)) && pl.implied(r.Job, &sr) {
+		sr := statusReason(*r)
+		switch changed := !had || !stable(&prev.Reason, &sr); {
+		case changed && pl.implied(r.Job, &sr):
 			// The desired record says it: no status record (the one the
 			// job had goes).
 			if _, rec := pl.record(r.Job); rec {
 				pl.add(r.Job, c.store.DeleteStatusOp(r.Job), nil)
 				p.statuses[r.Job] = nil
 			}
-		} else if !had || !stable(&prev.Reason, &sr) {
+		case changed:
 			s := &fleet.Status{Reason: sr, Time: now, Since: now}
 			if had && prev.Kind == sr.Kind && prev.Code == sr.Code && r.Kind != policy.KindAdmitted {
 				s.Since = prev.Since
