@@ -42,6 +42,7 @@ type results struct {
 	idleCPU                 time.Duration
 	idlePuts                int
 	sent, perCycle          float64
+	idleWakeups             float64         // context switches per 2 s
 	lat                     []time.Duration // sorted
 	inOrder                 []string
 	cycles, cycleS, engineS float64
@@ -266,9 +267,16 @@ func (b *benchRun) watchAgents(ctx context.Context) (*clientv3.Client, error) {
 // measureIdle measures the coordinator's CPU, its writes and the bytes
 // etcd sends while nothing changes.
 func (b *benchRun) measureIdle(pid int, res *results) {
-	cpu0, sent0 := cpuTime(pid), b.etcd.sentBytes()
+	if b.o.keep {
+		fmt.Println("# idle window starts at", time.Now().UTC().Format(time.RFC3339Nano))
+	}
+	cpu0, sent0, wake0 := cpuTime(pid), b.etcd.sentBytes(), wakeups(pid)
 	time.Sleep(b.o.idle)
+	if b.o.keep {
+		fmt.Println("# idle window ends at", time.Now().UTC().Format(time.RFC3339Nano))
+	}
 	res.idleCPU = cpuTime(pid) - cpu0
+	res.idleWakeups = float64(wakeups(pid)-wake0) / (b.o.idle.Seconds() / 2)
 	res.sent = b.etcd.sentBytes() - sent0
 	res.perCycle = float64(res.idleCPU.Microseconds()) / 1000 / (b.o.idle.Seconds() / 2)
 	res.idlePuts, _, _ = b.t.reset()
@@ -394,6 +402,7 @@ func (b *benchRun) report(res *results) {
 	fmt.Printf("BENCH %s_submit_to_decision_median %.1f ms anchor=780 target=100\n", submits, ms(lat[len(lat)/2]))
 	fmt.Printf("BENCH %s_submit_to_decision_max %.1f ms anchor=1700 target=250\n", submits, ms(lat[len(lat)-1]))
 	fmt.Printf("BENCH %s_idle_cpu_per_2s %.2f ms anchor=594 target=5\n", name, res.perCycle)
+	fmt.Printf("BENCH %s_idle_wakeups_per_2s %.1f context_switches\n", name, res.idleWakeups)
 	if res.sent >= 0 {
 		fmt.Printf("BENCH %s_idle_etcd_bytes_per_min %.0f bytes anchor=650000000\n", name, res.sent/o.idle.Minutes())
 	}

@@ -287,8 +287,20 @@ func cycleSeconds(port int) (sum, count, engine float64) {
 	return sum, count, engine
 }
 
-// cpuTime reads a process's CPU time from /proc.
+// cpuTime reads a process's CPU time from /proc: the sum of its threads'
+// run times in nanoseconds (schedstat), or /proc/PID/stat's 10 ms ticks
+// where schedstat is missing.
 func cpuTime(pid int) time.Duration {
+	if ns, ok := sumTasks(pid, "schedstat", func(s string) (int64, bool) {
+		f := strings.Fields(s)
+		if len(f) == 0 {
+			return 0, false
+		}
+		n, err := strconv.ParseInt(f[0], 10, 64)
+		return n, err == nil
+	}); ok {
+		return time.Duration(ns)
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
@@ -298,6 +310,48 @@ func cpuTime(pid int) time.Duration {
 	ut, _ := strconv.ParseInt(f[11], 10, 64)
 	st, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+// wakeups counts a process's context switches, voluntary and not, over
+// its threads: each is a thread put on a CPU again, what an idle process
+// pays for every timer it keeps.
+func wakeups(pid int) int64 {
+	n, _ := sumTasks(pid, "status", func(s string) (int64, bool) {
+		var sum int64
+		for _, l := range strings.Split(s, "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, false
+				}
+				sum += c
+			}
+		}
+		return sum, true
+	})
+	return n
+}
+
+// sumTasks sums parse over /proc/PID/task/*/file; ok is false when a
+// thread's file cannot be read or parsed.
+func sumTasks(pid int, file string, parse func(string) (int64, bool)) (int64, bool) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, false
+	}
+	var sum int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/%s", pid, t.Name(), file))
+		if err != nil {
+			return 0, false
+		}
+		n, ok := parse(string(b))
+		if !ok {
+			return 0, false
+		}
+		sum += n
+	}
+	return sum, true
 }
 
 func rssMB(pid int) float64 {

@@ -33,7 +33,7 @@ var Layers = []Layer{
 	{Name: "foundations: types, devices, processes, wire protocols, etcd plumbing", Prefixes: []string{
 		"api", "devices", "devices/local", "launcher", "c10dstore", "internal/etcdconn", "internal/jsonscan",
 		"internal/syncbuf", "internal/telemetry", "internal/ociimage", "internal/etcdembed", "internal/secretlease",
-		"internal/tcpproxy", "internal/fsutil", "internal/tracestore", "internal/idlegc", "checkpoint/control", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
+		"internal/tcpproxy", "internal/fsutil", "internal/tracestore", "internal/idlegc", "internal/quietlease", "checkpoint/control", "internal/archgraph", "operator-shim/kubernetes/apis/", "operator-shim/kubernetes/generated/",
 	}},
 	{Name: "records and decisions: the etcd layout owner and the pure engine", Prefixes: []string{
 		"internal/fleet", "operator-shim/policy",

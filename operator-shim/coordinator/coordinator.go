@@ -27,6 +27,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/idlegc"
+	"github.com/hyperpodrun/hyperpodrun/internal/quietlease"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -309,7 +310,11 @@ var errRelist = errors.New("the view must be read again")
 var errCycleFailed = fmt.Errorf("%w: a cycle failed", errRelist)
 
 func (c *Coordinator) lead(ctx context.Context) error {
-	sess, err := concurrency.NewSession(c.cli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
+	// The session's lease is renewed on one timer (quietlease): clientv3's
+	// keepalive loops would wake an idle coordinator three times a second.
+	sctx, scancel := context.WithCancel(ctx)
+	defer scancel()
+	sess, err := concurrency.NewSession(quietlease.NewClient(sctx, c.cli), concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
 		c.etcdError("session")
 		return fmt.Errorf("coordinator session: %w", err)
