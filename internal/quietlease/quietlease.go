@@ -12,19 +12,21 @@
 // of its own (reopened after an error), and between renewals nothing of
 // it runs.
 //
-// Lease wraps a clientv3.Lease and replaces only its KeepAlive; set it as
-// the Lease of a client that a concurrency.Session uses (see NewClient),
-// and the session's lease is kept alive the quiet way.
+// Lease wraps a clientv3.Lease and replaces its KeepAlive; set it as the
+// Lease of a client that a concurrency.Session uses (see NewClient), and
+// the session's lease is kept alive the quiet way. It also knows how long
+// each lease it keeps lasts at least (Deadline), and gives a context that
+// ends before that (Context): the term of a leader whose lease this is.
 package quietlease
 
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -32,55 +34,167 @@ import (
 // Lease, whose TTL is not known yet.
 const firstBound = 10 * time.Second
 
-// retryAfter is how long a failed renewal waits before the next try (the
-// lease's deadline still bounds them).
+// retryAfter is how long a renewal that failed at once (not one given
+// up) waits before the next try; the lease's deadline still bounds them.
 const retryAfter = 250 * time.Millisecond
 
-// Lease is a clientv3.Lease whose KeepAlive renews on one timer. Every
-// other call goes to the client's own Lease.
+// minAttempt is the shortest a renewal is waited for before it is given
+// up, unless the lease's deadline comes first.
+const minAttempt = time.Second
+
+// errGaveUp: a renewal went unanswered for its attempt's time.
+var errGaveUp = errors.New("the lease renewal went unanswered")
+
+// Lease is a clientv3.Lease whose KeepAlive renews on one timer. Grant
+// and Revoke go to the client's own Lease and note what they did; the
+// other calls go to it unchanged, except Close.
 type Lease struct {
 	clientv3.Lease
 	remote pb.LeaseClient
 
-	mu      sync.Mutex
-	granted map[clientv3.LeaseID]time.Time // the deadlines of leases Grant granted, until kept alive
+	mu     sync.Mutex
+	leases map[clientv3.LeaseID]*leaseState // granted or kept alive here
+}
+
+// leaseState is what l knows of one lease.
+type leaseState struct {
+	deadline time.Time     // it lasts at least until then
+	ttl      time.Duration // 0: unknown
+	terms    []*term       // contexts to end before the deadline
+}
+
+// term is one Context: ended at the lease's deadline less margin.
+type term struct {
+	timer  *time.Timer
+	margin time.Duration
 }
 
 // New returns cli's Lease with a quiet KeepAlive, over cli's connection
 // and credentials.
 func New(cli *clientv3.Client) *Lease {
-	return &Lease{Lease: cli.Lease, remote: clientv3.RetryLeaseClient(cli), granted: map[clientv3.LeaseID]time.Time{}}
+	return &Lease{Lease: cli.Lease, remote: clientv3.RetryLeaseClient(cli), leases: map[clientv3.LeaseID]*leaseState{}}
 }
 
-// Grant grants a lease, like clientv3's, and notes its deadline for
-// KeepAlive: the lease cannot outlive the TTL counted from the request.
+// NewClient returns a client for ctx's lifetime that shares cli's
+// connection, KV and watches and keeps leases alive with the Lease it
+// also returns. Cancel ctx to release it; do not Close it (that would
+// close cli's watches).
+func NewClient(ctx context.Context, cli *clientv3.Client) (*clientv3.Client, *Lease) {
+	l := New(cli)
+	c := clientv3.NewCtxClient(ctx, clientv3.WithZapLogger(cli.GetLogger()))
+	c.KV, c.Watcher, c.Lease = cli.KV, cli.Watcher, l
+	return c, l
+}
+
+// Grant grants a lease, like clientv3's, and notes its deadline: the
+// lease cannot end before its TTL counted from the request's send.
 func (l *Lease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantResponse, error) {
 	sent := time.Now()
 	r, err := l.Lease.Grant(ctx, ttl)
 	if err == nil && r.TTL > 0 {
-		l.mu.Lock()
-		l.granted[r.ID] = sent.Add(time.Duration(r.TTL) * time.Second)
-		l.mu.Unlock()
+		d := time.Duration(r.TTL) * time.Second
+		l.renewed(r.ID, sent.Add(d), d)
 	}
 	return r, err
 }
 
-// NewClient returns a client for ctx's lifetime that shares cli's
-// connection, KV and watches and keeps leases alive with a Lease. Cancel
-// ctx to release it; do not Close it (that would close cli's watches and
-// lessor too).
-func NewClient(ctx context.Context, cli *clientv3.Client) *clientv3.Client {
-	c := clientv3.NewCtxClient(ctx, clientv3.WithZapLogger(cli.GetLogger()))
-	c.KV, c.Watcher, c.Lease = cli.KV, cli.Watcher, New(cli)
-	return c
+// Revoke revokes a lease, like clientv3's; l forgets it first (its
+// renewals stop at their next turn, its Contexts end), whatever etcd
+// answers.
+func (l *Lease) Revoke(ctx context.Context, id clientv3.LeaseID) (*clientv3.LeaseRevokeResponse, error) {
+	l.end(id)
+	return l.Lease.Revoke(ctx, id)
+}
+
+// Close does nothing: the client's own Lease is shared (NewClient).
+func (l *Lease) Close() error { return nil }
+
+// Deadline is the time until which lease id lasts at least, as its grant
+// or last renewal here proves: etcd ends a lease no sooner than its TTL
+// after it handled the request that granted or renewed it, and that is
+// counted here from the request's send. ok is false for a lease neither
+// granted nor kept alive by l, or no longer kept alive. Until it, no
+// other holder can have taken what the lease holds (a leader's key). The
+// time is Go's monotonic clock: a host suspended (not merely paused)
+// does not count its sleep, so a holder that may be suspended must not
+// rely on it.
+func (l *Lease) Deadline(id clientv3.LeaseID) (deadline time.Time, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if st := l.leases[id]; st != nil {
+		return st.deadline, true
+	}
+	return time.Time{}, false
+}
+
+// Context returns a context that ends margin before lease id's deadline
+// unless a renewal moves it first, when the lease is no longer kept
+// alive, or when parent ends: the term of the lease's holder, within
+// which what the lease guards is still its own. Its timer is moved by
+// each renewal and fires only when renewals fail, so it adds no wake-up.
+// A lease l does not know gives a context already ended.
+func (l *Lease) Context(parent context.Context, id clientv3.LeaseID, margin time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.leases[id]
+	if st == nil {
+		cancel()
+		return ctx, cancel
+	}
+	t := &term{margin: margin, timer: time.AfterFunc(time.Until(st.deadline.Add(-margin)), cancel)}
+	st.terms = append(st.terms, t)
+	return ctx, func() {
+		t.timer.Stop()
+		l.mu.Lock()
+		if st := l.leases[id]; st != nil {
+			st.terms = slices.DeleteFunc(st.terms, func(x *term) bool { return x == t })
+		}
+		l.mu.Unlock()
+		cancel()
+	}
+}
+
+// renewed notes id's new deadline (and TTL, when known) and moves its
+// terms' ends.
+func (l *Lease) renewed(id clientv3.LeaseID, deadline time.Time, ttl time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.leases[id]
+	if st == nil {
+		st = &leaseState{}
+		l.leases[id] = st
+	}
+	st.deadline = deadline
+	if ttl > 0 {
+		st.ttl = ttl
+	}
+	for _, t := range st.terms {
+		t.timer.Reset(time.Until(deadline.Add(-t.margin)))
+	}
+}
+
+// end forgets id and ends its terms.
+func (l *Lease) end(id clientv3.LeaseID) {
+	l.mu.Lock()
+	st := l.leases[id]
+	delete(l.leases, id)
+	l.mu.Unlock()
+	if st == nil {
+		return
+	}
+	for _, t := range st.terms {
+		t.timer.Stop()
+		t.timer.Reset(0) // its cancel, at once
+	}
 }
 
 // KeepAlive renews id at once and then every third of the TTL the last
 // renewal returned, until ctx ends or the lease is gone: etcd says it is
-// not found, or no renewal succeeded before the last one's TTL ran out.
-// Each renewal's answer is sent on the returned channel (dropped when
-// the channel is full, like clientv3's), which is closed when the
-// renewals stop.
+// not found, or no renewal succeeded before the lease's deadline. Each
+// renewal's answer is sent on the returned channel (dropped when the
+// channel is full, like clientv3's), which is closed when the renewals
+// stop.
 func (l *Lease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
 	ch := make(chan *clientv3.LeaseKeepAliveResponse, 16)
 	go l.keepAlive(ctx, id, ch)
@@ -89,15 +203,17 @@ func (l *Lease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *cli
 
 func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *clientv3.LeaseKeepAliveResponse) {
 	defer close(ch)
+	defer l.end(id) // before the channel closes
 	var st stream
 	defer st.close()
-	// Until the first answer the lease's deadline is known only if it was
-	// granted here.
-	deadline := time.Now().Add(firstBound)
+	// Until the first answer the lease's deadline and TTL are known only
+	// if it was granted here.
+	deadline, interval := time.Now().Add(firstBound), time.Duration(0)
 	l.mu.Lock()
-	if d, ok := l.granted[id]; ok {
-		deadline = d
-		delete(l.granted, id)
+	s := l.leases[id]
+	tracked := s != nil // l knows the lease: it stops when l forgets it (Revoke)
+	if tracked {
+		deadline, interval = s.deadline, s.ttl/3
 	}
 	l.mu.Unlock()
 	t := time.NewTimer(0)
@@ -108,12 +224,15 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 			return
 		case <-t.C:
 		}
+		if _, known := l.Deadline(id); tracked && !known {
+			return // revoked here
+		}
 		sent := time.Now()
 		if !sent.Before(deadline) {
 			return
 		}
-		resp, err := l.renew(ctx, &st, id, deadline)
-		next, ok := decide(sent, deadline, resp, err, ctx.Err() != nil, func() {
+		resp, err := l.renew(ctx, &st, id, giveUpAt(sent, deadline, interval))
+		next, ok := decide(sent, time.Now(), deadline, resp, err, ctx.Err() != nil, func() {
 			select {
 			case ch <- resp:
 			default:
@@ -123,10 +242,31 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 			return
 		}
 		if !next.deadline.IsZero() {
-			deadline = next.deadline
+			deadline, interval = next.deadline, next.wait
+			l.renewed(id, deadline, 3*next.wait)
+			tracked = true
 		}
 		t.Reset(next.wait)
 	}
+}
+
+// giveUpAt is when a renewal sent at sent is given up, to be sent again
+// on a new stream (to another member, when the client has several): a
+// stream stuck on a frozen member, or one cut off from its leader, would
+// otherwise hold it until the deadline. An attempt is waited for an
+// interval (a third of the TTL) at most, and a third of the time left
+// before the deadline but at least minAttempt, so that several fit; never
+// past the deadline. An interval of 0 (TTL unknown) waits to the
+// deadline.
+func giveUpAt(sent, deadline time.Time, interval time.Duration) time.Time {
+	if interval <= 0 {
+		return deadline
+	}
+	attempt := min(interval, max(minAttempt, deadline.Sub(sent)/3))
+	if g := sent.Add(attempt); g.Before(deadline) {
+		return g
+	}
+	return deadline
 }
 
 // stream is the keepalive stream of one lease, kept open between
@@ -145,20 +285,19 @@ func (st *stream) close() {
 }
 
 // renew sends one keepalive for id on st (opened when closed) and reads
-// its answer by deadline; after an error st is closed, to be opened
-// again (to another member, when the client has several) by the next
-// renewal.
-func (l *Lease) renew(ctx context.Context, st *stream, id clientv3.LeaseID, deadline time.Time) (*clientv3.LeaseKeepAliveResponse, error) {
+// its answer by giveUp (else errGaveUp); after an error, or an answer
+// that came as the attempt was given up, st is closed, to be opened again
+// (to another member, when the client has several) by the next renewal.
+// etcd answers a lease it does not have with a TTL of 0, not an error.
+func (l *Lease) renew(ctx context.Context, st *stream, id clientv3.LeaseID, giveUp time.Time) (*clientv3.LeaseKeepAliveResponse, error) {
 	if st.s == nil {
 		// Like clientv3's lessor: a member cut off from its cluster's
 		// leader fails the stream rather than leave it unanswered.
-		var sctx context.Context
-		sctx, st.cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
-		st.ctx = sctx
+		st.ctx, st.cancel = context.WithCancel(clientv3.WithRequireLeader(ctx))
 	}
-	// Opening the stream, sending and the answer must all be done by the
-	// deadline: past it, the stream is cut.
-	cut := time.AfterFunc(time.Until(deadline), st.cancel)
+	// Opening the stream, sending and the answer must all be done by
+	// giveUp: then the stream is cut.
+	cut := time.AfterFunc(time.Until(giveUp), st.cancel)
 	var err error
 	if st.s == nil {
 		st.s, err = l.remote.LeaseKeepAlive(st.ctx)
@@ -170,8 +309,11 @@ func (l *Lease) renew(ctx context.Context, st *stream, id clientv3.LeaseID, dead
 	if err == nil {
 		r, err = st.s.Recv()
 	}
-	if !cut.Stop() && err != nil {
-		err = context.DeadlineExceeded
+	if !cut.Stop() {
+		st.close() // cut: a later renewal needs a new one
+		if err != nil && ctx.Err() == nil {
+			err = errGaveUp
+		}
 	}
 	if err != nil {
 		st.close()
@@ -187,13 +329,15 @@ type renewal struct {
 	deadline time.Time
 }
 
-// decide is the rule after one renewal sent at sent: an answer with a
-// TTL moves the deadline to sent+TTL (the renewal may have been handled
-// at once) and the next renewal to a third of the TTL later; a lease
-// etcd no longer has, or an ended context, stops the renewals; any other
-// error retries after retryAfter, or stops them when the deadline would
-// pass first. deliver is called for a good answer.
-func decide(sent, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse, err error, ended bool, deliver func()) (renewal, bool) {
+// decide is the rule after one renewal sent at sent and done at now: an
+// answer with a TTL moves the deadline to sent+TTL (the renewal may have
+// been handled at once) and the next renewal to a third of the TTL later;
+// an answer without one (etcd no longer has the lease), or an ended
+// context, stops the renewals; a renewal given up is sent again at once,
+// one that failed at once after retryAfter, while that is before the
+// deadline, and otherwise the renewals stop. deliver is called for a good
+// answer.
+func decide(sent, now, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse, err error, ended bool, deliver func()) (renewal, bool) {
 	switch {
 	case ended:
 		return renewal{}, false
@@ -201,11 +345,15 @@ func decide(sent, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse, err
 		deliver()
 		ttl := time.Duration(resp.TTL) * time.Second
 		return renewal{wait: ttl / 3, deadline: sent.Add(ttl)}, true
-	case errors.Is(err, rpctypes.ErrLeaseNotFound), err == nil:
+	case err == nil:
 		return renewal{}, false
-	case !sent.Add(retryAfter).Before(deadline):
-		return renewal{}, false
-	default:
-		return renewal{wait: retryAfter}, true
 	}
+	wait := retryAfter
+	if errors.Is(err, errGaveUp) {
+		wait = 0
+	}
+	if !now.Add(wait).Before(deadline) {
+		return renewal{}, false
+	}
+	return renewal{wait: wait}, true
 }

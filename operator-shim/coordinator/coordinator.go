@@ -209,6 +209,10 @@ type Coordinator struct {
 	// failedCycles counts the cycles in a row that failed (the leader
 	// waits longer before each read after them: cycleRetryDelay).
 	failedCycles int
+	// term is this leader's term (nil outside lead): it ends a margin
+	// before the leader's lease may end, so no other coordinator leads
+	// within it (termCtx).
+	term context.Context
 	// reportRetries counts the cycles in a row that left reports (the
 	// retry backs off with it).
 	reportRetries int
@@ -309,17 +313,32 @@ var errRelist = errors.New("the view must be read again")
 // before reading again: cycleRetryDelay).
 var errCycleFailed = fmt.Errorf("%w: a cycle failed", errRelist)
 
-func (c *Coordinator) lead(ctx context.Context) error {
+func (c *Coordinator) lead(ctx context.Context) (err error) {
 	// The session's lease is renewed on one timer (quietlease): clientv3's
 	// keepalive loops would wake an idle coordinator three times a second.
-	sctx, scancel := context.WithCancel(ctx)
+	// Not ctx's cancellation: Campaign resigns on the client's context
+	// when ctx ends mid-campaign.
+	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer scancel()
-	sess, err := concurrency.NewSession(quietlease.NewClient(sctx, c.cli), concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
+	scli, ql := quietlease.NewClient(sctx, c.cli)
+	sess, err := concurrency.NewSession(scli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
 		c.etcdError("session")
 		return fmt.Errorf("coordinator session: %w", err)
 	}
 	defer sess.Close()
+	// The term ends termMargin before the lease may end, unless a renewal
+	// moves it: everything the leader does runs within it (lctx below),
+	// and what no leadership compare can guard checks it (termCtx).
+	term, endTerm := ql.Context(ctx, sess.Lease(), termMargin(c.cfg.SessionTTL))
+	defer endTerm()
+	c.term = term
+	defer func() {
+		c.term = nil
+		if err != nil && term.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (%v)", errNotInTerm, err)
+		}
+	}()
 	el := concurrency.NewElection(sess, c.store.Keys.Leader())
 	if err := el.Campaign(ctx, c.cfg.Identity); err != nil {
 		return fmt.Errorf("campaign: %w", err)
@@ -338,7 +357,7 @@ func (c *Coordinator) lead(ctx context.Context) error {
 		el.Resign(rctx)
 		cancel()
 	}()
-	lctx, cancel := context.WithCancel(ctx)
+	lctx, cancel := context.WithCancel(term)
 	defer cancel()
 	defer c.serveEnrollments(lctx)()
 	leader := clientv3.Compare(clientv3.CreateRevision(el.Key()), "=", el.Rev())

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -13,6 +14,39 @@ import (
 
 // credsTimeout bounds minting or revoking one job's credentials.
 const credsTimeout = 15 * time.Second
+
+// errNotInTerm: the leader's lease may have ended, so another coordinator
+// may lead.
+var errNotInTerm = errors.New("this coordinator's leader lease may have ended: another may lead")
+
+// termMargin is how long before its lease may end a leader's term ends: a
+// change sent just before the term's end is applied by etcd well before
+// another coordinator can lead (which also takes an election, a read of
+// the fleet and a cycle). A third of the lease's TTL, at most a second.
+func termMargin(ttlSeconds int) time.Duration {
+	return min(time.Second, time.Duration(ttlSeconds)*time.Second/3)
+}
+
+// termCtx bounds ctx by credsTimeout and by the leader's term. etcd's
+// users and roles cannot be changed in a transaction, so no leadership
+// compare guards them: a leader deposed without knowing yet (a long pause,
+// a partition) would revoke what the new leader has just minted for a job
+// it admitted, or mint what the new leader does not know of. So the
+// leader changes them only within its term (while its lease provably
+// lasts, less termMargin), and a change still waited for at its end is
+// cut off. It returns errNotInTerm once the term has ended. Outside a term
+// (tests that call a step directly) only credsTimeout bounds it.
+func (c *Coordinator) termCtx(ctx context.Context) (context.Context, context.CancelFunc, error) {
+	if c.term != nil && c.term.Err() != nil {
+		return ctx, func() {}, errNotInTerm
+	}
+	tctx, cancel := context.WithTimeout(ctx, credsTimeout)
+	if c.term == nil {
+		return tctx, cancel, nil
+	}
+	stop := context.AfterFunc(c.term, cancel)
+	return tctx, func() { stop(); cancel() }, nil
+}
 
 // mintFor mints credentials for the jobs of allocs that hold none yet,
 // before their desired records are written: no node agent starts a job's
@@ -31,10 +65,9 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 		if c.creds[a.Job] != nil {
 			continue
 		}
-		mctx, cancel := context.WithTimeout(ctx, credsTimeout)
+		mctx, cancel, err := c.termCtx(ctx)
 		var cr *fleet.JobCreds
-		var err error
-		if !c.minted[a.Job] {
+		if err == nil && !c.minted[a.Job] {
 			// Another leader may have minted it since this term listed
 			// the users: this one may be deposed without knowing yet.
 			// Minting again would reset the password its hyperpodruns
@@ -53,6 +86,9 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 			}
 		}
 		cancel()
+		if errors.Is(err, errNotInTerm) {
+			return fmt.Errorf("mint job %s's etcd credentials: %w", a.Job, err)
+		}
 		if err != nil {
 			return fmt.Errorf("mint job %s's etcd credentials (the coordinator's etcd user needs the root role: docs/security.md): %w", a.Job, err)
 		}
@@ -83,9 +119,14 @@ func (c *Coordinator) revokeDeleted(ctx context.Context) {
 		if c.minted != nil && !c.minted[job] {
 			continue
 		}
-		rctx, cancel := context.WithTimeout(ctx, credsTimeout)
-		err := etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
+		rctx, cancel, err := c.termCtx(ctx)
+		if err == nil {
+			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
+		}
 		cancel()
+		if errors.Is(err, errNotInTerm) {
+			return // the next leader revokes them (revokeEnded)
+		}
 		if err != nil {
 			// revokeEnded tries again once the job holds no nodes.
 			c.log.Warn("cannot revoke a deleted job's etcd credentials yet", "job", clipMsg(job), "err", err)
@@ -112,8 +153,14 @@ func (c *Coordinator) revokeEnded(ctx context.Context, running map[string]bool) 
 	}
 	sort.Strings(jobs)
 	for _, job := range jobs {
-		rctx, cancel := context.WithTimeout(ctx, credsTimeout)
-		n, err := c.store.Members(rctx, job)
+		rctx, cancel, err := c.termCtx(ctx)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
+		var n int64
+		if err == nil {
+			n, err = c.store.Members(rctx, job)
+		}
 		if err == nil && n == 0 {
 			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
 			if err == nil {

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,25 +20,7 @@ import (
 // record exists, and loses them once it is deleted and none of its nodes
 // is left in its rendezvous; its user then no longer authenticates.
 func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
-	cli, ctx := setup(t)
-	st := fleet.New(cli, "")
-	dir := filepath.Join(t.TempDir(), "pw")
-	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
-		t.Fatal(err)
-	}
-	eps := cli.Endpoints()
-	as := func(user string) *clientv3.Client {
-		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: user, Password: pw})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
+	ctx, st, as := teamAFleet(t)
 	coordCli, team := as(etcdauth.CoordinatorUser), fleet.New(as(etcdauth.TeamRole("a")), "")
 
 	// Watch the order in which a job's credentials and desired record appear.
@@ -88,7 +71,7 @@ func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: creds.User, Password: creds.Password}); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+	if _, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: coordCli.Endpoints(), User: creds.User, Password: creds.Password}); err == nil || !strings.Contains(err.Error(), "authentication failed") {
 		t.Errorf("the revoked job's user still connects: %v", err)
 	}
 }
@@ -98,21 +81,8 @@ func TestJobCredentialsMintedOnAdmissionAndRevokedWhenTheJobEnds(t *testing.T) {
 // other minted meanwhile) reuses them: minting again would reset the
 // password the job's hyperpodruns already hold.
 func TestMintReusesCredentialsAnotherLeaderMinted(t *testing.T) {
-	cli, ctx := setup(t)
-	st := fleet.New(cli, "")
-	dir := filepath.Join(t.TempDir(), "pw")
-	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
-		t.Fatal(err)
-	}
-	pw, err := etcdconn.ReadPassword(filepath.Join(dir, etcdauth.CoordinatorUser+".password"), "", "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	coordCli, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: cli.Endpoints(), User: etcdauth.CoordinatorUser, Password: pw})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coordCli.Close()
+	ctx, st, as := teamAFleet(t)
+	coordCli := as(etcdauth.CoordinatorUser)
 	c := New(coordCli, Config{Identity: "old", JobCredentials: true})
 	if err := c.loadMinted(ctx); err != nil { // this term lists no job users
 		t.Fatal(err)
@@ -127,9 +97,80 @@ func TestMintReusesCredentialsAnotherLeaderMinted(t *testing.T) {
 	if got := c.creds["j"]; got == nil || got.Password != theirs.Password {
 		t.Fatalf("the coordinator holds %+v for the job, not the other leader's credentials", got)
 	}
-	jc, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: cli.Endpoints(), User: theirs.User, Password: theirs.Password})
+	jc, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: coordCli.Endpoints(), User: theirs.User, Password: theirs.Password})
 	if err != nil {
 		t.Fatalf("the job's hyperpodruns lost etcd: their password was reset: %v", err)
 	}
 	jc.Close()
+}
+
+// A leader whose lease may have ended (deposed without knowing yet: a long
+// pause, a partition) neither revokes the credentials of a job another
+// leader may just have admitted, nor mints any: etcd's users cannot be
+// guarded by a leadership compare. Within its lease it does both.
+func TestALeaderPastItsLeaseChangesNoCredentials(t *testing.T) {
+	ctx, st, as := teamAFleet(t)
+	coordCli := as(etcdauth.CoordinatorUser)
+	c := New(coordCli, Config{Identity: "old", JobCredentials: true})
+	if err := c.loadMinted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	theirs, err := etcdauth.Mint(ctx, coordCli, st.Keys, "j") // the new leader, for a job it admitted
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.minted["j"] = true // the old leader's view: j ended (it minted j in an earlier run)
+	ended, end := context.WithCancel(ctx)
+	end()
+	c.term = ended // its lease's deadline less the margin has passed
+
+	c.revokeEnded(ctx, map[string]bool{})
+	jc, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: coordCli.Endpoints(), User: theirs.User, Password: theirs.Password})
+	if err != nil {
+		t.Fatalf("a leader past its lease revoked the credentials another leader minted: %v", err)
+	}
+	jc.Close()
+	if err := c.mintFor(ctx, []api.Allocation{{Job: "k"}}); !errors.Is(err, errNotInTerm) {
+		t.Fatalf("mintFor past the lease = %v, want errNotInTerm", err)
+	}
+	if has, err := etcdauth.HasJobUser(ctx, coordCli, "k"); err != nil || has {
+		t.Fatalf("a leader past its lease minted a user for k (%v, %v)", has, err)
+	}
+
+	c.term = ctx // within its term
+	c.revokeEnded(ctx, map[string]bool{})
+	if has, err := etcdauth.HasJobUser(ctx, coordCli, "j"); err != nil || has {
+		t.Fatalf("within its lease the leader did not revoke j's ended credentials (%v, %v)", has, err)
+	}
+	if err := c.mintFor(ctx, []api.Allocation{{Job: "k"}}); err != nil {
+		t.Fatalf("within its lease: %v", err)
+	}
+}
+
+// teamAFleet turns etcd auth on for a fleet with team a
+// (etcdauth.Bootstrap) and returns its store and a login as each
+// bootstrapped user (closed at the test's end).
+func teamAFleet(t *testing.T) (context.Context, *fleet.Store, func(user string) *clientv3.Client) {
+	t.Helper()
+	cli, ctx := setup(t)
+	st := fleet.New(cli, "")
+	dir := filepath.Join(t.TempDir(), "pw")
+	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
+		t.Fatal(err)
+	}
+	eps := cli.Endpoints()
+	as := func(user string) *clientv3.Client {
+		t.Helper()
+		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: user, Password: pw})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	return ctx, st, as
 }

@@ -39,10 +39,16 @@ func (c *Coordinator) ensureTeamUsers(ctx context.Context) {
 		c.teamUsers = map[string]bool{}
 	}
 	for _, team := range todo {
-		tctx, cancel := context.WithTimeout(ctx, credsTimeout)
-		created, err := etcdauth.EnsureTeamUser(tctx, c.cli, c.store.Keys, team, func(user, pw string) error {
-			return c.store.PutTeamCreds(tctx, fleet.TeamCreds{Team: team, User: user, Password: pw})
-		}, func() error { return c.store.DeleteTeamCreds(tctx, team) })
+		tctx, cancel, err := c.termCtx(ctx)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
+		created := false
+		if err == nil {
+			created, err = etcdauth.EnsureTeamUser(tctx, c.cli, c.store.Keys, team, func(user, pw string) error {
+				return c.store.PutTeamCreds(tctx, fleet.TeamCreds{Team: team, User: user, Password: pw})
+			}, func() error { return c.store.DeleteTeamCreds(tctx, team) })
+		}
 		cancel()
 		if err != nil {
 			c.log.Warn("could not create the team's etcd user (the coordinator's etcd user needs the root role: docs/security.md); trying again next cycle", "team", team, "err", err)
@@ -81,8 +87,13 @@ func (c *Coordinator) removeTeamUsers(ctx context.Context) {
 		return
 	}
 	for _, team := range teamsGone(c.teamUsers, c.view.teams) {
-		tctx, cancel := context.WithTimeout(ctx, credsTimeout)
-		err := c.removeTeamUser(tctx, team)
+		tctx, cancel, err := c.termCtx(ctx)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
+		if err == nil {
+			err = c.removeTeamUser(tctx, team)
+		}
 		cancel()
 		if errors.Is(err, errTeamStillThere) {
 			continue

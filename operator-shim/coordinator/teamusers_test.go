@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -26,30 +25,14 @@ import (
 // submit its own team's jobs and no other team's. A bootstrapped team's
 // user keeps its password.
 func TestTeamAppliedAfterBootstrapGetsItsUser(t *testing.T) {
-	cli, ctx := setup(t)
-	st := fleet.New(cli, "")
-	dir := filepath.Join(t.TempDir(), "pw")
-	if _, err := etcdauth.Bootstrap(ctx, cli, st.Keys, []string{"a"}, dir); err != nil {
-		t.Fatal(err)
-	}
-	eps := cli.Endpoints()
+	ctx, _, as := teamAFleet(t)
+	eps := as(etcdauth.RootUser).Endpoints()
 	login := func(user, pw string) (*clientv3.Client, error) {
 		c, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: eps, User: user, Password: pw})
 		if err == nil {
 			t.Cleanup(func() { c.Close() })
 		}
 		return c, err
-	}
-	as := func(user string) *clientv3.Client {
-		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := login(user, pw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
 	}
 	root := fleet.New(as(etcdauth.RootUser), "")
 	c := New(as(etcdauth.CoordinatorUser), Config{Identity: "c", Resync: 100 * time.Millisecond, JobCredentials: true, Engine: policy.Config{MinStablePeriod: -1}})
