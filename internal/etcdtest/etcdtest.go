@@ -4,14 +4,17 @@ package etcdtest
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdembed"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
 )
 
 // Start returns a running embedded etcd and a client connected to it.
@@ -30,6 +33,24 @@ func Start(t testing.TB) (*etcdembed.Server, *clientv3.Client) {
 	}
 	t.Cleanup(func() { cli.Close(); srv.Close() })
 	return srv, cli
+}
+
+// StartProxied is Start with the client behind a tcpproxy, which the test
+// cuts (Proxy.Cut) to partition the client from etcd.
+func StartProxied(t testing.TB) (*tcpproxy.Proxy, *clientv3.Client) {
+	t.Helper()
+	srv, _ := Start(t)
+	p, err := tcpproxy.New(strings.TrimPrefix(srv.Endpoints[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + p.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close(); p.Close() })
+	return p, cli
 }
 
 // RegisterNode writes a node's inventory under a lease of its own, as a

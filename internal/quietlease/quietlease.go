@@ -67,6 +67,22 @@ type leaseState struct {
 type term struct {
 	timer  *time.Timer
 	margin time.Duration
+	cancel context.CancelFunc
+}
+
+// planned is the deadline the renewals of st plan their attempts against:
+// its terms' earliest end, so that a renewal failing for a while is tried
+// again within the terms (a term must not end while the lease is well);
+// the deadline itself once that end has passed.
+func (st *leaseState) planned(now time.Time) time.Time {
+	var m time.Duration
+	for _, t := range st.terms {
+		m = max(m, t.margin)
+	}
+	if p := st.deadline.Add(-m); now.Before(p) {
+		return p
+	}
+	return st.deadline
 }
 
 // New returns cli's Lease with a quiet KeepAlive, over cli's connection
@@ -93,7 +109,7 @@ func (l *Lease) Grant(ctx context.Context, ttl int64) (*clientv3.LeaseGrantRespo
 	r, err := l.Lease.Grant(ctx, ttl)
 	if err == nil && r.TTL > 0 {
 		d := time.Duration(r.TTL) * time.Second
-		l.renewed(r.ID, sent.Add(d), d)
+		l.renewed(r.ID, sent.Add(d), d, true)
 	}
 	return r, err
 }
@@ -142,11 +158,11 @@ func (l *Lease) Context(parent context.Context, id clientv3.LeaseID, margin time
 		cancel()
 		return ctx, cancel
 	}
-	t := &term{margin: margin, timer: time.AfterFunc(time.Until(st.deadline.Add(-margin)), cancel)}
+	t := &term{margin: margin, cancel: cancel, timer: time.AfterFunc(time.Until(st.deadline.Add(-margin)), cancel)}
 	st.terms = append(st.terms, t)
 	return ctx, func() {
-		t.timer.Stop()
 		l.mu.Lock()
+		t.timer.Stop()
 		if st := l.leases[id]; st != nil {
 			st.terms = slices.DeleteFunc(st.terms, func(x *term) bool { return x == t })
 		}
@@ -156,12 +172,16 @@ func (l *Lease) Context(parent context.Context, id clientv3.LeaseID, margin time
 }
 
 // renewed notes id's new deadline (and TTL, when known) and moves its
-// terms' ends.
-func (l *Lease) renewed(id clientv3.LeaseID, deadline time.Time, ttl time.Duration) {
+// terms' ends. A lease l no longer knows (revoked meanwhile) is noted
+// only if create; it reports whether it was.
+func (l *Lease) renewed(id clientv3.LeaseID, deadline time.Time, ttl time.Duration, create bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.leases[id]
 	if st == nil {
+		if !create {
+			return false
+		}
 		st = &leaseState{}
 		l.leases[id] = st
 	}
@@ -172,6 +192,7 @@ func (l *Lease) renewed(id clientv3.LeaseID, deadline time.Time, ttl time.Durati
 	for _, t := range st.terms {
 		t.timer.Reset(time.Until(deadline.Add(-t.margin)))
 	}
+	return true
 }
 
 // end forgets id and ends its terms.
@@ -185,16 +206,17 @@ func (l *Lease) end(id clientv3.LeaseID) {
 	}
 	for _, t := range st.terms {
 		t.timer.Stop()
-		t.timer.Reset(0) // its cancel, at once
+		t.cancel()
 	}
 }
 
 // KeepAlive renews id at once and then every third of the TTL the last
 // renewal returned, until ctx ends or the lease is gone: etcd says it is
-// not found, or no renewal succeeded before the lease's deadline. Each
-// renewal's answer is sent on the returned channel (dropped when the
-// channel is full, like clientv3's), which is closed when the renewals
-// stop.
+// not found, it was revoked through l, or no renewal succeeded before the
+// lease's deadline. Each renewal's answer is sent on the returned channel
+// (dropped when the channel is full, like clientv3's), which is closed
+// when the renewals stop. One KeepAlive per lease: when it stops, l
+// forgets the lease.
 func (l *Lease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
 	ch := make(chan *clientv3.LeaseKeepAliveResponse, 16)
 	go l.keepAlive(ctx, id, ch)
@@ -203,7 +225,7 @@ func (l *Lease) KeepAlive(ctx context.Context, id clientv3.LeaseID) (<-chan *cli
 
 func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *clientv3.LeaseKeepAliveResponse) {
 	defer close(ch)
-	defer l.end(id) // before the channel closes
+	defer l.end(id) // its terms end before the channel closes
 	var st stream
 	defer st.close()
 	// Until the first answer the lease's deadline and TTL are known only
@@ -231,7 +253,13 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 		if !sent.Before(deadline) {
 			return
 		}
-		resp, err := l.renew(ctx, &st, id, giveUpAt(sent, deadline, interval))
+		plan := deadline
+		l.mu.Lock()
+		if s := l.leases[id]; s != nil {
+			plan = s.planned(sent)
+		}
+		l.mu.Unlock()
+		resp, err := l.renew(ctx, &st, id, giveUpAt(sent, plan, interval))
 		next, ok := decide(sent, time.Now(), deadline, resp, err, ctx.Err() != nil, func() {
 			select {
 			case ch <- resp:
@@ -243,7 +271,9 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 		}
 		if !next.deadline.IsZero() {
 			deadline, interval = next.deadline, next.wait
-			l.renewed(id, deadline, 3*next.wait)
+			if !l.renewed(id, deadline, next.ttl, !tracked) {
+				return // revoked here while the renewal was out
+			}
 			tracked = true
 		}
 		t.Reset(next.wait)
@@ -255,9 +285,9 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 // stream stuck on a frozen member, or one cut off from its leader, would
 // otherwise hold it until the deadline. An attempt is waited for an
 // interval (a third of the TTL) at most, and a third of the time left
-// before the deadline but at least minAttempt, so that several fit; never
-// past the deadline. An interval of 0 (TTL unknown) waits to the
-// deadline.
+// before the deadline (the planned one: leaseState.planned) but at least
+// minAttempt, so that several fit; never past the deadline. An interval
+// of 0 (TTL unknown) waits to the deadline.
 func giveUpAt(sent, deadline time.Time, interval time.Duration) time.Time {
 	if interval <= 0 {
 		return deadline
@@ -327,6 +357,7 @@ func (l *Lease) renew(ctx context.Context, st *stream, id clientv3.LeaseID, give
 type renewal struct {
 	wait     time.Duration
 	deadline time.Time
+	ttl      time.Duration
 }
 
 // decide is the rule after one renewal sent at sent and done at now: an
@@ -344,7 +375,7 @@ func decide(sent, now, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse
 	case err == nil && resp != nil && resp.TTL > 0:
 		deliver()
 		ttl := time.Duration(resp.TTL) * time.Second
-		return renewal{wait: ttl / 3, deadline: sent.Add(ttl)}, true
+		return renewal{wait: ttl / 3, deadline: sent.Add(ttl), ttl: ttl}, true
 	case err == nil:
 		return renewal{}, false
 	}

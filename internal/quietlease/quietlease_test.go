@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
-	"github.com/hyperpodrun/hyperpodrun/internal/tcpproxy"
 )
 
 func TestDecide(t *testing.T) {
@@ -44,6 +43,30 @@ func TestDecide(t *testing.T) {
 			r, goOn := decide(sent, tc.now, deadline, tc.resp, tc.err, tc.ended, func() { delivered = true })
 			if goOn != tc.goOn || r.wait != tc.wait || !r.deadline.Equal(tc.newDL) || delivered != tc.delivered {
 				t.Fatalf("decide = %+v, %v, delivered %v; want wait %v, deadline %v, go on %v, delivered %v", r, goOn, delivered, tc.wait, tc.newDL, tc.goOn, tc.delivered)
+			}
+		})
+	}
+}
+
+func TestPlanned(t *testing.T) {
+	now := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		rule     string
+		deadline time.Duration // after now
+		margins  []time.Duration
+		want     time.Duration // after now
+	}{
+		{rule: "a lease without terms plans against its deadline", deadline: 5 * time.Second, want: 5 * time.Second},
+		{rule: "a lease with terms plans against the earliest term's end", deadline: 5 * time.Second, margins: []time.Duration{time.Second, 300 * time.Millisecond}, want: 4 * time.Second},
+		{rule: "once the terms have ended, against the deadline", deadline: 500 * time.Millisecond, margins: []time.Duration{time.Second}, want: 500 * time.Millisecond},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			st := &leaseState{deadline: now.Add(tc.deadline)}
+			for _, m := range tc.margins {
+				st.terms = append(st.terms, &term{margin: m})
+			}
+			if got := st.planned(now).Sub(now); got != tc.want {
+				t.Fatalf("planned = now + %v, want + %v", got, tc.want)
 			}
 		})
 	}
@@ -196,17 +219,7 @@ func waitClosed(t *testing.T, ch <-chan *clientv3.LeaseKeepAliveResponse, when s
 // Cut off from etcd, the renewals stop, and the session ends, by the
 // lease's last known deadline: not after the cut is repaired.
 func TestACutOffSessionEndsByItsDeadline(t *testing.T) {
-	srv, _ := etcdtest.Start(t)
-	p, err := tcpproxy.New(strings.TrimPrefix(srv.Endpoints[0], "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + p.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	p, cli := etcdtest.StartProxied(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sc, ql := NewClient(ctx, cli)
@@ -258,11 +271,14 @@ func TestASessionOutlivesEachMemberFrozen(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	sc, _ := NewClient(ctx, cli)
+	sc, ql := NewClient(ctx, cli)
 	sess, err := concurrency.NewSession(sc, concurrency.WithTTL(5))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The coordinator's term on it: a margin of a sixth of the TTL.
+	term, endTerm := ql.Context(context.Background(), sess.Lease(), 5*time.Second/6)
+	defer endTerm()
 	for _, m := range c.Members {
 		m.Pause()
 		frozen := time.Now()
@@ -271,6 +287,9 @@ func TestASessionOutlivesEachMemberFrozen(t *testing.T) {
 			case <-sess.Done():
 				m.Resume()
 				t.Fatalf("the session ended %v after member %s froze; its TTL is 5 s", time.Since(frozen).Round(time.Millisecond), m.Name)
+			case <-term.Done():
+				m.Resume()
+				t.Fatalf("the term ended %v after member %s froze, its lease well", time.Since(frozen).Round(time.Millisecond), m.Name)
 			case <-time.After(100 * time.Millisecond):
 			}
 		}

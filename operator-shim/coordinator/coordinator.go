@@ -211,8 +211,10 @@ type Coordinator struct {
 	failedCycles int
 	// term is this leader's term (nil outside lead): it ends a margin
 	// before the leader's lease may end, so no other coordinator leads
-	// within it (termCtx).
-	term context.Context
+	// within it (termCtx). termEnd is when, read now from the lease (the
+	// term's timer may not have run yet after a long pause).
+	term    context.Context
+	termEnd func() time.Time
 	// reportRetries counts the cycles in a row that left reports (the
 	// retry backs off with it).
 	reportRetries int
@@ -317,9 +319,10 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	// The session's lease is renewed on one timer (quietlease): clientv3's
 	// keepalive loops would wake an idle coordinator three times a second.
 	// Not ctx's cancellation: Campaign resigns on the client's context
-	// when ctx ends mid-campaign.
+	// when ctx ends mid-campaign; that resign gets 2 s (etcd may be out).
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer scancel()
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(2*time.Second, scancel) })()
 	scli, ql := quietlease.NewClient(sctx, c.cli)
 	sess, err := concurrency.NewSession(scli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
@@ -330,17 +333,22 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	// The term ends termMargin before the lease may end, unless a renewal
 	// moves it: everything the leader does runs within it (lctx below),
 	// and what no leadership compare can guard checks it (termCtx).
-	term, endTerm := ql.Context(ctx, sess.Lease(), termMargin(c.cfg.SessionTTL))
+	margin := termMargin(c.cfg.SessionTTL)
+	term, endTerm := ql.Context(ctx, sess.Lease(), margin)
 	defer endTerm()
 	c.term = term
+	c.termEnd = func() time.Time {
+		d, _ := ql.Deadline(sess.Lease())
+		return d.Add(-margin) // long past once the lease is not kept alive
+	}
 	defer func() {
-		c.term = nil
+		c.term, c.termEnd = nil, nil
 		if err != nil && term.Err() != nil && ctx.Err() == nil {
-			err = fmt.Errorf("%w (%v)", errNotInTerm, err)
+			err = fmt.Errorf("%w: %w", errNotInTerm, err)
 		}
 	}()
 	el := concurrency.NewElection(sess, c.store.Keys.Leader())
-	if err := el.Campaign(ctx, c.cfg.Identity); err != nil {
+	if err := el.Campaign(term, c.cfg.Identity); err != nil {
 		return fmt.Errorf("campaign: %w", err)
 	}
 	c.log.Info("elected leader")

@@ -22,9 +22,11 @@ var errNotInTerm = errors.New("this coordinator's leader lease may have ended: a
 // termMargin is how long before its lease may end a leader's term ends: a
 // change sent just before the term's end is applied by etcd well before
 // another coordinator can lead (which also takes an election, a read of
-// the fleet and a cycle). A third of the lease's TTL, at most a second.
+// the fleet and a cycle). A sixth of the lease's TTL, at most a second:
+// the lease is renewed every third, so a renewal that fails is tried
+// again more than once within the term.
 func termMargin(ttlSeconds int) time.Duration {
-	return min(time.Second, time.Duration(ttlSeconds)*time.Second/3)
+	return min(time.Second, time.Duration(ttlSeconds)*time.Second/6)
 }
 
 // termCtx bounds ctx by credsTimeout and by the leader's term. etcd's
@@ -37,7 +39,7 @@ func termMargin(ttlSeconds int) time.Duration {
 // cut off. It returns errNotInTerm once the term has ended. Outside a term
 // (tests that call a step directly) only credsTimeout bounds it.
 func (c *Coordinator) termCtx(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if c.term != nil && c.term.Err() != nil {
+	if c.term != nil && (c.term.Err() != nil || c.termEnd != nil && !time.Now().Before(c.termEnd())) {
 		return ctx, func() {}, errNotInTerm
 	}
 	tctx, cancel := context.WithTimeout(ctx, credsTimeout)
@@ -46,6 +48,15 @@ func (c *Coordinator) termCtx(ctx context.Context) (context.Context, context.Can
 	}
 	stop := context.AfterFunc(c.term, cancel)
 	return tctx, func() { stop(); cancel() }, nil
+}
+
+// inTerm is err, or errNotInTerm when the term ended meanwhile (a call
+// cut off by it is not etcd's failure).
+func (c *Coordinator) inTerm(err error) error {
+	if err != nil && c.term != nil && c.term.Err() != nil {
+		return fmt.Errorf("%w: %w", errNotInTerm, err)
+	}
+	return err
 }
 
 // mintFor mints credentials for the jobs of allocs that hold none yet,
@@ -86,6 +97,7 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 			}
 		}
 		cancel()
+		err = c.inTerm(err)
 		if errors.Is(err, errNotInTerm) {
 			return fmt.Errorf("mint job %s's etcd credentials: %w", a.Job, err)
 		}
@@ -124,6 +136,7 @@ func (c *Coordinator) revokeDeleted(ctx context.Context) {
 			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
 		}
 		cancel()
+		err = c.inTerm(err)
 		if errors.Is(err, errNotInTerm) {
 			return // the next leader revokes them (revokeEnded)
 		}
@@ -170,6 +183,10 @@ func (c *Coordinator) revokeEnded(ctx context.Context, running map[string]bool) 
 			}
 		}
 		cancel()
+		err = c.inTerm(err)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
 		if err != nil {
 			c.log.Warn("cannot revoke the job's etcd credentials yet", "job", job, "err", err)
 		}

@@ -136,6 +136,14 @@ func TestALeaderPastItsLeaseChangesNoCredentials(t *testing.T) {
 	if has, err := etcdauth.HasJobUser(ctx, coordCli, "k"); err != nil || has {
 		t.Fatalf("a leader past its lease minted a user for k (%v, %v)", has, err)
 	}
+	// Its term's timer has not run yet (a long pause just ended), but the
+	// lease's deadline less the margin has passed.
+	c.term, c.termEnd = ctx, func() time.Time { return time.Now().Add(-time.Millisecond) }
+	c.revokeEnded(ctx, map[string]bool{})
+	if has, err := etcdauth.HasJobUser(ctx, coordCli, "j"); err != nil || !has {
+		t.Fatalf("a leader whose term's end has passed revoked j's credentials (%v, %v)", has, err)
+	}
+	c.termEnd = nil
 
 	c.term = ctx // within its term
 	c.revokeEnded(ctx, map[string]bool{})

@@ -50,6 +50,10 @@ func (c *Coordinator) ensureTeamUsers(ctx context.Context) {
 			}, func() error { return c.store.DeleteTeamCreds(tctx, team) })
 		}
 		cancel()
+		err = c.inTerm(err)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
 		if err != nil {
 			c.log.Warn("could not create the team's etcd user (the coordinator's etcd user needs the root role: docs/security.md); trying again next cycle", "team", team, "err", err)
 			continue
@@ -95,6 +99,10 @@ func (c *Coordinator) removeTeamUsers(ctx context.Context) {
 			err = c.removeTeamUser(tctx, team)
 		}
 		cancel()
+		err = c.inTerm(err)
+		if errors.Is(err, errNotInTerm) {
+			return
+		}
 		if errors.Is(err, errTeamStillThere) {
 			continue
 		}
