@@ -260,7 +260,7 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 		}
 		l.mu.Unlock()
 		resp, err := l.renew(ctx, &st, id, giveUpAt(sent, plan, interval))
-		next, ok := decide(sent, time.Now(), deadline, resp, err, ctx.Err() != nil, func() {
+		next, ok := decide(sent, time.Now(), plan, deadline, resp, err, ctx.Err() != nil, func() {
 			select {
 			case ch <- resp:
 			default:
@@ -275,6 +275,8 @@ func (l *Lease) keepAlive(ctx context.Context, id clientv3.LeaseID, ch chan<- *c
 				return // revoked here while the renewal was out
 			}
 			tracked = true
+			// A third of the TTL after the send, not after a slow answer.
+			next.wait = max(0, time.Until(sent.Add(next.wait)))
 		}
 		t.Reset(next.wait)
 	}
@@ -362,13 +364,14 @@ type renewal struct {
 
 // decide is the rule after one renewal sent at sent and done at now: an
 // answer with a TTL moves the deadline to sent+TTL (the renewal may have
-// been handled at once) and the next renewal to a third of the TTL later;
-// an answer without one (etcd no longer has the lease), or an ended
-// context, stops the renewals; a renewal given up is sent again at once,
-// one that failed at once after retryAfter, while that is before the
-// deadline, and otherwise the renewals stop. deliver is called for a good
-// answer.
-func decide(sent, now, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse, err error, ended bool, deliver func()) (renewal, bool) {
+// been handled at once) and the next renewal to a third of the TTL after
+// the send; an answer without one (etcd no longer has the lease), or an
+// ended context, stops the renewals; a renewal given up is sent again at
+// once, one that failed at once after retryAfter (or half the time left
+// before plan, the terms' end, when that is shorter, but 10 ms at least),
+// while that is before the deadline, and otherwise the renewals stop. deliver is called
+// for a good answer.
+func decide(sent, now, plan, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse, err error, ended bool, deliver func()) (renewal, bool) {
 	switch {
 	case ended:
 		return renewal{}, false
@@ -382,6 +385,9 @@ func decide(sent, now, deadline time.Time, resp *clientv3.LeaseKeepAliveResponse
 	wait := retryAfter
 	if errors.Is(err, errGaveUp) {
 		wait = 0
+	}
+	if now.Before(plan) && plan.Before(deadline) {
+		wait = min(wait, max(plan.Sub(now)/2, 10*time.Millisecond))
 	}
 	if !now.Add(wait).Before(deadline) {
 		return renewal{}, false

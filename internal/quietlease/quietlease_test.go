@@ -25,6 +25,7 @@ func TestDecide(t *testing.T) {
 		err       error
 		ended     bool
 		now       time.Time
+		plan      time.Time // zero: the deadline
 		goOn      bool
 		wait      time.Duration
 		newDL     time.Time
@@ -37,10 +38,16 @@ func TestDecide(t *testing.T) {
 		{rule: "a renewal given up at the deadline stops the renewals", err: errGaveUp, now: deadline},
 		{rule: "another error retries after a pause while the lease lasts", err: errors.New("unavailable"), now: sent, goOn: true, wait: retryAfter},
 		{rule: "another error stops the renewals when the lease ends before the retry", err: errors.New("unavailable"), now: deadline.Add(-retryAfter)},
+		{rule: "another error near the terms' end retries within half the time left to it", err: errors.New("unavailable"), now: sent.Add(3900 * time.Millisecond), plan: sent.Add(4 * time.Second), goOn: true, wait: 50 * time.Millisecond},
+		{rule: "another error after the terms' end retries after a pause", err: errors.New("unavailable"), now: sent.Add(4100 * time.Millisecond), plan: sent.Add(4 * time.Second), goOn: true, wait: retryAfter},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			delivered := false
-			r, goOn := decide(sent, tc.now, deadline, tc.resp, tc.err, tc.ended, func() { delivered = true })
+			plan := deadline
+			if !tc.plan.IsZero() {
+				plan = tc.plan
+			}
+			r, goOn := decide(sent, tc.now, plan, deadline, tc.resp, tc.err, tc.ended, func() { delivered = true })
 			if goOn != tc.goOn || r.wait != tc.wait || !r.deadline.Equal(tc.newDL) || delivered != tc.delivered {
 				t.Fatalf("decide = %+v, %v, delivered %v; want wait %v, deadline %v, go on %v, delivered %v", r, goOn, delivered, tc.wait, tc.newDL, tc.goOn, tc.delivered)
 			}

@@ -319,10 +319,10 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	// The session's lease is renewed on one timer (quietlease): clientv3's
 	// keepalive loops would wake an idle coordinator three times a second.
 	// Not ctx's cancellation: Campaign resigns on the client's context
-	// when ctx ends mid-campaign; that resign gets 2 s (etcd may be out).
+	// when its context (the term, below) ends mid-campaign; that resign
+	// gets 2 s (etcd may be out).
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer scancel()
-	defer context.AfterFunc(ctx, func() { time.AfterFunc(2*time.Second, scancel) })()
 	scli, ql := quietlease.NewClient(sctx, c.cli)
 	sess, err := concurrency.NewSession(scli, concurrency.WithTTL(c.cfg.SessionTTL), concurrency.WithContext(ctx))
 	if err != nil {
@@ -336,6 +336,7 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	margin := termMargin(c.cfg.SessionTTL)
 	term, endTerm := ql.Context(ctx, sess.Lease(), margin)
 	defer endTerm()
+	defer context.AfterFunc(term, func() { time.AfterFunc(2*time.Second, scancel) })()
 	c.term = term
 	c.termEnd = func() time.Time {
 		d, _ := ql.Deadline(sess.Lease())
@@ -353,7 +354,7 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	}
 	c.log.Info("elected leader")
 	c.failedCycles = 0 // a new term retries at once
-	c.checkEtcd(ctx)
+	c.checkEtcd(term)
 	if c.cfg.OnLeader != nil {
 		c.cfg.OnLeader(true)
 		defer c.cfg.OnLeader(false)

@@ -24,7 +24,8 @@ var errNotInTerm = errors.New("this coordinator's leader lease may have ended: a
 // another coordinator can lead (which also takes an election, a read of
 // the fleet and a cycle). A sixth of the lease's TTL, at most a second:
 // the lease is renewed every third, so a renewal that fails is tried
-// again more than once within the term.
+// again within the term (twice from a TTL of 4 s, the default being 5;
+// once at shorter TTLs).
 func termMargin(ttlSeconds int) time.Duration {
 	return min(time.Second, time.Duration(ttlSeconds)*time.Second/6)
 }
