@@ -51,13 +51,23 @@ func (c *Coordinator) termCtx(ctx context.Context) (context.Context, context.Can
 	return tctx, func() { stop(); cancel() }, nil
 }
 
-// inTerm is err, or errNotInTerm when the term ended meanwhile (a call
-// cut off by it is not etcd's failure).
-func (c *Coordinator) inTerm(err error) error {
-	if err != nil && c.term != nil && c.term.Err() != nil {
-		return fmt.Errorf("%w: %w", errNotInTerm, err)
+// withinTerm runs f with termCtx's context. It returns errNotInTerm when
+// the term had ended before f, f's error wrapped with errNotInTerm when
+// the term ended while f ran (a call cut off by it is not etcd's failure),
+// else f's error.
+func (c *Coordinator) withinTerm(ctx context.Context, f func(context.Context) error) error {
+	tctx, cancel, err := c.termCtx(ctx)
+	if err != nil {
+		return err
 	}
-	return err
+	defer cancel()
+	if err := f(tctx); err != nil {
+		if c.term != nil && c.term.Err() != nil {
+			return fmt.Errorf("%w: %w", errNotInTerm, err)
+		}
+		return err
+	}
+	return nil
 }
 
 // mintFor mints credentials for the jobs of allocs that hold none yet,
@@ -77,28 +87,30 @@ func (c *Coordinator) mintFor(ctx context.Context, allocs []api.Allocation) erro
 		if c.creds[a.Job] != nil {
 			continue
 		}
-		mctx, cancel, err := c.termCtx(ctx)
 		var cr *fleet.JobCreds
-		if err == nil && !c.minted[a.Job] {
-			// Another leader may have minted it since this term listed
-			// the users: this one may be deposed without knowing yet.
-			// Minting again would reset the password its hyperpodruns
-			// hold, so reuse the record when the user exists.
-			c.minted[a.Job], err = etcdauth.HasJobUser(mctx, c.cli, a.Job)
-		}
-		if err == nil && c.minted[a.Job] {
-			// Minted by an earlier leader: its record has the password
-			// the assignments carry.
-			cr, err = c.store.Creds(mctx, a.Job)
-		}
-		if err == nil && cr == nil {
-			cr, err = etcdauth.Mint(mctx, c.cli, c.store.Keys, a.Job)
-			if err == nil {
+		err := c.withinTerm(ctx, func(mctx context.Context) (err error) {
+			if !c.minted[a.Job] {
+				// Another leader may have minted it since this term
+				// listed the users: this one may be deposed without
+				// knowing yet. Minting again would reset the password
+				// its hyperpodruns hold, so reuse the record when the
+				// user exists.
+				if c.minted[a.Job], err = etcdauth.HasJobUser(mctx, c.cli, a.Job); err != nil {
+					return err
+				}
+			}
+			if c.minted[a.Job] {
+				// Minted by an earlier leader: its record has the
+				// password the assignments carry.
+				if cr, err = c.store.Creds(mctx, a.Job); err != nil || cr != nil {
+					return err
+				}
+			}
+			if cr, err = etcdauth.Mint(mctx, c.cli, c.store.Keys, a.Job); err == nil {
 				c.log.Info("minted the job's etcd credentials", "job", a.Job, "user", etcdauth.JobRole(a.Job))
 			}
-		}
-		cancel()
-		err = c.inTerm(err)
+			return err
+		})
 		if errors.Is(err, errNotInTerm) {
 			return fmt.Errorf("mint job %s's etcd credentials: %w", a.Job, err)
 		}
@@ -132,12 +144,9 @@ func (c *Coordinator) revokeDeleted(ctx context.Context) {
 		if c.minted != nil && !c.minted[job] {
 			continue
 		}
-		rctx, cancel, err := c.termCtx(ctx)
-		if err == nil {
-			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
-		}
-		cancel()
-		err = c.inTerm(err)
+		err := c.withinTerm(ctx, func(rctx context.Context) error {
+			return etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
+		})
 		if errors.Is(err, errNotInTerm) {
 			return // the next leader revokes them (revokeEnded)
 		}
@@ -167,24 +176,19 @@ func (c *Coordinator) revokeEnded(ctx context.Context, running map[string]bool) 
 	}
 	sort.Strings(jobs)
 	for _, job := range jobs {
-		rctx, cancel, err := c.termCtx(ctx)
-		if errors.Is(err, errNotInTerm) {
-			return
-		}
-		var n int64
-		if err == nil {
-			n, err = c.store.Members(rctx, job)
-		}
-		if err == nil && n == 0 {
-			err = etcdauth.Revoke(rctx, c.cli, c.store.Keys, job)
-			if err == nil {
-				delete(c.minted, job)
-				delete(c.creds, job)
-				c.log.Info("revoked the job's etcd credentials: it holds no nodes", "job", job)
+		err := c.withinTerm(ctx, func(rctx context.Context) error {
+			n, err := c.store.Members(rctx, job)
+			if err != nil || n > 0 {
+				return err
 			}
-		}
-		cancel()
-		err = c.inTerm(err)
+			if err := etcdauth.Revoke(rctx, c.cli, c.store.Keys, job); err != nil {
+				return err
+			}
+			delete(c.minted, job)
+			delete(c.creds, job)
+			c.log.Info("revoked the job's etcd credentials: it holds no nodes", "job", job)
+			return nil
+		})
 		if errors.Is(err, errNotInTerm) {
 			return
 		}

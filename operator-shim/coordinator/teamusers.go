@@ -39,18 +39,13 @@ func (c *Coordinator) ensureTeamUsers(ctx context.Context) {
 		c.teamUsers = map[string]bool{}
 	}
 	for _, team := range todo {
-		tctx, cancel, err := c.termCtx(ctx)
-		if errors.Is(err, errNotInTerm) {
-			return
-		}
 		created := false
-		if err == nil {
+		err := c.withinTerm(ctx, func(tctx context.Context) (err error) {
 			created, err = etcdauth.EnsureTeamUser(tctx, c.cli, c.store.Keys, team, func(user, pw string) error {
 				return c.store.PutTeamCreds(tctx, fleet.TeamCreds{Team: team, User: user, Password: pw})
 			}, func() error { return c.store.DeleteTeamCreds(tctx, team) })
-		}
-		cancel()
-		err = c.inTerm(err)
+			return err
+		})
 		if errors.Is(err, errNotInTerm) {
 			return
 		}
@@ -91,15 +86,7 @@ func (c *Coordinator) removeTeamUsers(ctx context.Context) {
 		return
 	}
 	for _, team := range teamsGone(c.teamUsers, c.view.teams) {
-		tctx, cancel, err := c.termCtx(ctx)
-		if errors.Is(err, errNotInTerm) {
-			return
-		}
-		if err == nil {
-			err = c.removeTeamUser(tctx, team)
-		}
-		cancel()
-		err = c.inTerm(err)
+		err := c.withinTerm(ctx, func(tctx context.Context) error { return c.removeTeamUser(tctx, team) })
 		if errors.Is(err, errNotInTerm) {
 			return
 		}
