@@ -53,6 +53,12 @@ type results struct {
 	churnTime               time.Duration
 	s0, s1                  *clientv3.StatusResponse
 	rss                     float64
+	// The coordinator's returns of memory to the OS before the idle
+	// window (--idle-return-after) and their CPU, and its RSS in the
+	// idle window.
+	returns   float64
+	returnCPU time.Duration
+	idleRSS   float64
 }
 
 func bench(o options, z size, tmp string) error {
@@ -105,6 +111,7 @@ func bench(o options, z size, tmp string) error {
 		return err
 	}
 	defer acli.Close()
+	b.awaitReturn(port, &res)
 	b.measureIdle(pid, &res)
 	if err := b.measureSubmits(ctx, port, &res); err != nil {
 		return err
@@ -264,12 +271,48 @@ func (b *benchRun) watchAgents(ctx context.Context) (*clientv3.Client, error) {
 	return acli, nil
 }
 
+// awaitReturn waits for the settled coordinator to be idle for good: no
+// cycle due within 3 minutes (a stable period's end brings one without an
+// input change) and its memory returned to the operating system after its
+// last cycle (--idle-return-after, 30 s after it by default), as every
+// coordinator does that waits that long. The idle window then measures the
+// coordinator's steady wait. The returns' CPU is the coordinator's own
+// count (getrusage around each). It gives up after 4 minutes, or at once
+// when the coordinator reports no returns (an older binary).
+func (b *benchRun) awaitReturn(port int, res *results) {
+	t0 := time.Now()
+	var lastCycles, returnsAtCycle float64
+	for time.Since(t0) < 4*time.Minute {
+		returns, ok := metricValue(port, "hyperpod_coordinator_memory_returns_total")
+		if !ok {
+			fmt.Printf("# %s: the coordinator reports no memory returns (an older binary): the idle window starts at once\n", b.z)
+			return
+		}
+		_, cycles, _ := cycleSeconds(port)
+		if cycles != lastCycles {
+			lastCycles, returnsAtCycle = cycles, returns
+		}
+		wake, _ := metricValue(port, "hyperpod_coordinator_next_wake_timestamp_seconds")
+		wakeSoon := wake > 0 && time.Until(time.Unix(0, int64(wake*1e9))) < 3*time.Minute
+		if returns > returnsAtCycle && !wakeSoon {
+			cpu, _ := metricValue(port, "hyperpod_coordinator_memory_return_cpu_seconds_total")
+			res.returns, res.returnCPU = returns, time.Duration(cpu*float64(time.Second))
+			fmt.Printf("# %s: the coordinator settled for good %s after the cold start's settle\n", b.z, time.Since(t0).Round(time.Second))
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	fmt.Printf("# %s: the coordinator did not return its memory after its last cycle with no cycle due, in %s (--idle-return-after 0, or too little to return)\n",
+		b.z, time.Since(t0).Round(time.Second))
+}
+
 // measureIdle measures the coordinator's CPU, its writes and the bytes
 // etcd sends while nothing changes.
 func (b *benchRun) measureIdle(pid int, res *results) {
 	if b.o.keep {
 		fmt.Println("# idle window starts at", time.Now().UTC().Format(time.RFC3339Nano))
 	}
+	res.idleRSS = rssMB(pid)
 	cpu0, sent0, wake0 := cpuTime(pid), b.etcd.sentBytes(), wakeups(pid)
 	time.Sleep(b.o.idle)
 	if b.o.keep {
@@ -403,6 +446,13 @@ func (b *benchRun) report(res *results) {
 	fmt.Printf("BENCH %s_submit_to_decision_max %.1f ms anchor=1700 target=250\n", submits, ms(lat[len(lat)-1]))
 	fmt.Printf("BENCH %s_idle_cpu_per_2s %.2f ms anchor=594 target=5\n", name, res.perCycle)
 	fmt.Printf("BENCH %s_idle_wakeups_per_2s %.1f context_switches\n", name, res.idleWakeups)
+	if res.returns > 0 {
+		per := res.returnCPU / time.Duration(res.returns)
+		fmt.Printf("# %s: before the idle window the coordinator returned its heap's free memory to the OS %.0f times, with %s of its CPU each (once per wait of --idle-return-after, 30 s by default)\n",
+			z, res.returns, per.Round(100*time.Microsecond))
+		fmt.Printf("BENCH %s_memory_return_cpu %.1f ms\n", name, ms(per))
+	}
+	fmt.Printf("BENCH %s_idle_rss %.0f MB\n", name, res.idleRSS)
 	if res.sent >= 0 {
 		fmt.Printf("BENCH %s_idle_etcd_bytes_per_min %.0f bytes anchor=650000000\n", name, res.sent/o.idle.Minutes())
 	}

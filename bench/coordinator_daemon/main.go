@@ -287,6 +287,25 @@ func cycleSeconds(port int) (sum, count, engine float64) {
 	return sum, count, engine
 }
 
+// metricValue reads one unlabelled series from the coordinator's /metrics;
+// false: no such series (or no answer).
+func metricValue(port int, name string) (float64, bool) {
+	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+			v, err := strconv.ParseFloat(f[1], 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
 // cpuTime reads a process's CPU time from /proc: the sum of its threads'
 // run times in nanoseconds (schedstat), or /proc/PID/stat's 10 ms ticks
 // where schedstat is missing.

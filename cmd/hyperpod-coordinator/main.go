@@ -50,6 +50,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "debug, info, warn or error (debug: one line per scheduling cycle with its engine, diff and write times)"},
 			&cli.IntFlag{Name: "gc-percent", Value: defaultGCPercent, Usage: "Go's garbage collection target for this process, unless $GOGC is set (0: Go's default, 100): a fleet's coordinator keeps a large heap, and at 20,000 nodes 200 keeps collections out of most decisions for about twice the memory (docs/scale.md); $GOMEMLIMIT caps the memory whatever the target"},
 			&cli.BoolFlag{Name: "idle-gc", Value: true, Usage: "start Go's garbage collection between cycles when the next decision's allocation could start one, so that its mark runs while the coordinator waits rather than during a decision (docs/scale.md)"},
+			&cli.DurationFlag{Name: "idle-return-after", Value: 30 * time.Second, Usage: "with --idle-gc: once no cycle ran for this long, return the heap's free memory to the operating system (one full collection; 0: never). A cold start or a burst of decisions leaves hundreds of MB resident that an idle coordinator does not need (docs/scale.md)"},
 			&cli.IntFlag{Name: "max-events-per-job", Value: 200, Usage: "decision events kept per job (the oldest go first)"},
 			&cli.IntFlag{Name: "max-events", Value: 20000, Usage: "decision events kept in all"},
 			&cli.BoolFlag{Name: "job-credentials", Value: true, Usage: "with --etcd-user (etcd auth on): mint each admitted job an etcd user limited to its own keys, revoked when it ends (the coordinator's user needs etcd's root role; docs/security.md)"},
@@ -120,7 +121,7 @@ func serve(c *cli.Context) error {
 	if d := c.Duration("debounce"); d < time.Millisecond || d > 10*time.Second {
 		return usageError{fmt.Errorf("--debounce %s: must be between 1ms and 10s", d)}
 	}
-	for _, f := range []string{"finished-retention", "compact-retention"} {
+	for _, f := range []string{"finished-retention", "compact-retention", "idle-return-after"} {
 		if d := c.Duration(f); d < 0 || (d > 0 && d < time.Second) {
 			return usageError{fmt.Errorf("--%s %s: must be 0 (off) or at least 1s", f, d)}
 		}
@@ -192,9 +193,10 @@ func serve(c *cli.Context) error {
 		MaxEventsPerJob: c.Int("max-events-per-job"), MaxEvents: c.Int("max-events"),
 		FinishedRetention: off(c.Duration("finished-retention")), CompactRetention: off(c.Duration("compact-retention")),
 		EventDedupWindow: c.Duration("event-dedup-window"),
-		IdleGC:           c.Bool("idle-gc"),
-		Tracer:           tp,
-		OnCycle:          m.cycle, OnLeader: m.setLeader, OnEtcdError: m.etcdError,
+		IdleGC:           c.Bool("idle-gc"), IdleReturnAfter: c.Duration("idle-return-after"),
+		Tracer:  tp,
+		OnCycle: m.cycle, OnLeader: m.setLeader, OnEtcdError: m.etcdError,
 	})
+	m.countReturns(co.MemoryReturns)
 	return co.Run(ctx)
 }

@@ -70,3 +70,24 @@ func TestGCPercent(t *testing.T) {
 		t.Errorf("--gc-percent -5: exit %d, %q; want 2 and the flag named", code, stderr.String())
 	}
 }
+
+// A duration out of its range is a usage error (exit 2) that names the
+// flag and the range, before the coordinator connects.
+func TestDurationFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--idle-return-after", "10ms"}, "--idle-return-after 10ms: must be 0 (off) or at least 1s"},
+		{[]string{"--idle-return-after", "-1s"}, "--idle-return-after -1s: must be 0 (off) or at least 1s"},
+		{[]string{"--resync", "1ms"}, "--resync 1ms: must be between 100ms and 24h"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stderr strings.Builder
+			code := run(append([]string{"hyperpod-coordinator", "--listen", ""}, tc.args...), &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, %q; want 2 and %q", code, stderr.String(), tc.want)
+			}
+		})
+	}
+}

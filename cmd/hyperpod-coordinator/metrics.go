@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/idlegc"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -22,6 +23,7 @@ type metrics struct {
 	pendingTime, cycleTime, engineTime prometheus.Histogram
 	decisions, etcdErrors              *prometheus.CounterVec
 	writes                             prometheus.Counter
+	nextWake                           prometheus.Gauge
 	teams                              map[[2]string]bool // the (team, flavor) series set last cycle
 	queueTeams                         map[string]bool
 }
@@ -55,11 +57,13 @@ func newMetrics() *metrics {
 			Help: "Failed etcd operations by kind (read, write, watch, compact, session)."}, []string{"op"}),
 		writes: prometheus.NewCounter(prometheus.CounterOpts{Name: "hyperpod_coordinator_etcd_writes_total",
 			Help: "etcd operations (puts and deletes) the cycles wrote."}),
+		nextWake: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hyperpod_coordinator_next_wake_timestamp_seconds",
+			Help: "When the coordinator runs its next cycle if no input changes first (a stable period's end, a retry), in Unix seconds; 0: not before the resync."}),
 		teams:      map[[2]string]bool{},
 		queueTeams: map[string]bool{},
 	}
 	m.reg.MustRegister(m.cycles, m.running, m.pending, m.leader, m.used, m.nominal, m.borrowed, m.lent, m.pendingAccel, m.queue,
-		m.pendingTime, m.cycleTime, m.engineTime, m.decisions, m.etcdErrors, m.writes,
+		m.pendingTime, m.cycleTime, m.engineTime, m.decisions, m.etcdErrors, m.writes, m.nextWake,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -77,12 +81,28 @@ func (m *metrics) setLeader(on bool) {
 func (m *metrics) etcdError(op string) { m.etcdErrors.WithLabelValues(op).Inc() }
 
 // cycle is Config.OnCycle.
+// countReturns exports the idle coordinator's returns of memory to the
+// operating system (coordinator.MemoryReturns) and their CPU.
+func (m *metrics) countReturns(returned func() idlegc.Returned) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "hyperpod_coordinator_memory_returns_total",
+		Help: "Times the idle coordinator returned its heap's free memory to the operating system (--idle-return-after)."},
+		func() float64 { return float64(returned().Count) }))
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "hyperpod_coordinator_memory_return_cpu_seconds_total",
+		Help: "The process's CPU time during those returns (their full collections and the release of the pages)."},
+		func() float64 { return returned().CPU.Seconds() }))
+}
+
 func (m *metrics) cycle(s coordinator.CycleStats) {
 	d := s.Decision
 	m.cycles.Inc()
 	m.cycleTime.Observe(s.Duration.Seconds())
 	m.engineTime.Observe(s.Engine.Seconds())
 	m.writes.Add(float64(s.Ops))
+	if s.NextWake.IsZero() {
+		m.nextWake.Set(0)
+	} else {
+		m.nextWake.Set(float64(s.NextWake.UnixNano()) / 1e9)
+	}
 	for kind, n := range s.Changed {
 		m.decisions.WithLabelValues(string(kind)).Add(float64(n))
 	}

@@ -13,6 +13,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/hyperpodrun/hyperpodrun/api"
+	"github.com/hyperpodrun/hyperpodrun/internal/idlegc"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/coordinator"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
@@ -124,6 +125,37 @@ func TestGrafanaDashboardNamesExportedMetrics(t *testing.T) {
 		if !charted[want] {
 			t.Errorf("the dashboard does not chart %s", want)
 		}
+	}
+}
+
+// The next wake is the time of the cycle that comes without an input
+// change, or 0 when none is due before the resync; the memory returns are
+// counted with their CPU.
+func TestNextWakeAndMemoryReturns(t *testing.T) {
+	m := newMetrics()
+	s := decisionWith()
+	s.NextWake = time.Unix(1_800_000_000, 500_000_000)
+	m.cycle(s)
+	if got := value(t, m.nextWake); got != 1_800_000_000.5 {
+		t.Errorf("next wake %v, want 1800000000.5 (the cycle's NextWake)", got)
+	}
+	m.cycle(decisionWith())
+	if got := value(t, m.nextWake); got != 0 {
+		t.Errorf("next wake %v after a cycle with none due, want 0", got)
+	}
+	m.countReturns(func() idlegc.Returned { return idlegc.Returned{Count: 2, CPU: 750 * time.Millisecond} })
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() == "hyperpod_coordinator_memory_returns_total" || mf.GetName() == "hyperpod_coordinator_memory_return_cpu_seconds_total" {
+			got[mf.GetName()] = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if got["hyperpod_coordinator_memory_returns_total"] != 2 || got["hyperpod_coordinator_memory_return_cpu_seconds_total"] != 0.75 {
+		t.Errorf("memory return series %v, want 2 returns and 0.75 s of CPU", got)
 	}
 }
 

@@ -130,6 +130,12 @@ type Config struct {
 	// (idlegc): the collection's mark then runs while the coordinator
 	// waits, not during the next decision.
 	IdleGC bool
+	// IdleReturnAfter, with IdleGC, is how long the coordinator must have
+	// waited since its last cycle before it returns the heap's free memory
+	// to the operating system (idlegc.Config.ReturnAfter): a cold start or
+	// a burst of cycles leaves hundreds of MB resident that an idle
+	// coordinator does not need. 0: never.
+	IdleReturnAfter time.Duration
 }
 
 // CycleStats are one scheduling cycle's figures.
@@ -151,6 +157,10 @@ type CycleStats struct {
 	// Fast says the engine decided the cycle's submits on its fast path
 	// (policy.Engine.Admit), without a full cycle.
 	Fast bool
+	// NextWake is when the coordinator runs its next cycle if no input
+	// changes first (a stable period's end, a report's retry); zero: not
+	// before the resync.
+	NextWake time.Time
 }
 
 // Coordinator is one coordinator instance.
@@ -227,6 +237,17 @@ type Coordinator struct {
 type burstGC interface {
 	Begin()
 	End(idle bool) bool
+	Stop()
+	Returned() idlegc.Returned
+}
+
+// MemoryReturns reports the idle coordinator's returns of memory to the
+// operating system (Config.IdleReturnAfter) and their CPU.
+func (c *Coordinator) MemoryReturns() idlegc.Returned {
+	if c.idleGC == nil {
+		return idlegc.Returned{}
+	}
+	return c.idleGC.Returned()
 }
 
 type revAt struct {
@@ -286,7 +307,7 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 	c := &Coordinator{cfg: cfg, cli: cli, store: st, log: cfg.Logger.With("coordinator", cfg.Identity),
 		tracer: cfg.Tracer.Tracer("hyperpodrun/coordinator")}
 	if cfg.IdleGC {
-		c.idleGC = idlegc.New()
+		c.idleGC = idlegc.New(idlegc.Config{ReturnAfter: cfg.IdleReturnAfter})
 	}
 	return c
 }
@@ -294,6 +315,9 @@ func New(cli *clientv3.Client, cfg Config) *Coordinator {
 // Run campaigns for leadership and, while leader, schedules on every
 // change. It returns when ctx ends (resigning) or on an unrecoverable error.
 func (c *Coordinator) Run(ctx context.Context) error {
+	if c.idleGC != nil {
+		defer c.idleGC.Stop()
+	}
 	for {
 		err := c.lead(ctx)
 		if ctx.Err() != nil {

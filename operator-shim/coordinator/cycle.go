@@ -114,7 +114,7 @@ func (c *Coordinator) cycle(ctx context.Context, leader clientv3.Cmp) (again boo
 	c.revokeEnded(ctx, running)
 	if c.cfg.OnCycle != nil {
 		cs := CycleStats{Duration: time.Since(start), Engine: engine, Decision: d, Changed: changed, Ops: ops}
-		cs.Waited, cs.Fast = c.waited, fast
+		cs.Waited, cs.Fast, cs.NextWake = c.waited, fast, c.wake
 		c.cfg.OnCycle(cs)
 	}
 	return again, nil

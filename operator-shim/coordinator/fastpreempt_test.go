@@ -10,6 +10,7 @@ import (
 
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdtest"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/idlegc"
 	"github.com/hyperpodrun/hyperpodrun/operator-shim/policy"
 )
 
@@ -197,6 +198,10 @@ func (r gcRecorder) End(idle bool) bool {
 	r(idle)
 	return false
 }
+
+func (gcRecorder) Stop() {}
+
+func (gcRecorder) Returned() idlegc.Returned { return idlegc.Returned{} }
 
 // gpuJob is a single-node job of 8 accelerators (a whole Trainium2 node).
 func gpuJob(name, team string, prio int) policy.Job {
