@@ -219,12 +219,8 @@ type Coordinator struct {
 	// failedCycles counts the cycles in a row that failed (the leader
 	// waits longer before each read after them: cycleRetryDelay).
 	failedCycles int
-	// term is this leader's term (nil outside lead): it ends a margin
-	// before the leader's lease may end, so no other coordinator leads
-	// within it (termCtx). termEnd is when, read now from the lease (the
-	// term's timer may not have run yet after a long pause).
-	term    context.Context
-	termEnd func() time.Time
+	// term is this leader's term (nil outside lead; termCtx).
+	term *leaderTerm
 	// reportRetries counts the cycles in a row that left reports (the
 	// retry backs off with it).
 	reportRetries int
@@ -361,13 +357,12 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	term, endTerm := ql.Context(ctx, sess.Lease(), margin)
 	defer endTerm()
 	defer context.AfterFunc(term, func() { time.AfterFunc(2*time.Second, scancel) })()
-	c.term = term
-	c.termEnd = func() time.Time {
+	c.term = &leaderTerm{ctx: term, end: func() time.Time {
 		d, _ := ql.Deadline(sess.Lease())
 		return d.Add(-margin) // long past once the lease is not kept alive
-	}
+	}}
 	defer func() {
-		c.term, c.termEnd = nil, nil
+		c.term = nil
 		if err != nil && term.Err() != nil && ctx.Err() == nil {
 			err = fmt.Errorf("%w: %w", errNotInTerm, err)
 		}

@@ -30,6 +30,21 @@ func termMargin(ttlSeconds int) time.Duration {
 	return min(time.Second, time.Duration(ttlSeconds)*time.Second/6)
 }
 
+// leaderTerm is a leader's term: ctx ends a margin before the leader's
+// lease may end (quietlease.Lease.Context), so that no other coordinator
+// leads within it; end reads that time now from the lease, since the
+// term's timer may not have run yet after a long pause (nil: only ctx
+// counts).
+type leaderTerm struct {
+	ctx context.Context
+	end func() time.Time
+}
+
+// over reports whether the term has ended, by its context or its clock.
+func (t *leaderTerm) over() bool {
+	return t.ctx.Err() != nil || t.end != nil && !time.Now().Before(t.end())
+}
+
 // termCtx bounds ctx by credsTimeout and by the leader's term. etcd's
 // users and roles cannot be changed in a transaction, so no leadership
 // compare guards them: a leader deposed without knowing yet (a long pause,
@@ -40,14 +55,14 @@ func termMargin(ttlSeconds int) time.Duration {
 // cut off. It returns errNotInTerm once the term has ended. Outside a term
 // (tests that call a step directly) only credsTimeout bounds it.
 func (c *Coordinator) termCtx(ctx context.Context) (context.Context, context.CancelFunc, error) {
-	if c.term != nil && (c.term.Err() != nil || c.termEnd != nil && !time.Now().Before(c.termEnd())) {
+	if c.term != nil && c.term.over() {
 		return ctx, func() {}, errNotInTerm
 	}
 	tctx, cancel := context.WithTimeout(ctx, credsTimeout)
 	if c.term == nil {
 		return tctx, cancel, nil
 	}
-	stop := context.AfterFunc(c.term, cancel)
+	stop := context.AfterFunc(c.term.ctx, cancel)
 	return tctx, func() { stop(); cancel() }, nil
 }
 
@@ -62,7 +77,7 @@ func (c *Coordinator) withinTerm(ctx context.Context, f func(context.Context) er
 	}
 	defer cancel()
 	if err := f(tctx); err != nil {
-		if c.term != nil && c.term.Err() != nil {
+		if c.term != nil && c.term.ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", errNotInTerm, err)
 		}
 		return err

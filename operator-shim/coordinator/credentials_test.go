@@ -122,7 +122,7 @@ func TestALeaderPastItsLeaseChangesNoCredentials(t *testing.T) {
 	c.minted["j"] = true // the old leader's view: j ended (it minted j in an earlier run)
 	ended, end := context.WithCancel(ctx)
 	end()
-	c.term = ended // its lease's deadline less the margin has passed
+	c.term = &leaderTerm{ctx: ended} // its lease's deadline less the margin has passed
 
 	c.revokeEnded(ctx, map[string]bool{})
 	jc, err := etcdconn.Connect(ctx, etcdconn.Options{Endpoints: coordCli.Endpoints(), User: theirs.User, Password: theirs.Password})
@@ -138,14 +138,13 @@ func TestALeaderPastItsLeaseChangesNoCredentials(t *testing.T) {
 	}
 	// Its term's timer has not run yet (a long pause just ended), but the
 	// lease's deadline less the margin has passed.
-	c.term, c.termEnd = ctx, func() time.Time { return time.Now().Add(-time.Millisecond) }
+	c.term = &leaderTerm{ctx: ctx, end: func() time.Time { return time.Now().Add(-time.Millisecond) }}
 	c.revokeEnded(ctx, map[string]bool{})
 	if has, err := etcdauth.HasJobUser(ctx, coordCli, "j"); err != nil || !has {
 		t.Fatalf("a leader whose term's end has passed revoked j's credentials (%v, %v)", has, err)
 	}
-	c.termEnd = nil
 
-	c.term = ctx // within its term
+	c.term = &leaderTerm{ctx: ctx} // within its term
 	c.revokeEnded(ctx, map[string]bool{})
 	if has, err := etcdauth.HasJobUser(ctx, coordCli, "j"); err != nil || has {
 		t.Fatalf("within its lease the leader did not revoke j's ended credentials (%v, %v)", has, err)

@@ -19,7 +19,7 @@ func TestTheLeadersTermEndsWithItsLease(t *testing.T) {
 	terms := make(chan context.Context, 1)
 	c.cfg.afterHousekeeping = func() { // on the leader's loop
 		select {
-		case terms <- c.term:
+		case terms <- c.term.ctx:
 		default:
 		}
 	}
