@@ -111,7 +111,7 @@ func bench(o options, z size, tmp string) error {
 		return err
 	}
 	defer acli.Close()
-	b.awaitReturn(port, &res)
+	b.awaitReturn(ctx, port, &res)
 	b.measureIdle(pid, &res)
 	if err := b.measureSubmits(ctx, port, &res); err != nil {
 		return err
@@ -273,37 +273,61 @@ func (b *benchRun) watchAgents(ctx context.Context) (*clientv3.Client, error) {
 
 // awaitReturn waits for the settled coordinator to be idle for good: no
 // cycle due within 3 minutes (a stable period's end brings one without an
-// input change) and its memory returned to the operating system after its
-// last cycle (--idle-return-after, 30 s after it by default), as every
-// coordinator does that waits that long. The idle window then measures the
-// coordinator's steady wait. The returns' CPU is the coordinator's own
-// count (getrusage around each). It gives up after 4 minutes, or at once
-// when the coordinator reports no returns (an older binary).
-func (b *benchRun) awaitReturn(port int, res *results) {
+// input change) and --idle-return-after (plus 5 s) past its last cycle, by
+// which time it returned its memory to the operating system where that
+// pays, as every coordinator does that waits that long. The idle window
+// then measures the coordinator's steady wait. The returns' CPU is the
+// coordinator's own count (getrusage around each). An older binary (no
+// such series) is not waited for.
+func (b *benchRun) awaitReturn(ctx context.Context, port int, res *results) {
+	after := idleReturnAfter(b.o.coordinatorFlags)
 	t0 := time.Now()
-	var lastCycles, returnsAtCycle float64
-	for time.Since(t0) < 4*time.Minute {
-		returns, ok := metricValue(port, "hyperpod_coordinator_memory_returns_total")
-		if !ok {
+	lastCycle, lastCycles := t0, -1.0 // the settle saw no cycle for 5 s
+	for time.Since(t0) < 4*time.Minute && ctx.Err() == nil {
+		if _, ok, err := scrape(port, "hyperpod_coordinator_memory_returns_total"); err == nil && !ok {
 			fmt.Printf("# %s: the coordinator reports no memory returns (an older binary): the idle window starts at once\n", b.z)
 			return
 		}
-		_, cycles, _ := cycleSeconds(port)
-		if cycles != lastCycles {
-			lastCycles, returnsAtCycle = cycles, returns
+		if _, cycles, _ := cycleSeconds(port); cycles > 0 && cycles != lastCycles {
+			if lastCycles >= 0 {
+				lastCycle = time.Now()
+			}
+			lastCycles = cycles
 		}
-		wake, _ := metricValue(port, "hyperpod_coordinator_next_wake_timestamp_seconds")
-		wakeSoon := wake > 0 && time.Until(time.Unix(0, int64(wake*1e9))) < 3*time.Minute
-		if returns > returnsAtCycle && !wakeSoon {
-			cpu, _ := metricValue(port, "hyperpod_coordinator_memory_return_cpu_seconds_total")
-			res.returns, res.returnCPU = returns, time.Duration(cpu*float64(time.Second))
-			fmt.Printf("# %s: the coordinator settled for good %s after the cold start's settle\n", b.z, time.Since(t0).Round(time.Second))
+		wake, _, _ := scrape(port, "hyperpod_coordinator_next_wake_timestamp_seconds")
+		until := time.Until(time.Unix(0, int64(wake*1e9)))
+		wakeSoon := wake > 0 && until > 0 && until < 3*time.Minute
+		if !wakeSoon && time.Since(lastCycle) >= after+5*time.Second {
+			n, _, _ := scrape(port, "hyperpod_coordinator_memory_returns_total")
+			cpu, _, _ := scrape(port, "hyperpod_coordinator_memory_return_cpu_seconds_total")
+			res.returns, res.returnCPU = n, time.Duration(cpu*float64(time.Second))
+			fmt.Printf("# %s: the coordinator idle for good %s after the cold start's settle\n", b.z, time.Since(t0).Round(time.Second))
 			return
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	fmt.Printf("# %s: the coordinator did not return its memory after its last cycle with no cycle due, in %s (--idle-return-after 0, or too little to return)\n",
-		b.z, time.Since(t0).Round(time.Second))
+	fmt.Printf("# %s: the coordinator was not idle for good within %s: the idle window starts now\n", b.z, time.Since(t0).Round(time.Second))
+}
+
+// idleReturnAfter is the coordinator's --idle-return-after as the bench's
+// -coordinator-flags set it, else its default (30 s).
+func idleReturnAfter(flags string) time.Duration {
+	f := strings.Fields(flags)
+	for i, a := range f {
+		v, ok := strings.CutPrefix(strings.TrimLeft(a, "-"), "idle-return-after")
+		switch {
+		case !ok:
+			continue
+		case v == "" && i+1 < len(f):
+			v = f[i+1]
+		default:
+			v = strings.TrimPrefix(v, "=")
+		}
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return 30 * time.Second
 }
 
 // measureIdle measures the coordinator's CPU, its writes and the bytes

@@ -287,12 +287,13 @@ func cycleSeconds(port int) (sum, count, engine float64) {
 	return sum, count, engine
 }
 
-// metricValue reads one unlabelled series from the coordinator's /metrics;
-// false: no such series (or no answer).
-func metricValue(port int, name string) (float64, bool) {
+// scrape reads one unlabelled series from the coordinator's /metrics: its
+// value, whether the coordinator exports it, and the error of a failed
+// fetch.
+func scrape(port int, name string) (float64, bool, error) {
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 	if err != nil {
-		return 0, false
+		return 0, false, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -300,10 +301,10 @@ func metricValue(port int, name string) (float64, bool) {
 	for sc.Scan() {
 		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
 			v, err := strconv.ParseFloat(f[1], 64)
-			return v, err == nil
+			return v, err == nil, err
 		}
 	}
-	return 0, false
+	return 0, false, sc.Err()
 }
 
 // cpuTime reads a process's CPU time from /proc: the sum of its threads'

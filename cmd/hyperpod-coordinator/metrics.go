@@ -74,13 +74,13 @@ func (m *metrics) setLeader(on bool) {
 		m.leader.Set(1)
 	} else {
 		m.leader.Set(0)
+		m.nextWake.Set(0) // a follower runs no cycle
 	}
 }
 
 // etcdError is Config.OnEtcdError.
 func (m *metrics) etcdError(op string) { m.etcdErrors.WithLabelValues(op).Inc() }
 
-// cycle is Config.OnCycle.
 // countReturns exports the idle coordinator's returns of memory to the
 // operating system (coordinator.MemoryReturns) and their CPU.
 func (m *metrics) countReturns(returned func() idlegc.Returned) {
@@ -92,6 +92,7 @@ func (m *metrics) countReturns(returned func() idlegc.Returned) {
 		func() float64 { return returned().CPU.Seconds() }))
 }
 
+// cycle is Config.OnCycle.
 func (m *metrics) cycle(s coordinator.CycleStats) {
 	d := s.Decision
 	m.cycles.Inc()

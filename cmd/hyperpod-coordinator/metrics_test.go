@@ -143,6 +143,11 @@ func TestNextWakeAndMemoryReturns(t *testing.T) {
 	if got := value(t, m.nextWake); got != 0 {
 		t.Errorf("next wake %v after a cycle with none due, want 0", got)
 	}
+	m.cycle(s)
+	m.setLeader(false)
+	if got := value(t, m.nextWake); got != 0 {
+		t.Errorf("next wake %v after leadership was lost, want 0 (a follower runs no cycle)", got)
+	}
 	m.countReturns(func() idlegc.Returned { return idlegc.Returned{Count: 2, CPU: 750 * time.Millisecond} })
 	mfs, err := m.reg.Gather()
 	if err != nil {

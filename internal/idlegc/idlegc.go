@@ -72,7 +72,7 @@ type Collector struct {
 	begin   sample          // what Begin read
 	bursts  [history]uint64 // the latest bursts' allocations
 	next    int
-	running bool
+	running bool // a collection End started, or a return, runs
 	// collect starts a collection (runtime.GC; tests replace it).
 	collect func()
 	// read reads the process's counts (tests replace it).
@@ -95,6 +95,8 @@ type Collector struct {
 	processCPU func() time.Duration
 	// returned is what the returns cost.
 	returned Returned
+	// inflight is the return under way (Stop waits for it).
+	inflight sync.WaitGroup
 }
 
 // Returned counts a Collector's returns of memory to the operating system
@@ -148,13 +150,16 @@ func (c *Collector) Begin() {
 	c.mu.Unlock()
 }
 
-// Stop disarms a pending return; the Collector makes none after it (until
-// the next burst's end).
+// Stop disarms a pending return and waits for one under way to finish
+// (a return cannot be interrupted); the next burst's end that a wait
+// follows arms one again. Call it before work that does not go between
+// Begin and End, and when the process stops working.
 func (c *Collector) Stop() {
 	c.mu.Lock()
 	c.begun++
 	c.disarm()
 	c.mu.Unlock()
+	c.inflight.Wait()
 }
 
 // Returned reports the Collector's returns of memory to the operating
@@ -181,7 +186,9 @@ func (c *Collector) arm(n uint64) {
 
 // returnIfWaiting returns memory to the OS if no burst began since burst
 // n ended and WorthReturning says it pays. While the end's collection
-// still runs, it waits another ReturnAfter.
+// still runs, it waits another ReturnAfter. A return under way is not
+// interrupted: a burst that begins meanwhile runs beside it (Stop waits
+// for it), and no idle collection starts until it is done.
 func (c *Collector) returnIfWaiting(n uint64) {
 	c.mu.Lock()
 	if c.begun != n {
@@ -194,14 +201,19 @@ func (c *Collector) returnIfWaiting(n uint64) {
 		return
 	}
 	c.pending = nil
-	c.mu.Unlock()
 	if s := c.read(); !WorthReturning(s.free, s.heap, s.live) {
+		c.mu.Unlock()
 		return
 	}
+	c.running = true
+	c.inflight.Add(1)
+	c.mu.Unlock()
+	defer c.inflight.Done()
 	cpu0 := c.processCPU()
 	c.returnMemory()
 	cpu := c.processCPU() - cpu0
 	c.mu.Lock()
+	c.running = false
 	c.returned.Count++
 	c.returned.CPU += cpu
 	c.mu.Unlock()

@@ -338,6 +338,39 @@ func TestTheReturnWaitsForTheIdleCollection(t *testing.T) {
 	}
 }
 
+func TestAReturnUnderWayHoldsStopAndIdleCollections(t *testing.T) {
+	c, f := returning()
+	started, finish := make(chan struct{}), make(chan struct{})
+	c.returnMemory = func() { close(started); <-finish }
+	f.burst(c, 10, true)
+	if len(f.armed) != 1 {
+		t.Fatalf("armed %d timers after an idle end, want one", len(f.armed))
+	}
+	go f.armed[0].f()
+	<-started
+	f.goal, f.heap = 100, 95 // the next burst's end would start a collection
+	c.bursts[0] = 10
+	if f.burst(c, 1, true) {
+		t.Fatal("a burst's end started a collection while a return (itself a collection) runs")
+	}
+	stopped := make(chan struct{})
+	go func() { c.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a return still ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(finish)
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not return once the return finished")
+	}
+	if r := c.Returned(); r.Count != 1 {
+		t.Fatalf("Returned %+v, want one return", r)
+	}
+}
+
 func TestNewReturnsMemoryToTheOS(t *testing.T) {
 	c := New(Config{ReturnAfter: 10 * time.Millisecond})
 	defer c.Stop()

@@ -392,6 +392,11 @@ func (c *Coordinator) lead(ctx context.Context) (err error) {
 	backoff := 100 * time.Millisecond
 	for {
 		// Another leader may have written meanwhile: read everything.
+		// The read is no cycle: the return of memory the last idle
+		// cycle armed must not fall into it.
+		if c.idleGC != nil {
+			c.idleGC.Stop()
+		}
 		if err := c.reload(lctx); err != nil {
 			if lctx.Err() != nil {
 				return lctx.Err()
