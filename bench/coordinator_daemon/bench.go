@@ -296,7 +296,9 @@ func (b *benchRun) awaitReturn(ctx context.Context, port int, res *results) {
 		}
 		wake, _, _ := scrape(port, "hyperpod_coordinator_next_wake_timestamp_seconds")
 		until := time.Until(time.Unix(0, int64(wake*1e9)))
-		wakeSoon := wake > 0 && until > 0 && until < 3*time.Minute
+		// A wake just past is soon too: its cycle may not have run yet
+		// (or not been counted).
+		wakeSoon := wake > 0 && until > -10*time.Second && until < 3*time.Minute
 		if !wakeSoon && time.Since(lastCycle) >= after+5*time.Second {
 			n, _, _ := scrape(port, "hyperpod_coordinator_memory_returns_total")
 			cpu, _, _ := scrape(port, "hyperpod_coordinator_memory_return_cpu_seconds_total")
