@@ -284,25 +284,30 @@ func (b *benchRun) awaitReturn(ctx context.Context, port int, res *results) {
 	t0 := time.Now()
 	lastCycle, lastCycles := t0, -1.0 // the settle saw no cycle for 5 s
 	for time.Since(t0) < 4*time.Minute && ctx.Err() == nil {
-		if _, ok, err := scrape(port, "hyperpod_coordinator_memory_returns_total"); err == nil && !ok {
+		m, err := scrape(port)
+		if err != nil {
+			time.Sleep(500 * time.Millisecond)
+			continue
+		}
+		returns, ok := m["hyperpod_coordinator_memory_returns_total"]
+		if !ok {
 			fmt.Printf("# %s: the coordinator reports no memory returns (an older binary): the idle window starts at once\n", b.z)
 			return
 		}
-		if _, cycles, _ := cycleSeconds(port); cycles > 0 && cycles != lastCycles {
+		if cycles := m["hyperpod_coordinator_cycle_seconds_count"]; cycles > 0 && cycles != lastCycles {
 			if lastCycles >= 0 {
 				lastCycle = time.Now()
 			}
 			lastCycles = cycles
 		}
-		wake, _, _ := scrape(port, "hyperpod_coordinator_next_wake_timestamp_seconds")
+		wake := m["hyperpod_coordinator_next_wake_timestamp_seconds"]
 		until := time.Until(time.Unix(0, int64(wake*1e9)))
 		// A wake just past is soon too: its cycle may not have run yet
 		// (or not been counted).
 		wakeSoon := wake > 0 && until > -10*time.Second && until < 3*time.Minute
 		if !wakeSoon && time.Since(lastCycle) >= after+5*time.Second {
-			n, _, _ := scrape(port, "hyperpod_coordinator_memory_returns_total")
-			cpu, _, _ := scrape(port, "hyperpod_coordinator_memory_return_cpu_seconds_total")
-			res.returns, res.returnCPU = n, time.Duration(cpu*float64(time.Second))
+			res.returns = returns
+			res.returnCPU = time.Duration(m["hyperpod_coordinator_memory_return_cpu_seconds_total"] * float64(time.Second))
 			fmt.Printf("# %s: the coordinator idle for good %s after the cold start's settle\n", b.z, time.Since(t0).Round(time.Second))
 			return
 		}

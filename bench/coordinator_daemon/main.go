@@ -262,49 +262,29 @@ func (s *etcdServer) sentBytes() float64 {
 // cycleSeconds is the coordinator's cycle-latency histogram's sum and
 // count, and the engine's sum, from its /metrics.
 func cycleSeconds(port int) (sum, count, engine float64) {
-	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
-	if err != nil {
-		return 0, 0, 0
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "hyperpod_coordinator_cycle_seconds_sum":
-			sum = v
-		case "hyperpod_coordinator_cycle_seconds_count":
-			count = v
-		case "hyperpod_coordinator_engine_seconds_sum":
-			engine = v
-		}
-	}
-	return sum, count, engine
+	m, _ := scrape(port)
+	return m["hyperpod_coordinator_cycle_seconds_sum"], m["hyperpod_coordinator_cycle_seconds_count"], m["hyperpod_coordinator_engine_seconds_sum"]
 }
 
-// scrape reads one unlabelled series from the coordinator's /metrics: its
-// value, whether the coordinator exports it, and the error of a failed
-// fetch.
-func scrape(port int, name string) (float64, bool, error) {
+// scrape reads the unlabelled series of the coordinator's /metrics, by
+// name, in one fetch; the error is a failed fetch's.
+func scrape(port int) (map[string]float64, error) {
 	resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
 	if err != nil {
-		return 0, false, err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	m := map[string]float64{}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
-			v, err := strconv.ParseFloat(f[1], 64)
-			return v, err == nil, err
+		if f := strings.Fields(sc.Text()); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+			if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+				m[f[0]] = v
+			}
 		}
 	}
-	return 0, false, sc.Err()
+	return m, sc.Err()
 }
 
 // cpuTime reads a process's CPU time from /proc: the sum of its threads'
