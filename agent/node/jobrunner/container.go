@@ -218,7 +218,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		return err
 	}
 	r.mu.Lock()
-	if _, running := r.jobs[job]; running {
+	if _, running := r.jobs[job]; running || r.stopped() {
 		r.mu.Unlock()
 		return nil
 	}

@@ -317,6 +317,27 @@ func TestSIGKILLOfHyperpodrunRestartsItAndLeavesNothing(t *testing.T) {
 	}
 }
 
+// Once the runner has stopped (an agent crash, killAll), no run starts,
+// even though its loop may still reconcile a job that is placed here: a
+// run started then would outlive the runner, and so would its directory.
+func TestNoRunStartsAfterTheRunnerStops(t *testing.T) {
+	f := newFixture(t, loopWorker, 1, NoCgroup)
+	f.waitFor("the worker", func() bool { return f.runs() == 1 })
+	f.r.killAll()
+	if err := f.r.start(f.ctx, "j"); err != nil {
+		t.Fatalf("start after the runner stopped: %v", err)
+	}
+	f.r.mu.Lock()
+	_, running := f.r.jobs["j"]
+	f.r.mu.Unlock()
+	if running {
+		t.Errorf("a run of the job started after the runner stopped")
+	}
+	if dirs, _ := filepath.Glob(filepath.Join(f.tmp, "*.p.*")); len(dirs) != 0 {
+		t.Errorf("run directories %v after the runner stopped, want none", dirs)
+	}
+}
+
 // A job fails only when its global restart budget is spent: the same
 // signal that is a node failure while restarts <= maxRestarts marks the
 // job Failed once the count exceeds it.

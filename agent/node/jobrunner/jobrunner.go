@@ -647,7 +647,7 @@ func (r *Runner) startProcess(job string, l *launch) error {
 	spec, id := l.spec, l.id
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, running := r.jobs[job]; running {
+	if _, running := r.jobs[job]; running || r.stopped() {
 		return nil
 	}
 	// The job's own directories, made for it (never a walk, never a
@@ -856,6 +856,18 @@ func (r *Runner) Drain(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// stopped reports whether killAll has run: no run starts after it (the
+// Run loop may still be reconciling when a crash stops the runner). The
+// caller holds r.mu, which killAll closes r.quit under.
+func (r *Runner) stopped() bool {
+	select {
+	case <-r.quit:
+		return true
+	default:
+		return false
+	}
 }
 
 // killAll SIGKILLs every job's hyperpodrun (the rest of each run dies
