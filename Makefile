@@ -45,10 +45,13 @@ test: deps test-python lint
 	$(GO) run ./bench/soak -short -seed 1
 
 ## test-python: the stdlib Python helper's unittests (with Debian's torch for
-## the gloo tests when present).
+## the gloo tests when present), in a TMPDIR of their own that must be empty
+## afterwards: a test leaves no control or checkpoint directory behind.
 PYTHON_TEST ?= $(shell if /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo /usr/bin/python3; else echo python3; fi)
 test-python:
-	cd checkpoint/python && $(PYTHON_TEST) -m unittest discover -s tests
+	@t=$$(mktemp -d) && (cd checkpoint/python && TMPDIR=$$t $(PYTHON_TEST) -m unittest discover -s tests); rc=$$?; \
+	left=$$(ls -A $$t); rm -rf $$t; \
+	if [ -n "$$left" ]; then echo "test-python: the tests left these in their TMPDIR: $$left" >&2; exit 1; fi; exit $$rc
 
 test-short:
 	$(GO) test -short $(PKGS)

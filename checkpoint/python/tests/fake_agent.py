@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -84,7 +85,4 @@ class FakeAgent:
         except OSError:
             pass
         self._sock.close()
-        try:
-            os.unlink(self.socket_path)
-        except OSError:
-            pass
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,6 +1,7 @@
 import os
 import queue
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,6 +39,7 @@ class AgreementTest(unittest.TestCase):
         agent = FakeAgent()
         self.addCleanup(agent.close)
         ckdir = tempfile.mkdtemp(prefix="hpr-ck-")
+        self.addCleanup(shutil.rmtree, ckdir, True)
         port = free_port()
         lines = queue.Queue()
         procs = []
