@@ -91,7 +91,10 @@ type Config struct {
 	CompactRetention time.Duration
 	// Tracer makes the decision spans (default: otel's global provider).
 	Tracer trace.TracerProvider
-	// OnCycle, when set, sees every cycle's figures (metrics).
+	// OnCycle, when set, sees every cycle's figures (metrics). The
+	// Decision's lists are the coordinator's and a later cycle overwrites
+	// them (the engine's fast path renders into them): read them during
+	// the call, and copy what is kept.
 	OnCycle func(CycleStats)
 	// OnLeader, when set, is told when this coordinator becomes leader and
 	// when it stops being leader.
@@ -105,7 +108,8 @@ type Config struct {
 	// clock); tests step a fake one.
 	Clock  clock.WithTicker
 	Logger *slog.Logger
-	// OnDecision, when set, sees every decision (tests, the demo's timeline).
+	// OnDecision, when set, sees every decision (tests, the demo's
+	// timeline); as OnCycle's, its lists are overwritten by a later cycle.
 	OnDecision func(policy.Decision)
 	// JobCredentials mints every admitted job an etcd user limited to its
 	// own keys (etcdauth.JobRoleFor) before its desired record is written,
@@ -145,7 +149,8 @@ type CycleStats struct {
 	// Engine is the part of it the engine took (a full cycle, or its fast
 	// path).
 	Engine time.Duration
-	// Decision is the engine's output.
+	// Decision is the engine's output; its lists are valid during the
+	// OnCycle call only (Config.OnCycle).
 	Decision policy.Decision
 	// Changed counts the jobs whose desired record was written, by the
 	// kind of their decision.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,14 @@ func etcdCounter(t *testing.T, name string) float64 {
 func until(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	testutil.Eventually(t, 30*time.Second, what, testutil.True(cond))
+}
+
+// kept is s with its decision's lists copied, for an observer that keeps
+// it: a later cycle overwrites the coordinator's (Config.OnCycle).
+func kept(s CycleStats) CycleStats {
+	s.Decision.Reasons = slices.Clone(s.Decision.Reasons)
+	s.Decision.Allocations = slices.Clone(s.Decision.Allocations)
+	return s
 }
 
 // cycleCounter counts a coordinator's cycles and remembers the last one's

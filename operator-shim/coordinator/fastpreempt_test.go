@@ -60,7 +60,7 @@ func TestPreemptionOnTheFastPathIsFollowedUp(t *testing.T) {
 			observe := func(s CycleStats) {
 				mu.Lock()
 				defer mu.Unlock()
-				cycles = append(cycles, s)
+				cycles = append(cycles, kept(s))
 			}
 			c := New(cli, Config{Debounce: 5 * time.Millisecond, OnCycle: observe, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 			// idle[i] is what the cycle loop told the idle collector at

@@ -121,6 +121,11 @@ func (c *Coordinator) commitPlan(ctx context.Context, cm committer, p *plan) (in
 	if err != nil {
 		return n, err
 	}
+	// The last decision's lists are read no more once the view takes
+	// this one's: the engine's fast path renders into them.
+	if v := c.view; v.haveLast {
+		c.engine.Recycle(policy.Decision{Reasons: v.lastReasons, Allocations: v.lastAllocs})
+	}
 	c.view.applyPlan(p)
 	c.waited = append(c.waited[:0], p.waited...)
 	return n, nil

@@ -10,7 +10,9 @@ func (s *sched) decide() Decision {
 		slices.Sort(d.Released)
 	}
 	cache := map[*flavorRT]*holders{}
-	d.Reasons = make([]Reason, 0, len(s.jobs))
+	// With room to grow: handed back (Engine.Recycle), the lists take
+	// the fast path's later decisions, each a submit longer.
+	d.Reasons = make([]Reason, 0, len(s.jobs)+len(s.jobs)/32+8)
 	placed := 0
 	for i := range s.jobs {
 		if s.jobs[i].size > 0 {
@@ -18,7 +20,7 @@ func (s *sched) decide() Decision {
 		}
 	}
 	if placed > 0 {
-		d.Allocations = make([]Allocation, 0, placed)
+		d.Allocations = make([]Allocation, 0, placed+placed/32+8)
 	}
 	for i := range s.jobs {
 		j := &s.jobs[i]

@@ -34,6 +34,10 @@ type Engine struct {
 	// victims are the jobs the last Admit shrunk or preempted: the
 	// follow-up cycle requeues the preempted ones (FollowUp).
 	victims []*jobRT
+	// spareReasons and spareAllocs are the lists of a decision the
+	// caller handed back (Recycle): the fast path renders into them.
+	spareReasons []Reason
+	spareAllocs  []Allocation
 }
 
 // Declined says why the last Admit left the decision to a full cycle (""
@@ -784,7 +788,7 @@ func (e *Engine) render(fresh, later, carried []*jobRT, preempted bool) Decision
 		slices.SortFunc(redo, func(a, b *jobRT) int { return strings.Compare(a.name, b.name) })
 	}
 	cache := map[*flavorRT]*holders{}
-	d.Reasons = make([]Reason, 0, len(old.Reasons)+len(fresh))
+	d.Reasons = takeList(&e.spareReasons, len(old.Reasons)+len(fresh))
 	i := 0
 	for _, j := range redo {
 		if isNew[j] {
@@ -806,7 +810,7 @@ func (e *Engine) render(fresh, later, carried []*jobRT, preempted bool) Decision
 	if i < len(old.Reasons) {
 		d.Reasons = append(d.Reasons, old.Reasons[i:]...)
 	}
-	d.Allocations = make([]Allocation, 0, len(old.Allocations)+len(admitted))
+	d.Allocations = takeList(&e.spareAllocs, len(old.Allocations)+len(admitted))
 	slices.SortFunc(admitted, func(a, b *jobRT) int { return strings.Compare(a.name, b.name) })
 	i = 0
 	for _, j := range admitted {

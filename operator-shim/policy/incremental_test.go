@@ -120,6 +120,20 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 		if !e.fix {
 			continue
 		}
+		// As the coordinator does: once a decision is applied, the one
+		// before it is handed back (Recycle) and the fast path renders
+		// into its lists; the applied one must stay as it is meanwhile.
+		last := d
+		apply := func(d Decision) {
+			e.Recycle(last)
+			last = d
+		}
+		heldIntact := func(round int, held Decision) {
+			t.Helper()
+			if !reflect.DeepEqual(last.Reasons, held.Reasons) || !reflect.DeepEqual(last.Allocations, held.Allocations) {
+				t.Fatalf("seed %d round %d: the next decision changed the one the caller holds", seed, round)
+			}
+		}
 		teams := len(st.Teams)
 		var flavors []string
 		for _, q := range st.Teams[0].Quotas {
@@ -150,10 +164,13 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 			st.Jobs = slices.Clone(moved)
 			clear(moved)
 			full := Schedule(st)
+			held := Decision{Reasons: slices.Clone(last.Reasons), Allocations: slices.Clone(last.Allocations)}
 			got, ok := e.Admit(st, names)
 			if !ok {
 				break
 			}
+			heldIntact(round, held)
+			apply(got)
 			fast++
 			if !reflect.DeepEqual(got.Allocations, full.Allocations) {
 				t.Fatalf("seed %d round %d: the fast path's allocations differ from the full cycle's:\nfast %+v\nfull %+v", seed, round, got.Allocations, full.Allocations)
@@ -187,10 +204,13 @@ func TestAdmitFastPathMakesTheFullCyclesDecision(t *testing.T) {
 				preempting++
 				st.Now = st.Now.Add(time.Duration(1+rng.IntN(500)) * time.Millisecond)
 				full := Schedule(st)
+				held := Decision{Reasons: slices.Clone(last.Reasons), Allocations: slices.Clone(last.Allocations)}
 				got, ok := e.FollowUp(st)
 				if !ok {
 					break
 				}
+				heldIntact(round, held)
+				apply(got)
 				followed++
 				if !reflect.DeepEqual(got.Allocations, full.Allocations) {
 					t.Fatalf("seed %d round %d: the follow-up's allocations differ from the full cycle's:\nfast %+v\nfull %+v", seed, round, got.Allocations, full.Allocations)
