@@ -141,7 +141,7 @@ func BenchmarkSubmitCycle(b *testing.B) {
 		j := gen(time.Now())
 		j.PerNode.Accelerators, j.MinNodes, j.MaxNodes, j.Elastic = 1, 0, 0, false
 		key := k.Spec(j.Team, j.Name)
-		c.view.setSpec(key, specRec{spec: fleet.JobSpec{Job: j, Run: fleet.RunSpec{Script: "train.py"}}, createRev: int64(1e9 + i)})
+		c.view.setSpec(key, specRec{job: j, createRev: int64(1e9 + i)})
 		c.view.changed++
 		if _, err := c.cycle(ctx, leader); err != nil {
 			b.Fatal(err)

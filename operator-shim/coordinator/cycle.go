@@ -515,7 +515,7 @@ func (c *Coordinator) expireFinished(ctx context.Context, leader clientv3.Cmp, o
 		}
 		team := v.desired[job].Team
 		if s, ok := owned[job]; ok {
-			team = s.spec.Team
+			team = s.job.Team
 		}
 		ops := c.store.ForgetJobOps(job, team)
 		for n := range v.assigned[job] {

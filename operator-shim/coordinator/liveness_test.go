@@ -3,10 +3,8 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -114,47 +112,4 @@ func mapsEqual(a, b map[string]int64) bool {
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	return testutil.Eventually(t, within, what, testutil.True(cond))
-}
-
-// The view keeps of a node's inventory what the engine sees and what
-// proves the node alive, not its device list: at 20,000 nodes of 8 GPUs
-// the whole records were 46 MB of the coordinator's live heap, which it
-// holds resident and marks in every collection.
-func TestTheViewKeepsNoNodesDeviceList(t *testing.T) {
-	const nodes = 2000
-	k := fleet.NewKeys("")
-	v := newView(k, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	kvs := make([]*mvccpb.KeyValue, nodes)
-	for i := range kvs {
-		inv := devices.Inventory{Node: fmt.Sprintf("node-%05d", i), Flavor: "nvidia-h100-80gb", Flavors: []string{"nvidia-h100-80gb"},
-			State: devices.StateReady, VCPUs: 192, MemoryBytes: 2 << 40, Hostname: fmt.Sprintf("ip-10-0-%d-%d.ec2.internal", i/250, i%250),
-			BootID: "9f3c1e0a-5b7d-4c2e-8f61-0d2b4a6c8e10", NVIDIADriver: "550.54.15", Liveness: devices.LivenessAliveKey}
-		for g := 0; g < 8; g++ {
-			inv.Accelerators = append(inv.Accelerators, devices.Accelerator{Kind: devices.KindNVIDIA, Index: g, Name: "NVIDIA H100 80GB HBM3",
-				Flavor: "nvidia-h100-80gb", UUID: fmt.Sprintf("GPU-%08x-1f2e-3d4c-5b6a-79880a1b2c3d", i*8+g), PCIBusID: fmt.Sprintf("00000000:%02x:00.0", g),
-				Minor: g, DevicePath: fmt.Sprintf("/dev/nvidia%d", g), MemoryBytes: 80 << 30, Healthy: true})
-		}
-		b, err := json.Marshal(inv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		kvs[i] = &mvccpb.KeyValue{Key: []byte(k.Node(inv.Node)), Value: b, Lease: 1}
-	}
-	var m0, m1 runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&m0)
-	v.load(context.TODO(), nil, &fleet.CoordinatorSnapshot{Rev: 1, Nodes: kvs}, time.Now())
-	runtime.GC()
-	runtime.ReadMemStats(&m1)
-	runtime.KeepAlive(kvs)
-	if len(v.nodes) != nodes {
-		t.Fatalf("the view holds %d nodes, want %d", len(v.nodes), nodes)
-	}
-	// Its name, its engine record, its lease and the maps' entries: about
-	// 400 bytes (the whole record: about 3,500).
-	per := (int64(m1.HeapAlloc) - int64(m0.HeapAlloc)) / nodes
-	t.Logf("the view keeps %d bytes a node", per)
-	if per > 1000 {
-		t.Errorf("the view keeps %d bytes a node of 8 GPUs; want at most 1,000 (its device list and host details are not the engine's)", per)
-	}
 }

@@ -113,8 +113,11 @@ type view struct {
 	submitChanges uint64
 }
 
+// specRec is what the view keeps of a job's spec: the job as the engine
+// sees it (the spec's run section is the nodes' business, not the
+// coordinator's) and the record's create revision.
 type specRec struct {
-	spec      fleet.JobSpec
+	job       policy.Job
 	createRev int64
 }
 
@@ -170,7 +173,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	for _, kv := range snap.Specs {
 		spec := decodeOrLastGood(ctx, cli, v.log, "job", kv, func(k string, b []byte) (*fleet.JobSpec, error) { return fleet.DecodeSpec(v.keys, k, b) })
 		if spec != nil {
-			v.setSpec(string(kv.Key), specRec{spec: *spec, createRev: kv.CreateRevision})
+			v.setSpec(string(kv.Key), specRec{job: spec.Job, createRev: kv.CreateRevision})
 		}
 	}
 	for _, kv := range snap.Finished {
@@ -358,10 +361,10 @@ func (v *view) putFinish(kv *mvccpb.KeyValue, now time.Time) bool {
 // name indexes.
 func (v *view) setSpec(key string, s specRec) {
 	if _, had := v.specs[key]; !had {
-		v.names[s.spec.Name] = append(v.names[s.spec.Name], key)
+		v.names[s.job.Name] = append(v.names[s.job.Name], key)
 	}
 	v.specs[key] = s
-	v.reindex(s.spec.Name)
+	v.reindex(s.job.Name)
 }
 
 func (v *view) delSpec(key string) {
@@ -370,7 +373,7 @@ func (v *view) delSpec(key string) {
 		return
 	}
 	delete(v.specs, key)
-	name := s.spec.Name
+	name := s.job.Name
 	keys := v.names[name]
 	for i, k := range keys {
 		if k == key {
@@ -488,7 +491,7 @@ func (v *view) apply(evs []*clientv3.Event, now time.Time) bool {
 			if e.IsCreate() {
 				v.refresh[spec.Name] = true
 			}
-			v.setSpec(key, specRec{spec: *spec, createRev: e.Kv.CreateRevision})
+			v.setSpec(key, specRec{job: spec.Job, createRev: e.Kv.CreateRevision})
 			changed = true
 		case strings.HasPrefix(key, k.FinishedPrefix()):
 			job, ok := k.ParseFinishKey(key)
@@ -568,7 +571,7 @@ func (v *view) state(now time.Time, cfg policy.Config) (policy.State, map[string
 		// Finished jobs are not active: their capacity is released.
 		v.cJobs = v.cJobs[:0]
 		for _, name := range v.active {
-			v.cJobs = append(v.cJobs, v.owned[name].spec.Job)
+			v.cJobs = append(v.cJobs, v.owned[name].job)
 		}
 		v.stale.jobs = false
 	} else {
@@ -599,9 +602,9 @@ func (v *view) patchJob(name string) {
 	_, done := v.finished[name]
 	switch active := found && !done; {
 	case active && listed:
-		v.cJobs[i] = own.spec.Job
+		v.cJobs[i] = own.job
 	case active:
-		v.cJobs = slices.Insert(v.cJobs, i, own.spec.Job)
+		v.cJobs = slices.Insert(v.cJobs, i, own.job)
 	case listed:
 		v.cJobs = slices.Delete(v.cJobs, i, i+1)
 	}
