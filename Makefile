@@ -49,8 +49,8 @@ test: deps test-python lint
 ## afterwards: a test leaves no control or checkpoint directory behind.
 PYTHON_TEST ?= $(shell if /usr/bin/python3 -c 'import torch' 2>/dev/null; then echo /usr/bin/python3; else echo python3; fi)
 test-python:
-	@t=$$(mktemp -d) && (cd checkpoint/python && TMPDIR=$$t $(PYTHON_TEST) -m unittest discover -s tests); rc=$$?; \
-	left=$$(ls -A $$t); rm -rf $$t; \
+	@t=$$(mktemp -d) || exit 1; (cd checkpoint/python && TMPDIR="$$t" $(PYTHON_TEST) -m unittest discover -s tests); rc=$$?; \
+	left=$$(ls -A "$$t"); rm -rf "$$t"; \
 	if [ -n "$$left" ]; then echo "test-python: the tests left these in their TMPDIR: $$left" >&2; exit 1; fi; exit $$rc
 
 test-short:

@@ -588,7 +588,9 @@ func (pl *planner) finish() *plan {
 	p.takes = len(p.units)
 	phase(true, false)
 	// The next cycle diffs against this decision. The lists are the
-	// engine's, not copied: nothing changes them after the cycle.
+	// engine's, not copied: nothing changes them until the view lets
+	// them go (commitPlan hands them back to the engine once it applies
+	// the next decision, and the fast path renders into them after).
 	p.allocs, p.reasons = d.Allocations, d.Reasons
 	delete(pl.retry, "")
 	p.touched = pl.retry

@@ -218,7 +218,7 @@ func (r *Runner) startContainer(ctx context.Context, spec *fleet.JobSpec, env []
 		return err
 	}
 	r.mu.Lock()
-	if _, running := r.jobs[job]; running || r.stopped() {
+	if _, running := r.jobs[job]; running || !r.mayStart() {
 		r.mu.Unlock()
 		return nil
 	}

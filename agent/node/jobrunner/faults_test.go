@@ -317,24 +317,39 @@ func TestSIGKILLOfHyperpodrunRestartsItAndLeavesNothing(t *testing.T) {
 	}
 }
 
-// Once the runner has stopped (an agent crash, killAll), no run starts,
-// even though its loop may still reconcile a job that is placed here: a
-// run started then would outlive the runner, and so would its directory.
-func TestNoRunStartsAfterTheRunnerStops(t *testing.T) {
-	f := newFixture(t, loopWorker, 1, NoCgroup)
-	f.waitFor("the worker", func() bool { return f.runs() == 1 })
-	f.r.killAll()
-	if err := f.r.start(f.ctx, "j"); err != nil {
-		t.Fatalf("start after the runner stopped: %v", err)
-	}
-	f.r.mu.Lock()
-	_, running := f.r.jobs["j"]
-	f.r.mu.Unlock()
-	if running {
-		t.Errorf("a run of the job started after the runner stopped")
-	}
-	if dirs, _ := filepath.Glob(filepath.Join(f.tmp, "*.p.*")); len(dirs) != 0 {
-		t.Errorf("run directories %v after the runner stopped, want none", dirs)
+// Once the runner has stopped (an agent crash, killAll) or drained the
+// node, no run starts, even though its loop may still reconcile a job
+// that is placed here (it checked before it let r.mu go): a run started
+// then would outlive the runner, or the drain, and so would its directory.
+func TestNoRunStartsAfterTheRunnerStopsOrDrains(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		stop func(t *testing.T, f *fixture)
+	}{
+		{"killAll", func(_ *testing.T, f *fixture) { f.r.killAll() }},
+		{"Drain", func(t *testing.T, f *fixture) {
+			if err := f.r.Drain(f.ctx); err != nil {
+				t.Fatalf("drain: %v", err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, loopWorker, 1, NoCgroup)
+			f.waitFor("the worker", func() bool { return f.runs() == 1 })
+			tc.stop(t, f)
+			if err := f.r.start(f.ctx, "j"); err != nil {
+				t.Fatalf("start after the runner stopped: %v", err)
+			}
+			f.r.mu.Lock()
+			_, running := f.r.jobs["j"]
+			f.r.mu.Unlock()
+			if running {
+				t.Errorf("a run of the job started after %s", tc.name)
+			}
+			if dirs, _ := filepath.Glob(filepath.Join(f.tmp, "*.p.*")); len(dirs) != 0 {
+				t.Errorf("run directories %v after %s, want none", dirs, tc.name)
+			}
+		})
 	}
 }
 

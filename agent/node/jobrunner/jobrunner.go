@@ -647,7 +647,7 @@ func (r *Runner) startProcess(job string, l *launch) error {
 	spec, id := l.spec, l.id
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if _, running := r.jobs[job]; running || r.stopped() {
+	if _, running := r.jobs[job]; running || !r.mayStart() {
 		return nil
 	}
 	// The job's own directories, made for it (never a walk, never a
@@ -858,15 +858,18 @@ func (r *Runner) Drain(ctx context.Context) error {
 	return nil
 }
 
-// stopped reports whether killAll has run: no run starts after it (the
-// Run loop may still be reconciling when a crash stops the runner). The
+// mayStart reports whether a run may start now. Not once killAll has run
+// (the Run loop may still be reconciling when a crash stops the runner),
+// nor while the node drains (Drain waits only for the runs it found) or
+// StopAll stops the runs of a lost etcd's epoch: reconcile checks the
+// same before it starts a job, but r.mu is released in between. The
 // caller holds r.mu, which killAll closes r.quit under.
-func (r *Runner) stopped() bool {
+func (r *Runner) mayStart() bool {
 	select {
 	case <-r.quit:
-		return true
-	default:
 		return false
+	default:
+		return !r.leaving && !r.resetting
 	}
 }
 
