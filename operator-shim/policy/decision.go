@@ -10,9 +10,7 @@ func (s *sched) decide() Decision {
 		slices.Sort(d.Released)
 	}
 	cache := map[*flavorRT]*holders{}
-	// With room to grow: handed back (Engine.Recycle), the lists take
-	// the fast path's later decisions, each a submit longer.
-	d.Reasons = make([]Reason, 0, len(s.jobs)+len(s.jobs)/32+8)
+	d.Reasons = make([]Reason, 0, withRoom(len(s.jobs)))
 	placed := 0
 	for i := range s.jobs {
 		if s.jobs[i].size > 0 {
@@ -20,7 +18,7 @@ func (s *sched) decide() Decision {
 		}
 	}
 	if placed > 0 {
-		d.Allocations = make([]Allocation, 0, placed+placed/32+8)
+		d.Allocations = make([]Allocation, 0, withRoom(placed))
 	}
 	for i := range s.jobs {
 		j := &s.jobs[i]

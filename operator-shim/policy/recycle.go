@@ -33,5 +33,10 @@ func takeList[T any](spare *[]T, n int) []T {
 	if cap(l) >= n {
 		return l[:0]
 	}
-	return make([]T, 0, n+n/32+8)
+	return make([]T, 0, withRoom(n))
 }
+
+// withRoom is the capacity of a new decision list of n elements: room for
+// the fast path's later decisions, each a submit longer, once the list is
+// handed back (Recycle).
+func withRoom(n int) int { return n + n/32 + 8 }
