@@ -54,9 +54,9 @@ type plan struct {
 	allocs  []api.Allocation
 	reasons []policy.Reason
 	touched map[string]bool
-	// deferred are the status writes of jobs that wait before and after
-	// with another explanation: written by settle unless a follow-up
-	// cycle comes (it explains them again).
+	// deferred are the status writes of jobs that wait or run before and
+	// after with another explanation (explanationOnly): written by settle
+	// unless a follow-up cycle comes (it explains them again).
 	deferred []deferredStatus
 }
 
@@ -73,7 +73,8 @@ type deferredStatus struct {
 // written. A cycle that changes allocations re-explains thousands of
 // waiting jobs (the capacity it freed) that its follow-up explains back
 // (issue 27: 2,000-3,000 status writes each way per churn round at 20,000
-// nodes); the statuses of running jobs and every event are not deferred.
+// nodes), and the running jobs it cannot grow (explanationOnly). Events
+// are not deferred.
 func (p *plan) settle(followed bool) {
 	for _, d := range p.deferred {
 		if followed {
@@ -537,7 +538,7 @@ func (pl *planner) statusesAndEvents() {
 				s.Since = prev.Since
 			}
 			op, err := c.store.PutStatusOp(*s)
-			if err == nil && had && prev.Kind == policy.KindPending && r.Kind == policy.KindPending && len(pl.unit[r.Job]) == 0 {
+			if err == nil && explanationOnly(prev, r, had) && len(pl.unit[r.Job]) == 0 {
 				p.deferred = append(p.deferred, deferredStatus{r.Job, s, op})
 			} else if pl.add(r.Job, op, err) {
 				p.statuses[r.Job] = s
@@ -551,6 +552,18 @@ func (pl *planner) statusesAndEvents() {
 			}
 		}
 	}
+}
+
+// explanationOnly reports whether r changes only the explanation of a job
+// that keeps waiting or running as it did (prev: its status, had: it has
+// one): a status settle may hold back for a follow-up cycle. A running
+// job's status says why it does not grow (no capacity, its cohort
+// exhausted), and a cycle that frees capacity says it one way, its
+// follow-up the other. A job's first status is not held: its event (a
+// job's first) is written at once, and the follow-up would see the job
+// still without a status and record the event again.
+func explanationOnly(prev *fleet.Status, r *policy.Reason, had bool) bool {
+	return had && prev.Kind == r.Kind && (r.Kind == policy.KindPending || r.Kind == policy.KindRunning)
 }
 
 // planUsage plans the teams' usage record when it changed.
