@@ -2,9 +2,13 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
@@ -19,6 +23,71 @@ import (
 // submit, preempted it again (issue 27's churn rounds: 50-70 jobs a round
 // admitted and preempted within it, 8 writes each).
 func TestABurstOfInputsIsDecidedByOneCycle(t *testing.T) {
+	const window = time.Second
+	checkLowLeftWaiting(t, window, func(ctx context.Context, st *fleet.Store) {
+		// The burst: big finishes; an unrelated submit; high (all three
+		// nodes) is submitted. Each comes 5/8 of a window after the one
+		// before: the burst spans more than a window.
+		if err := st.MarkFinished(ctx, "big", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(window * 5 / 8)
+		if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "other", Team: "no-quota", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(window * 5 / 8)
+		if err := st.SubmitJob(ctx, burstJob("high", 90, 3)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// A batch writer's transactions (bulkEvents changes or more each) can come
+// more than a window apart on a loaded etcd: issue 27's churn rounds, 10
+// transactions of 100 finishes or submits, were decided by two cycles at
+// load 2, and 40-70 jobs a round were started and preempted within it.
+// After a bulk transaction the burst waits bulkGapWindows windows for the
+// next change: here 3 windows pass between the batch's transactions, and
+// one cycle decides them.
+func TestABatchsTransactionsMoreThanAWindowApartAreDecidedByOneCycle(t *testing.T) {
+	const window = 100 * time.Millisecond
+	checkLowLeftWaiting(t, window, func(ctx context.Context, st *fleet.Store) {
+		if err := st.MarkFinished(ctx, "big", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"}); err != nil {
+			t.Fatal(err)
+		}
+		// The batch's first transaction: bulkEvents submits of another team.
+		var ops []clientv3.Op
+		for i := range bulkEvents {
+			j := fleet.JobSpec{Job: policy.Job{Name: fmt.Sprintf("other-%d", i), Team: "no-quota", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}}
+			b, err := json.Marshal(j)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ops = append(ops, clientv3.OpPut(st.Keys.Spec(j.Team, j.Name), string(b)))
+		}
+		if _, err := st.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * window)
+		if err := st.SubmitJob(ctx, burstJob("high", 90, 3)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// burstJob is a job of team a on nodes whole nodes of 16 accelerators.
+func burstJob(name string, prio, nodes int) fleet.JobSpec {
+	return fleet.JobSpec{Job: policy.Job{Name: name, Team: "a", Priority: &prio, PerNode: policy.Resources{Accelerators: 16}, MinNodes: nodes, MaxNodes: nodes}}
+}
+
+// checkLowLeftWaiting runs a coordinator with debounce window on 3 nodes
+// where big (priority 50) runs on all three and low (priority 10) waits,
+// then the burst, which finishes big and submits high (priority 90, all
+// three nodes). One cycle for the burst places high and leaves low
+// waiting; a cycle that saw big's finish without high's submit would start
+// low, and the next would preempt it.
+func checkLowLeftWaiting(t *testing.T, window time.Duration, burst func(ctx context.Context, st *fleet.Store)) {
+	t.Helper()
 	cli, ctx := setup(t) // 3 nodes of 16; team a, nominal 48
 	st := fleet.New(cli, "")
 	st.PutTeam(ctx, policy.Team{Name: "a", Preemption: policy.PreemptLowerPriority,
@@ -42,36 +111,19 @@ func TestABurstOfInputsIsDecidedByOneCycle(t *testing.T) {
 			}
 		}
 	}()
-	const window = time.Second
 	runCoordinator(t, ctx, New(cli, Config{Debounce: window, Engine: policy.Config{MinStablePeriod: -1}}))
-	job := func(name string, prio, nodes int) fleet.JobSpec {
-		return fleet.JobSpec{Job: policy.Job{Name: name, Team: "a", Priority: &prio, PerNode: policy.Resources{Accelerators: 16}, MinNodes: nodes, MaxNodes: nodes}}
-	}
-	if err := st.SubmitJob(ctx, job("big", 50, 3)); err != nil {
+	if err := st.SubmitJob(ctx, burstJob("big", 50, 3)); err != nil {
 		t.Fatal(err)
 	}
 	waitTarget(t, ctx, cli, "big", "3")
-	if err := st.SubmitJob(ctx, job("low", 10, 1)); err != nil {
+	if err := st.SubmitJob(ctx, burstJob("low", 10, 1)); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 15*time.Second, "low waits", func() (bool, string) {
 		s, err := st.Status(ctx, "low")
 		return err == nil && s.Kind == policy.KindPending, "low's status"
 	})
-	// The burst: big finishes; an unrelated submit; high (all three
-	// nodes) is submitted. Each comes 5/8 of a window after the one
-	// before: the burst spans more than a window.
-	if err := st.MarkFinished(ctx, "big", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(window * 5 / 8)
-	if err := st.SubmitJob(ctx, fleet.JobSpec{Job: policy.Job{Name: "other", Team: "no-quota", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(window * 5 / 8)
-	if err := st.SubmitJob(ctx, job("high", 90, 3)); err != nil {
-		t.Fatal(err)
-	}
+	burst(ctx, st)
 	waitTarget(t, ctx, cli, "high", "3")
 	testutil.Eventually(t, 15*time.Second, "low placed nowhere", func() (bool, string) {
 		d, err := st.Desired(ctx, "low")
@@ -82,5 +134,29 @@ func TestABurstOfInputsIsDecidedByOneCycle(t *testing.T) {
 	s, err := st.Status(ctx, "low")
 	if lowPlaced != 0 || err != nil || s.Kind != policy.KindPending {
 		t.Errorf("low was started %d times during the burst (status %+v %v); want it left waiting (one cycle for the burst)", lowPlaced, s, err)
+	}
+}
+
+func TestBurstHold(t *testing.T) {
+	const w = 10 * time.Millisecond
+	for _, tc := range []struct {
+		rule     string
+		held     time.Duration
+		bulk     bool
+		wantWait time.Duration
+		wantHold bool
+	}{
+		{rule: "a change waits one window for the next", held: 0, wantWait: w, wantHold: true},
+		{rule: "a burst of small changes holds its cycle at most burstWindows", held: burstWindows*w - 1, wantWait: w, wantHold: true},
+		{rule: "a burst of small changes held burstWindows holds no longer", held: burstWindows * w, wantWait: w, wantHold: false},
+		{rule: "after a batch's transaction the burst waits bulkGapWindows", held: burstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: true},
+		{rule: "a batch holds its cycle at most bulkBurstWindows", held: bulkBurstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: false},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			wait, hold := burstHold(w, tc.held, tc.bulk)
+			if wait != tc.wantWait || hold != tc.wantHold {
+				t.Errorf("burstHold(%s, %s, bulk %v) = %s, %v; want %s, %v", w, tc.held, tc.bulk, wait, hold, tc.wantWait, tc.wantHold)
+			}
+		})
 	}
 }

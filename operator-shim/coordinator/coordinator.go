@@ -45,8 +45,9 @@ type Config struct {
 	Resync time.Duration
 	// Debounce is the coalescing window: a cycle starts this long after
 	// the last change of a burst of submits and finishes (default 10ms),
-	// and at most burstWindows windows after its first, with every change the
-	// watches have delivered by then; changes that arrive while a cycle
+	// and at most burstWindows windows after its first (a burst with a
+	// batch's transaction in it waits longer: burstHold), with every
+	// change the watches have delivered by then; changes that arrive while a cycle
 	// runs go into the next, which starts as soon as it ends. A batch
 	// written in several transactions (finishes, then submits) is so
 	// decided by one cycle, not admitted in part and reclaimed from by
@@ -507,6 +508,32 @@ func behind(revs []int64) bool {
 // back, in debounce windows from its first change.
 const burstWindows = 8
 
+// A watch response of at least bulkEvents input changes is a transaction
+// of a batch writer (etcd delivers a transaction's changes in one
+// response), and more of the batch is likely on its way: a burst with
+// one waits bulkGapWindows debounce windows for the next change, and
+// holds its cycle back at most bulkBurstWindows windows. Under load a
+// batch's transactions came more than one window apart, and the cycle
+// that saw its first finishes started waiting jobs that the next one
+// preempted for its submits (issue 27: 40-70 jobs a churn round, 8
+// writes each).
+const (
+	bulkEvents       = 16
+	bulkGapWindows   = 10
+	bulkBurstWindows = 100
+)
+
+// burstHold decides how long a burst of input changes that began held
+// ago holds its cycle back after its latest change (window: the debounce
+// window; bulk: a response of the burst was a bulk one): hold false when
+// it held the cycle long enough, and the cycle keeps the time it had.
+func burstHold(window, held time.Duration, bulk bool) (wait time.Duration, hold bool) {
+	if bulk {
+		return bulkGapWindows * window, held < bulkBurstWindows*window
+	}
+	return window, held < burstWindows*window
+}
+
 // watchLoop watches the inputs from the view's revision and runs a cycle
 // after each burst of changes; it returns errRelist when the view must be
 // read again (compaction, a broken watch, a failed write).
@@ -540,6 +567,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 	caused := true
 	var debounce <-chan time.Time
 	var burst time.Time // when the debounce due began
+	bulk := false       // a response of the burst was a bulk one (burstHold)
 	// batched are the watches whose changes come in batches (submits,
 	// finishes) and hold a cycle back while they go on; the nodes'
 	// steady reports and liveness do not.
@@ -556,7 +584,8 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			wakeC = wakeT.C
 		}
 		if dirty && debounce == nil {
-			debounce, burst = time.After(c.cfg.Debounce), time.Now()
+			wait, _ := burstHold(c.cfg.Debounce, 0, bulk)
+			debounce, burst = time.After(wait), time.Now()
 		}
 		select {
 		case <-ctx.Done():
@@ -568,9 +597,12 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 			if err := apply(m, &changed, &caused); err != nil {
 				return err
 			}
-			if changed && debounce != nil && batched[m.idx] && time.Since(burst) < burstWindows*c.cfg.Debounce {
-				// The burst goes on: its cycle waits for its end.
-				debounce = time.After(c.cfg.Debounce)
+			if changed && batched[m.idx] {
+				bulk = bulk || len(m.resp.Events) >= bulkEvents
+				if wait, hold := burstHold(c.cfg.Debounce, time.Since(burst), bulk); hold && debounce != nil {
+					// The burst goes on: its cycle waits for its end.
+					debounce = time.After(wait)
+				}
 			}
 			dirty = dirty || changed
 		case <-wakeC:
@@ -602,7 +634,7 @@ func (c *Coordinator) watchLoop(ctx context.Context, sess *concurrency.Session, 
 				debounce = time.After(time.Millisecond)
 				continue
 			}
-			debounce = nil
+			debounce, bulk = nil, false
 			dirty = false
 			if wakeT != nil { // the cycle computes the next wake
 				wakeT.Stop()
