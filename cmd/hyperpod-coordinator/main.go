@@ -41,7 +41,7 @@ func run(args []string, stderr io.Writer) int {
 			&cli.BoolFlag{Name: "embedded-etcd", Usage: "run an in-process etcd (try-outs; not for production)"},
 			&cli.DurationFlag{Name: "min-stable-period", Value: policy.DefaultMinStablePeriod, Usage: "minimum time between growth resizes of a job"},
 			&cli.DurationFlag{Name: "resync", Value: 10 * time.Minute, Usage: "run a scheduling cycle at least this often even without a change (a safety net: changes arrive by watch, and the stable period wakes a cycle when due)"},
-			&cli.DurationFlag{Name: "debounce", Value: 10 * time.Millisecond, Usage: "coalescing window: a cycle starts this long after the first change, with every change delivered by then"},
+			&cli.DurationFlag{Name: "debounce", Value: 10 * time.Millisecond, Usage: "coalescing window: a cycle starts this long after the last change of a burst of submits and finishes (at most 8 windows after its first; longer for a batch written in transactions of 16 changes or more: 10 windows after the last, at most 1s, and 100 windows in all, at most 10s), with every change delivered by then"},
 			&cli.DurationFlag{Name: "finished-retention", Value: 24 * time.Hour, Usage: "delete a finished job's records (spec, status, events, ...) this long after it finished (0: keep them)"},
 			&cli.DurationFlag{Name: "compact-retention", Value: 10 * time.Minute, Usage: "compact etcd's history to this age (0: never, for an etcd run with --auto-compaction-retention; needs etcd's root role with auth on)"},
 			&cli.DurationFlag{Name: "event-dedup-window", Value: time.Hour, Usage: "the same decision about a job again within this window counts in its last event instead of adding one"},

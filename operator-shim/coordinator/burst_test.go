@@ -2,13 +2,10 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
@@ -47,25 +44,21 @@ func TestABurstOfInputsIsDecidedByOneCycle(t *testing.T) {
 // transactions of 100 finishes or submits, were decided by two cycles at
 // load 2, and 40-70 jobs a round were started and preempted within it.
 // After a bulk transaction the burst waits bulkGapWindows windows for the
-// next change: here 3 windows pass between the batch's transactions, and
-// one cycle decides them.
+// next change: here the batch's first transaction (bulkEvents submits of
+// another team, by SubmitJobs) and big's finish come 3 windows before its
+// last (high), and one cycle decides them.
 func TestABatchsTransactionsMoreThanAWindowApartAreDecidedByOneCycle(t *testing.T) {
 	const window = 100 * time.Millisecond
 	checkLowLeftWaiting(t, window, func(ctx context.Context, st *fleet.Store) {
-		if err := st.MarkFinished(ctx, "big", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"}); err != nil {
+		var jobs []fleet.JobSpec
+		for i := range bulkEvents {
+			jobs = append(jobs, fleet.JobSpec{Job: policy.Job{Name: fmt.Sprintf("other-%d", i), Team: "no-quota", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}})
+		}
+		if err := st.SubmitJobs(ctx, jobs); err != nil {
 			t.Fatal(err)
 		}
-		// The batch's first transaction: bulkEvents submits of another team.
-		var ops []clientv3.Op
-		for i := range bulkEvents {
-			j := fleet.JobSpec{Job: policy.Job{Name: fmt.Sprintf("other-%d", i), Team: "no-quota", PerNode: policy.Resources{Accelerators: 1}, MinNodes: 1, MaxNodes: 1}}
-			b, err := json.Marshal(j)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ops = append(ops, clientv3.OpPut(st.Keys.Spec(j.Team, j.Name), string(b)))
-		}
-		if _, err := st.Cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+		// A finish report is no batch input: it waits with the batch.
+		if err := st.MarkFinished(ctx, "big", fleet.Finish{Outcome: fleet.Succeeded, Node: "n0"}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(3 * window)
@@ -141,6 +134,7 @@ func TestBurstHold(t *testing.T) {
 	const w = 10 * time.Millisecond
 	for _, tc := range []struct {
 		rule     string
+		window   time.Duration // w when 0
 		held     time.Duration
 		bulk     bool
 		wantWait time.Duration
@@ -151,11 +145,18 @@ func TestBurstHold(t *testing.T) {
 		{rule: "a burst of small changes held burstWindows holds no longer", held: burstWindows * w, wantWait: w, wantHold: false},
 		{rule: "after a batch's transaction the burst waits bulkGapWindows", held: burstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: true},
 		{rule: "a batch holds its cycle at most bulkBurstWindows", held: bulkBurstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: false},
+		{rule: "a batch's wait for its next change is at most maxBulkGap", window: time.Second, held: 0, bulk: true, wantWait: maxBulkGap, wantHold: true},
+		{rule: "a batch holds its cycle at most maxBulkHold", window: time.Second, held: maxBulkHold, bulk: true, wantWait: maxBulkGap, wantHold: false},
+		{rule: "a batch holds its cycle no less than a small burst", window: 2 * time.Second, held: maxBulkHold, bulk: true, wantWait: 2 * time.Second, wantHold: true},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
-			wait, hold := burstHold(w, tc.held, tc.bulk)
+			window := w
+			if tc.window > 0 {
+				window = tc.window
+			}
+			wait, hold := burstHold(window, tc.held, tc.bulk)
 			if wait != tc.wantWait || hold != tc.wantHold {
-				t.Errorf("burstHold(%s, %s, bulk %v) = %s, %v; want %s, %v", w, tc.held, tc.bulk, wait, hold, tc.wantWait, tc.wantHold)
+				t.Errorf("burstHold(%s, %s, bulk %v) = %s, %v; want %s, %v", window, tc.held, tc.bulk, wait, hold, tc.wantWait, tc.wantHold)
 			}
 		})
 	}

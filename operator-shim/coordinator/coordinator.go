@@ -508,28 +508,36 @@ func behind(revs []int64) bool {
 // back, in debounce windows from its first change.
 const burstWindows = 8
 
-// A watch response of at least bulkEvents input changes is a transaction
-// of a batch writer (etcd delivers a transaction's changes in one
-// response), and more of the batch is likely on its way: a burst with
-// one waits bulkGapWindows debounce windows for the next change, and
-// holds its cycle back at most bulkBurstWindows windows. Under load a
-// batch's transactions came more than one window apart, and the cycle
-// that saw its first finishes started waiting jobs that the next one
-// preempted for its submits (issue 27: 40-70 jobs a churn round, 8
-// writes each).
+// A watch response of at least bulkEvents input changes is taken for a
+// transaction of a batch writer (etcd delivers a transaction's changes in
+// one response to a watcher that keeps up; one that catches up may get
+// several small ones together, and they only wait longer), and more of
+// the batch is likely on its way: a burst with one waits bulkGapWindows
+// debounce windows for its next change (at most maxBulkGap), and holds
+// its cycle back bulkBurstWindows windows from its first (at most
+// maxBulkHold; never less than a small burst). Under load a batch's
+// transactions came more than one window apart, and the cycle that saw
+// its first finishes started waiting jobs that the next one preempted
+// for its submits (issue 27: 40-70 jobs a churn round, 8 writes each).
+// The nodes' reports and liveness that arrive during the wait wait with
+// it.
 const (
 	bulkEvents       = 16
 	bulkGapWindows   = 10
 	bulkBurstWindows = 100
+	maxBulkGap       = time.Second
+	maxBulkHold      = 10 * time.Second
 )
 
 // burstHold decides how long a burst of input changes that began held
 // ago holds its cycle back after its latest change (window: the debounce
 // window; bulk: a response of the burst was a bulk one): hold false when
-// it held the cycle long enough, and the cycle keeps the time it had.
+// it held the cycle long enough, and the cycle keeps the time it had, at
+// most one wait after the hold's bound.
 func burstHold(window, held time.Duration, bulk bool) (wait time.Duration, hold bool) {
 	if bulk {
-		return bulkGapWindows * window, held < bulkBurstWindows*window
+		wait = max(window, min(bulkGapWindows*window, maxBulkGap))
+		return wait, held < max(burstWindows*window, min(bulkBurstWindows*window, maxBulkHold))
 	}
 	return window, held < burstWindows*window
 }

@@ -559,11 +559,15 @@ func (pl *planner) statusesAndEvents() {
 // one): a status settle may hold back for a follow-up cycle. A running
 // job's status says why it does not grow (no capacity, its cohort
 // exhausted), and a cycle that frees capacity says it one way, its
-// follow-up the other. A job's first status is not held: its event (a
+// follow-up the other. A new job's first status is not held: its event (a
 // job's first) is written at once, and the follow-up would see the job
-// still without a status and record the event again.
+// still without a status and record the event again. Nor is a status that
+// names who took the job's capacity: a follow-up leaves such a status to
+// the next caused cycle (statusesAndEvents), which may be followed and
+// hold it again, each time.
 func explanationOnly(prev *fleet.Status, r *policy.Reason, had bool) bool {
-	return had && prev.Kind == r.Kind && (r.Kind == policy.KindPending || r.Kind == policy.KindRunning)
+	return had && prev.Kind == r.Kind && (r.Kind == policy.KindPending || r.Kind == policy.KindRunning) &&
+		len(prev.For) == 0 && prev.ForTeam == ""
 }
 
 // planUsage plans the teams' usage record when it changed.

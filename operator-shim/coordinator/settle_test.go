@@ -49,9 +49,9 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 		rule      string
 		followed  bool              // a follow-up comes after admit
 		next      []policy.Decision // the chain's next cycles (followed: none after the last)
-		wantAdmit bool              // admit's plan writes w's status
-		wantNext  []bool            // each next plan writes w's status
-		wantCode  policy.ReasonCode // w's status at the end
+		wantAdmit bool              // admit's plan writes w's and e's statuses
+		wantNext  []bool            // each next plan writes w's and e's statuses
+		wantCode  policy.ReasonCode // w's and e's statuses at the end
 	}{
 		{rule: "an explanation the follow-up takes back is never written", followed: true, next: []policy.Decision{back}, wantNext: []bool{false}, wantCode: policy.CodeCohortExhausted},
 		{rule: "an explanation the follow-up keeps is written by the follow-up", followed: true, next: []policy.Decision{stays}, wantNext: []bool{true}, wantCode: policy.CodeNoCapacity},
@@ -92,6 +92,40 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 				if s := c.view.statuses[job]; s == nil || s.Code != tc.wantCode {
 					t.Errorf("%s's status at the end: %+v, want %s", job, s, tc.wantCode)
 				}
+			}
+		})
+	}
+}
+
+func TestExplanationOnly(t *testing.T) {
+	status := func(kind policy.ReasonKind, code policy.ReasonCode) *fleet.Status {
+		return &fleet.Status{Reason: policy.Reason{Job: "j", Kind: kind, Code: code}}
+	}
+	taken := status(policy.KindPending, policy.CodeNoCapacity)
+	taken.For, taken.ForTeam = []string{"high"}, "a"
+	for _, tc := range []struct {
+		rule string
+		prev *fleet.Status
+		had  bool
+		r    policy.Reason
+		want bool
+	}{
+		{rule: "a waiting job's new explanation is held", prev: status(policy.KindPending, policy.CodeCohortExhausted), had: true,
+			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: true},
+		{rule: "a running job's new explanation is held", prev: status(policy.KindRunning, policy.CodeCohortExhausted), had: true,
+			r: policy.Reason{Kind: policy.KindRunning, Code: policy.CodeNoCapacity}, want: true},
+		{rule: "a new job's first status is written", prev: &fleet.Status{}, had: false,
+			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
+		{rule: "a change of kind is written", prev: status(policy.KindRunning, ""), had: true,
+			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
+		{rule: "a status that names who took the capacity is written", prev: taken, had: true,
+			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeCohortExhausted}, want: false},
+		{rule: "a grown job's status is written", prev: status(policy.KindRunning, ""), had: true,
+			r: policy.Reason{Kind: policy.KindGrown, Code: policy.CodeFairShare}, want: false},
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			if got := explanationOnly(tc.prev, &tc.r, tc.had); got != tc.want {
+				t.Errorf("explanationOnly(%+v, %+v, %v) = %v, want %v", tc.prev.Reason, tc.r, tc.had, got, tc.want)
 			}
 		})
 	}
