@@ -145,7 +145,7 @@ func TestBurstHold(t *testing.T) {
 		{rule: "a burst of small changes held burstWindows holds no longer", held: burstWindows * w, wantWait: w, wantHold: false},
 		{rule: "after a batch's transaction the burst waits bulkGapWindows", held: burstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: true},
 		{rule: "a batch holds its cycle at most bulkBurstWindows", held: bulkBurstWindows * w, bulk: true, wantWait: bulkGapWindows * w, wantHold: false},
-		{rule: "a batch's wait for its next change is at most maxBulkGap", window: time.Second, held: 0, bulk: true, wantWait: maxBulkGap, wantHold: true},
+		{rule: "a batch's wait for its next change is at most maxBulkGap", window: 500 * time.Millisecond, held: 0, bulk: true, wantWait: maxBulkGap, wantHold: true},
 		{rule: "a batch holds its cycle at most maxBulkHold", window: time.Second, held: maxBulkHold, bulk: true, wantWait: maxBulkGap, wantHold: false},
 		{rule: "a batch holds its cycle no less than a small burst", window: 2 * time.Second, held: maxBulkHold, bulk: true, wantWait: 2 * time.Second, wantHold: true},
 	} {

@@ -114,14 +114,14 @@ func TestExplanationOnly(t *testing.T) {
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: true},
 		{rule: "a running job's new explanation is held", prev: status(policy.KindRunning, policy.CodeCohortExhausted), had: true,
 			r: policy.Reason{Kind: policy.KindRunning, Code: policy.CodeNoCapacity}, want: true},
-		{rule: "a new job's first status is written", prev: &fleet.Status{}, had: false,
+		{rule: "a new job's first status is written", prev: status(policy.KindPending, policy.CodeCohortExhausted), had: false,
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
 		{rule: "a change of kind is written", prev: status(policy.KindRunning, ""), had: true,
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
 		{rule: "a status that names who took the capacity is written", prev: taken, had: true,
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeCohortExhausted}, want: false},
-		{rule: "a grown job's status is written", prev: status(policy.KindRunning, ""), had: true,
-			r: policy.Reason{Kind: policy.KindGrown, Code: policy.CodeFairShare}, want: false},
+		{rule: "a job that neither waits nor runs has no explanation held", prev: status(policy.KindShrunk, policy.CodeReclaim), had: true,
+			r: policy.Reason{Kind: policy.KindShrunk, Code: policy.CodePriorityPreemption}, want: false},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			if got := explanationOnly(tc.prev, &tc.r, tc.had); got != tc.want {
