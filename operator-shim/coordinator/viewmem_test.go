@@ -40,15 +40,9 @@ func TestTheViewKeepsNoNodesDeviceList(t *testing.T) {
 		}
 		kvs[i] = &mvccpb.KeyValue{Key: []byte(k.Node(inv.Node)), Value: b, Lease: 1}
 	}
-	grew := heapGrowth(func() { v.load(context.TODO(), nil, &fleet.CoordinatorSnapshot{Rev: 1, Nodes: kvs}, time.Now()) })
-	runtime.KeepAlive(kvs)
-	if len(v.nodes) != nodes {
-		t.Fatalf("the view holds %d nodes, want %d", len(v.nodes), nodes)
-	}
+	per := keptPer(t, v, &fleet.CoordinatorSnapshot{Rev: 1, Nodes: kvs}, "node", nodes, func() int { return len(v.nodes) })
 	// Its name, its engine record, its lease and the maps' entries: about
 	// 400 bytes (the whole record: about 3,500).
-	per := grew / nodes
-	t.Logf("the view keeps %d bytes a node", per)
 	if per > 1000 {
 		t.Errorf("the view keeps %d bytes a node of 8 GPUs; want at most 1,000 (its device list and host details are not the engine's)", per)
 	}
@@ -76,16 +70,24 @@ func TestTheViewKeepsNoJobsRunSection(t *testing.T) {
 		}
 		kvs[i] = &mvccpb.KeyValue{Key: []byte(k.Spec("a", spec.Name)), Value: b, CreateRevision: int64(i + 1)}
 	}
-	grew := heapGrowth(func() { v.load(context.TODO(), nil, &fleet.CoordinatorSnapshot{Rev: jobs + 1, Specs: kvs}, time.Now()) })
-	runtime.KeepAlive(kvs)
-	if len(v.specs) != jobs {
-		t.Fatalf("the view holds %d specs, want %d", len(v.specs), jobs)
-	}
-	per := grew / jobs
-	t.Logf("the view keeps %d bytes a job", per)
+	per := keptPer(t, v, &fleet.CoordinatorSnapshot{Rev: jobs + 1, Specs: kvs}, "job", jobs, func() int { return len(v.specs) })
 	if per > 1500 {
 		t.Errorf("the view keeps %d bytes a job; want at most 1,500 (its run section is not the engine's)", per)
 	}
+}
+
+// keptPer loads snap into v and returns the live heap the load left
+// behind per what (n of them, held() of them in the view once loaded).
+func keptPer(t *testing.T, v *view, snap *fleet.CoordinatorSnapshot, what string, n int, held func() int) int64 {
+	t.Helper()
+	grew := heapGrowth(func() { v.load(context.TODO(), nil, snap, time.Now()) })
+	runtime.KeepAlive(snap)
+	if got := held(); got != n {
+		t.Fatalf("the view holds %d of %d %ss", got, n, what)
+	}
+	per := grew / int64(n)
+	t.Logf("the view keeps %d bytes a %s", per, what)
+	return per
 }
 
 // heapGrowth is the live heap f leaves behind, in bytes (the package's

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -190,4 +191,22 @@ func checkInvariants(t *testing.T, st State, d Decision) {
 			t.Fatalf("reasons not sorted")
 		}
 	}
+}
+
+// toFixedPoint runs e's full cycles on st, feeding the allocations back and
+// advancing a second each, for at most cycles or until the engine reached
+// its fixed point (reported).
+func toFixedPoint(e *Engine, st *State, cycles int) (Decision, bool) {
+	var d Decision
+	for i := 0; i < cycles && (i == 0 || !e.fix); i++ {
+		d = e.Schedule(*st)
+		st.Allocations = d.Allocations
+		st.Now = st.Now.Add(time.Second)
+	}
+	return d, e.fix
+}
+
+// sameLists reports whether a and b hold equal reasons and allocations.
+func sameLists(a, b Decision) bool {
+	return reflect.DeepEqual(a.Reasons, b.Reasons) && reflect.DeepEqual(a.Allocations, b.Allocations)
 }

@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -20,13 +19,8 @@ func recycleFleet(t *testing.T, n int) (*Engine, State, Decision) {
 		st.Jobs = append(st.Jobs, frac(fmt.Sprintf("job-%05d", i), "a", 0, 1))
 	}
 	e := &Engine{}
-	var d Decision
-	for i := 0; i < 8 && (i == 0 || !e.fix); i++ {
-		d = e.Schedule(st)
-		st.Allocations = d.Allocations
-		st.Now = st.Now.Add(time.Second)
-	}
-	if !e.fix {
+	d, fixed := toFixedPoint(e, &st, 8)
+	if !fixed {
 		t.Fatal("the fleet reached no fixed point")
 	}
 	return e, st, d
@@ -78,10 +72,10 @@ func TestRecycledListsTakeTheNextFastPathDecision(t *testing.T) {
 	if !sameArray(d2.Reasons, d0.Reasons) || !sameArray(d2.Allocations, d0.Allocations) {
 		t.Errorf("the fast path allocated new lists for its decision; want the recycled ones")
 	}
-	if !reflect.DeepEqual(d2.Allocations, full.Allocations) || !reflect.DeepEqual(d2.Reasons, full.Reasons) {
+	if !sameLists(d2, full) {
 		t.Errorf("the decision rendered into recycled lists is not the full cycle's")
 	}
-	if !reflect.DeepEqual(d1.Reasons, held.Reasons) || !reflect.DeepEqual(d1.Allocations, held.Allocations) {
+	if !sameLists(d1, held) {
 		t.Errorf("rendering the next decision changed the one the caller holds")
 	}
 }
@@ -97,10 +91,10 @@ func TestTheKeptDecisionsListsAreNeverRecycled(t *testing.T) {
 	if sameArray(d2.Reasons, d1.Reasons) || sameArray(d2.Allocations, d1.Allocations) {
 		t.Errorf("the kept decision's lists were rendered into")
 	}
-	if !reflect.DeepEqual(d1.Reasons, held.Reasons) || !reflect.DeepEqual(d1.Allocations, held.Allocations) {
+	if !sameLists(d1, held) {
 		t.Errorf("the kept decision changed")
 	}
-	if !reflect.DeepEqual(d2.Reasons, full.Reasons) || !reflect.DeepEqual(d2.Allocations, full.Allocations) {
+	if !sameLists(d2, full) {
 		t.Errorf("the fast path's decision is not the full cycle's")
 	}
 }
