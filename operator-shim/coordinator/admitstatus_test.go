@@ -95,7 +95,7 @@ func TestStatusAfterAResize(t *testing.T) {
 	three.Size, three.Nodes, three.LastResize = 3, []string{"n1", "n2", "n3"}, t0.Add(time.Minute)
 	c := newPlanCoordinator(t)
 	commit := func(d policy.Decision) []string {
-		p := c.plan(d, !c.view.haveLast)
+		p := planNow(c, d, !c.view.haveLast)
 		if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, p); err != nil {
 			t.Fatal(err)
 		}

@@ -60,11 +60,14 @@ type plan struct {
 	deferred []deferredStatus
 }
 
-// deferredStatus is one status write settle holds back.
+// deferredStatus is one status write settle holds back, with the event
+// of a job's first status (ev, when evOK).
 type deferredStatus struct {
-	job string
-	s   *fleet.Status
-	op  clientv3.Op
+	job  string
+	s    *fleet.Status
+	ops  []clientv3.Op
+	ev   evPut
+	evOK bool
 }
 
 // settle decides the deferred status writes once the cycle knows whether
@@ -73,8 +76,10 @@ type deferredStatus struct {
 // written. A cycle that changes allocations re-explains thousands of
 // waiting jobs (the capacity it freed) that its follow-up explains back
 // (issue 27: 2,000-3,000 status writes each way per churn round at 20,000
-// nodes), and the running jobs it cannot grow (explanationOnly). Events
-// are not deferred.
+// nodes), the running jobs it cannot grow, and the jobs it sees for the
+// first time (explanationOnly). A new job's first event is held with its
+// status (the follow-up sees the job still without one and records its
+// own); the other events are not.
 func (p *plan) settle(followed bool) {
 	for _, d := range p.deferred {
 		if followed {
@@ -82,10 +87,13 @@ func (p *plan) settle(followed bool) {
 			continue
 		}
 		// Before the taking phases: a status waits for no placement.
-		p.units = slices.Insert(p.units, p.moves, []clientv3.Op{d.op})
+		p.units = slices.Insert(p.units, p.moves, d.ops)
 		p.moves++
 		p.takes++
 		p.statuses[d.job] = d.s
+		if d.evOK {
+			p.events = append(p.events, d.ev)
+		}
 	}
 	p.deferred = nil
 }
@@ -539,8 +547,19 @@ func (pl *planner) statusesAndEvents() {
 			}
 			op, err := c.store.PutStatusOp(*s)
 			if err == nil && explanationOnly(prev, r, had) && len(pl.unit[r.Job]) == 0 {
-				p.deferred = append(p.deferred, deferredStatus{r.Job, s, op})
-			} else if pl.add(r.Job, op, err) {
+				held := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}}
+				if event(*r, prev.Reason, had) {
+					// A new job's first: held with its status.
+					held.ev = pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)
+					evOp, evErr := c.store.PutEventAtOp(held.ev.rec.key, held.ev.rec.e)
+					held.ops, held.evOK = append(held.ops, evOp), evErr == nil
+				}
+				if !event(*r, prev.Reason, had) || held.evOK {
+					p.deferred = append(p.deferred, held)
+					continue
+				}
+			}
+			if pl.add(r.Job, op, err) {
 				p.statuses[r.Job] = s
 			}
 		}
@@ -554,19 +573,21 @@ func (pl *planner) statusesAndEvents() {
 	}
 }
 
-// explanationOnly reports whether r changes only the explanation of a job
-// that keeps waiting or running as it did (prev: its status, had: it has
-// one): a status settle may hold back for a follow-up cycle. A running
-// job's status says why it does not grow (no capacity, its cohort
+// explanationOnly reports whether r only explains why a job waits or runs
+// as it did (prev: its status, had: it has one), or why a job seen for the
+// first time waits: a status settle may hold back for a follow-up cycle. A
+// running job's status says why it does not grow (no capacity, its cohort
 // exhausted), and a cycle that frees capacity says it one way, its
-// follow-up the other. A new job's first status is not held: its event (a
-// job's first) is written at once, and the follow-up would see the job
-// still without a status and record the event again. Nor is a status that
-// names who took the job's capacity: a follow-up leaves such a status to
-// the next caused cycle (statusesAndEvents), which may be followed and
-// hold it again, each time.
+// follow-up the other; so may it a new job's. A new job's first event is
+// held with its status (statusesAndEvents). Not held: a status that names
+// who took the job's capacity. A follow-up leaves such a status to the
+// next caused cycle (statusesAndEvents), which may be followed and hold it
+// again, each time.
 func explanationOnly(prev *fleet.Status, r *policy.Reason, had bool) bool {
-	return had && prev.Kind == r.Kind && (r.Kind == policy.KindPending || r.Kind == policy.KindRunning) &&
+	if !had {
+		return r.Kind == policy.KindPending
+	}
+	return prev.Kind == r.Kind && (r.Kind == policy.KindPending || r.Kind == policy.KindRunning) &&
 		len(prev.For) == 0 && prev.ForTeam == ""
 }
 
@@ -598,8 +619,16 @@ func (pl *planner) finish() *plan {
 		}
 	}
 	phase(false, false)
-	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, p.events)
-	p.units = append(p.units, pl.v.events.pruneOps(p.pruned, p.events)...)
+	// The held events count as written: a follow-up that comes instead
+	// writes the same jobs' first events.
+	puts := p.events
+	for _, h := range p.deferred {
+		if h.evOK {
+			puts = append(slices.Clip(puts), h.ev)
+		}
+	}
+	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, puts)
+	p.units = append(p.units, pl.v.events.pruneOps(p.pruned, puts)...)
 	p.moves = len(p.units)
 	phase(true, true)
 	p.takes = len(p.units)

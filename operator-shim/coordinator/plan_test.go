@@ -21,7 +21,7 @@ import (
 // writes is the writes a cycle would make of d on the view as it is (a
 // full comparison after a read), without committing or applying them.
 func (c *Coordinator) writes(d policy.Decision) (units [][]clientv3.Op, changed map[policy.ReasonKind]int, running map[string]bool, again bool) {
-	p := c.plan(d, !c.view.haveLast)
+	p := planNow(c, d, !c.view.haveLast)
 	return p.units, p.changed, p.running, p.again
 }
 
@@ -86,6 +86,14 @@ func opKeys(p *plan) []string {
 		}
 	}
 	return out
+}
+
+// planNow plans d as a cycle that no follow-up comes after: settle writes
+// the statuses it held.
+func planNow(c *Coordinator, d policy.Decision, full bool) *plan {
+	p := c.plan(d, full)
+	p.settle(false)
+	return p
 }
 
 // newPlanCoordinator is a coordinator over an empty view and no etcd.
@@ -194,13 +202,13 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 		t.Run(tc.rule, func(t *testing.T) {
 			c := newPlanCoordinator(t)
 			for _, d := range tc.committed {
-				if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, c.plan(d, !c.view.haveLast)); err != nil {
+				if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, planNow(c, d, !c.view.haveLast)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			before := recordsOf(c.view)
 			fc := &fakeCommitter{err: tc.fail}
-			p := c.plan(tc.d, !c.view.haveLast)
+			p := planNow(c, tc.d, !c.view.haveLast)
 			if got := recordsOf(c.view); !reflect.DeepEqual(got, before) {
 				t.Fatalf("planning changed the view:\n%+v\nwas\n%+v", got, before)
 			}
@@ -223,7 +231,7 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 					t.Errorf("a failed commit changed the view:\n%+v\nwas\n%+v", after, before)
 				}
 				// Nothing is lost: the same decision plans the same writes.
-				again := opKeys(c.plan(tc.d, !c.view.haveLast))
+				again := opKeys(planNow(c, tc.d, !c.view.haveLast))
 				slices.Sort(again)
 				if !slices.Equal(again, got) {
 					t.Errorf("after the failed commit the decision writes %v, want %v again", again, got)
@@ -244,7 +252,7 @@ func TestPlanIsAppliedOnlyAfterItsCommit(t *testing.T) {
 				evented["put "+e.rec.key] = true
 			}
 			for _, full := range []bool{false, true} {
-				again := slices.DeleteFunc(opKeys(c.plan(tc.d, full)), func(key string) bool { return evented[key] })
+				again := slices.DeleteFunc(opKeys(planNow(c, tc.d, full)), func(key string) bool { return evented[key] })
 				if len(again) != 0 {
 					t.Errorf("after the commit the same decision (full %v) still writes %v", full, again)
 				}
@@ -277,7 +285,7 @@ func TestPlannedPruneCountsThePlansEvents(t *testing.T) {
 			c.view.events.remove(nil)
 			d := policy.Decision{Now: t0.Add(time.Hour), Reasons: []policy.Reason{{Job: "a", Kind: policy.KindShrunk, FromSize: 9, ToSize: 8}}}
 			before := recordsOf(c.view)
-			p := c.plan(d, true)
+			p := planNow(c, d, true)
 			if len(p.pruned) != tc.wantDel {
 				t.Fatalf("planned %d deletions (%v), want %d", len(p.pruned), p.pruned, tc.wantDel)
 			}
@@ -310,7 +318,7 @@ func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
 	onA := api.Allocation{Job: "a", Team: "t", Flavor: "f", Size: 2, AcceleratorsPerNode: 8, Nodes: []string{"n1", "n2"}, Since: t0}
 	admit := policy.Decision{Now: t0, Allocations: []api.Allocation{onA},
 		Reasons: []policy.Reason{{Job: "a", Team: "t", Kind: policy.KindAdmitted, ToSize: 2, Message: "admitted"}}}
-	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, c.plan(admit, !c.view.haveLast)); err != nil {
+	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, planNow(c, admit, !c.view.haveLast)); err != nil {
 		t.Fatal(err)
 	}
 	t1 := t0.Add(time.Minute)
@@ -321,7 +329,7 @@ func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
 			{Job: "a", Team: "t", Kind: policy.KindPreempted, FromSize: 2, Message: "preempted for b"},
 			{Job: "b", Team: "t", Kind: policy.KindAdmitted, ToSize: 2, Message: "admitted"},
 		}}
-	p := c.plan(preempt, !c.view.haveLast)
+	p := planNow(c, preempt, !c.view.haveLast)
 	unitOf := func(key string) int {
 		for i, u := range p.units {
 			for _, op := range u {
@@ -345,7 +353,7 @@ func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
 	onC := api.Allocation{Job: "c", Team: "t", Flavor: "f", Size: 1, AcceleratorsPerNode: 8, Nodes: []string{"n3"}, Since: t0}
 	admit.Allocations = []api.Allocation{onA, onC}
 	admit.Reasons = append(admit.Reasons, policy.Reason{Job: "c", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"})
-	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, c.plan(admit, !c.view.haveLast)); err != nil {
+	if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, planNow(c, admit, !c.view.haveLast)); err != nil {
 		t.Fatal(err)
 	}
 	moved := onA
@@ -357,7 +365,7 @@ func TestPlanReleasesNodesBeforeTakingThem(t *testing.T) {
 			{Job: "b", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"},
 			{Job: "c", Team: "t", Kind: policy.KindPreempted, FromSize: 1, Message: "preempted for b"},
 		}}
-	p = c.plan(move, !c.view.haveLast)
+	p = planNow(c, move, !c.view.haveLast)
 	if rel := unitOf(k.Assignment("n3", "c")); rel >= p.moves {
 		t.Errorf("c's release in unit %d; the moves begin at %d", rel, p.moves)
 	}

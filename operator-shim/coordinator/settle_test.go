@@ -2,7 +2,9 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,8 +19,9 @@ import (
 // job's new explanation is written only by the last cycle of the chain
 // (settle); the follow-up compares the job in full. So is a running
 // elastic job's (why it does not grow: 50-170 jobs a churn round written
-// Running/NoCapacity, then Running/CohortExhausted). Events are written
-// at once, as before.
+// Running/NoCapacity, then Running/CohortExhausted), and a job's first
+// (37-66 new jobs a round), with its first event: the chain writes one
+// status and one event for it. Other events are written at once.
 func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	k := fleet.NewKeys("")
@@ -33,25 +36,36 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 	allocE := api.Allocation{Job: "e", Team: "t", Flavor: "f", Size: 1, AcceleratorsPerNode: 8, Nodes: []string{"n2"}, Since: t0}
 	start := policy.Decision{Now: t0, Allocations: []api.Allocation{allocE}, Reasons: []policy.Reason{
 		pending("a", policy.CodeNoCapacity), running("e", policy.CodeCohortExhausted), pending("w", policy.CodeCohortExhausted)}}
-	// a admitted into freed capacity; e and w told capacity was freed.
+	// a admitted into freed capacity; e and w told capacity was freed;
+	// n, submitted meanwhile, too.
 	admit := policy.Decision{Now: t0.Add(time.Second), Allocations: []api.Allocation{alloc, allocE}, Reasons: []policy.Reason{
 		{Job: "a", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"},
-		running("e", policy.CodeNoCapacity), pending("w", policy.CodeNoCapacity)}}
+		running("e", policy.CodeNoCapacity), pending("n", policy.CodeNoCapacity), pending("w", policy.CodeNoCapacity)}}
 	// The follow-up: their cohort is exhausted again.
 	back := policy.Decision{Now: t0.Add(2 * time.Second), Allocations: []api.Allocation{alloc, allocE}, Reasons: []policy.Reason{
 		{Job: "a", Team: "t", Kind: policy.KindRunning, FromSize: 1, ToSize: 1, Message: "running"},
-		running("e", policy.CodeCohortExhausted), pending("w", policy.CodeCohortExhausted)}}
+		running("e", policy.CodeCohortExhausted), pending("n", policy.CodeCohortExhausted), pending("w", policy.CodeCohortExhausted)}}
 	// The follow-up: they wait for nodes now.
 	stays := back
-	stays.Reasons = []policy.Reason{back.Reasons[0], running("e", policy.CodeNoCapacity), pending("w", policy.CodeNoCapacity)}
-	statusW, statusE := "put "+k.Status("w"), "put "+k.Status("e")
+	stays.Reasons = []policy.Reason{back.Reasons[0], running("e", policy.CodeNoCapacity), pending("n", policy.CodeNoCapacity), pending("w", policy.CodeNoCapacity)}
+	statusW, statusE, statusN := "put "+k.Status("w"), "put "+k.Status("e"), "put "+k.Status("n")
+	// eventsOfN counts the puts of n's events in writes.
+	eventsOfN := func(writes []string) int {
+		n := 0
+		for _, w := range writes {
+			if strings.HasPrefix(w, "put "+k.EventsPrefix()) && strings.HasSuffix(w, "-n") {
+				n++
+			}
+		}
+		return n
+	}
 	for _, tc := range []struct {
 		rule      string
 		followed  bool              // a follow-up comes after admit
 		next      []policy.Decision // the chain's next cycles (followed: none after the last)
-		wantAdmit bool              // admit's plan writes w's and e's statuses
+		wantAdmit bool              // admit's plan writes w's, e's and n's statuses (and n's event)
 		wantNext  []bool            // each next plan writes w's and e's statuses
-		wantCode  policy.ReasonCode // w's and e's statuses at the end
+		wantCode  policy.ReasonCode // w's, e's and n's statuses at the end
 	}{
 		{rule: "an explanation the follow-up takes back is never written", followed: true, next: []policy.Decision{back}, wantNext: []bool{false}, wantCode: policy.CodeCohortExhausted},
 		{rule: "an explanation the follow-up keeps is written by the follow-up", followed: true, next: []policy.Decision{stays}, wantNext: []bool{true}, wantCode: policy.CodeNoCapacity},
@@ -75,10 +89,14 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 			if !slices.Contains(writes, "delete "+k.Status("a")) || slices.Contains(writes, "put "+k.Status("a")) {
 				t.Errorf("the admitted job's waiting status is not deleted at once: %v", writes)
 			}
-			for _, st := range []string{statusW, statusE} {
+			for _, st := range []string{statusW, statusE, statusN} {
 				if got := slices.Contains(writes, st); got != tc.wantAdmit {
 					t.Errorf("the admitting cycle writes %s: %v, want %v (%v)", st, got, tc.wantAdmit, writes)
 				}
+			}
+			statusesN, eventsN := 0, eventsOfN(writes)
+			if slices.Contains(writes, statusN) {
+				statusesN++
 			}
 			for i, d := range tc.next {
 				writes := run(d, i < len(tc.next)-1)
@@ -87,8 +105,19 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 						t.Errorf("follow-up %d writes %s: %v, want %v (%v)", i+1, st, got, tc.wantNext[i], writes)
 					}
 				}
+				if slices.Contains(writes, statusN) {
+					statusesN++
+				}
+				eventsN += eventsOfN(writes)
 			}
-			for _, job := range []string{"w", "e"} {
+			// The new job: one status and one event over the chain.
+			if statusesN != 1 || eventsN != 1 {
+				t.Errorf("the new job's status was written %d times and its event %d times over the chain, want 1 and 1", statusesN, eventsN)
+			}
+			if evs := c.view.events.byJob["n"]; len(evs) != 1 || evs[0].e.Reason.Code != tc.wantCode {
+				t.Errorf("the new job's history: %+v, want one event saying %s", evs, tc.wantCode)
+			}
+			for _, job := range []string{"w", "e", "n"} {
 				if s := c.view.statuses[job]; s == nil || s.Code != tc.wantCode {
 					t.Errorf("%s's status at the end: %+v, want %s", job, s, tc.wantCode)
 				}
@@ -114,8 +143,10 @@ func TestExplanationOnly(t *testing.T) {
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: true},
 		{rule: "a running job's new explanation is held", prev: status(policy.KindRunning, policy.CodeCohortExhausted), had: true,
 			r: policy.Reason{Kind: policy.KindRunning, Code: policy.CodeNoCapacity}, want: true},
-		{rule: "a new job's first status is written", prev: status(policy.KindPending, policy.CodeCohortExhausted), had: false,
-			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
+		{rule: "a new job's first status is held", prev: &fleet.Status{}, had: false,
+			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: true},
+		{rule: "a new job that does not wait is written", prev: &fleet.Status{}, had: false,
+			r: policy.Reason{Kind: policy.KindInvalid, Code: policy.CodeInvalidSpec}, want: false},
 		{rule: "a change of kind is written", prev: status(policy.KindRunning, ""), had: true,
 			r: policy.Reason{Kind: policy.KindPending, Code: policy.CodeNoCapacity}, want: false},
 		{rule: "a status that names who took the capacity is written", prev: taken, had: true,
@@ -126,6 +157,36 @@ func TestExplanationOnly(t *testing.T) {
 		t.Run(tc.rule, func(t *testing.T) {
 			if got := explanationOnly(tc.prev, &tc.r, tc.had); got != tc.want {
 				t.Errorf("explanationOnly(%+v, %+v, %v) = %v, want %v", tc.prev.Reason, tc.r, tc.had, got, tc.want)
+			}
+		})
+	}
+}
+
+// A new job's first event, held by a cycle with its status, counts in the
+// history's bound: written by settle, it does not leave the history over
+// the bound (and its 10% slack) until the next prune.
+func TestAHeldFirstEventCountsInTheHistorysBound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, followed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("followed=%v", followed), func(t *testing.T) {
+			c := newPlanCoordinator(t)
+			c.cfg.MaxEvents, c.cfg.MaxEventsPerJob = 10, 20
+			// The history at its bound and slack: 11 events of job o.
+			for i := range 11 {
+				c.view.events.record(policy.Reason{Job: "o", Kind: policy.KindShrunk, FromSize: i + 2, ToSize: i + 1}, t0.Add(time.Duration(i)*time.Second), time.Hour)
+			}
+			d := policy.Decision{Now: t0.Add(time.Minute), Reasons: []policy.Reason{
+				{Job: "n", Team: "t", Kind: policy.KindPending, Code: policy.CodeNoCapacity, Message: "waits"}}}
+			p := c.plan(d, !c.view.haveLast)
+			p.settle(followed)
+			if _, err := c.commitPlan(context.Background(), &fakeCommitter{}, p); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.view.events.total; got > 11 {
+				t.Errorf("the history holds %d events after the cycle, want at most the bound and its slack (11)", got)
+			}
+			if _, ok := c.view.statuses["n"]; ok == followed {
+				t.Errorf("the new job has a status after a cycle followed=%v: %v", followed, ok)
 			}
 		})
 	}
