@@ -56,7 +56,7 @@ func TestRunEnrollsAsTheNodesOwnUser(t *testing.T) {
 	root, ctl := connect(etcdauth.RootUser, pw(etcdauth.RootUser)), connect(etcdauth.KubeControllerUser, pw(etcdauth.KubeControllerUser))
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan struct{})
-	go func() { defer close(served); etcdauth.ServeEnrollments(sctx, root, k, nil) }()
+	go func() { defer close(served); etcdauth.ServeEnrollments(sctx, root, k, nil, nil) }()
 	defer func() { stop(); <-served }()
 	// The controller's verdict: only the token "pod-on-k8s-1" for k8s-1.
 	go func() {

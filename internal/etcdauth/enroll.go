@@ -262,16 +262,29 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 	})
 }
 
+// Within runs f while its caller may still change etcd's users: a
+// coordinator's term, while its lease provably lasts. It returns an error
+// without running f once the caller may not (f's own error otherwise).
+// etcd's users cannot be changed in a transaction, so no leadership
+// compare guards a password reset.
+type Within func(ctx context.Context, f func(context.Context) error) error
+
 // ServeEnrollments answers every approved enrollment (enroll-approved/),
 // those already there and those to come, until ctx ends: the coordinator
-// runs it while it leads. cli must have etcd's root role.
-func ServeEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger) {
+// runs it while it leads. cli must have etcd's root role. Each answer
+// runs within within (nil: at once): a leader deposed without knowing yet
+// would otherwise reset the password of a node the new leader has just
+// enrolled. An approval it does not answer stays for the next leader.
+func ServeEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger, within Within) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if within == nil {
+		within = func(ctx context.Context, f func(context.Context) error) error { return f(ctx) }
+	}
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
-		err := serveEnrollments(ctx, cli, k, log)
+		err := serveEnrollments(ctx, cli, k, log, within)
 		if ctx.Err() != nil {
 			return
 		}
@@ -285,7 +298,7 @@ func ServeEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, l
 	}
 }
 
-func serveEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger) error {
+func serveEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger, within Within) error {
 	p := k.EnrollApprovedPrefix()
 	var got *clientv3.GetResponse
 	if err := call(ctx, func(ctx context.Context) error {
@@ -297,7 +310,7 @@ func serveEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, l
 	}
 	issue := func(key string, value []byte, modRev int64) {
 		node := key[len(p):]
-		if err := IssueEnrollment(ctx, cli, k, node, value, modRev); err != nil {
+		if err := within(ctx, func(ctx context.Context) error { return IssueEnrollment(ctx, cli, k, node, value, modRev) }); err != nil {
 			log.Warn("cannot answer a node's enrollment", "key", fleet.ClipKey(key), "err", err)
 			return
 		}

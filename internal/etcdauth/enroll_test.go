@@ -49,7 +49,7 @@ func TestEnrollmentGivesTheApprovedKeyItsNodeUserOnly(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ServeEnrollments(sctx, root, k, slog.New(slog.NewTextHandler(io.Discard, nil)))
+				ServeEnrollments(sctx, root, k, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 			}()
 			defer func() { stop(); wg.Wait() }()
 

@@ -1,0 +1,115 @@
+package coordinator
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/crypto/nacl/box"
+
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
+	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
+	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
+)
+
+// lockedBuffer is a log's text, written by the coordinator's goroutines
+// and read by the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// An enrollment's answer resets the node's etcd password, which no
+// leadership compare can guard: a leader whose term's end has passed (a
+// long pause just ended, its term's timer has not run yet) answers no
+// approval, so it cannot reset the password of a node the new leader has
+// just enrolled. The approval stays, and a leader within its term answers
+// it.
+func TestALeaderPastItsTermAnswersNoEnrollment(t *testing.T) {
+	cli, ctx := setup(t)
+	k := fleet.NewKeys("")
+	dir := filepath.Join(t.TempDir(), "pw")
+	if _, err := etcdauth.BootstrapFleet(ctx, cli, k, etcdauth.Parties{Teams: []string{"a"}, Nodes: []string{"node-a"}}, dir); err != nil {
+		t.Fatal(err)
+	}
+	login := func(user string) (*clientv3.Client, error) {
+		pw, err := etcdconn.ReadPassword(filepath.Join(dir, user+".password"), "", "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return etcdconn.Connect(ctx, etcdconn.Options{Endpoints: cli.Endpoints(), User: user, Password: pw})
+	}
+	as := func(user string) *clientv3.Client {
+		c, err := login(user)
+		if err != nil {
+			t.Fatalf("log in as %s: %v", user, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	root, ctl := as(etcdauth.RootUser), as(etcdauth.KubeControllerUser)
+	pub, _, err := box.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(etcdauth.EnrollApproval{Node: "node-a", PublicKey: pub[:], Pod: "hyperpodrun/agent-x", Time: time.Now()})
+	if _, err := ctl.Put(ctx, k.EnrollApproved("node-a"), string(a)); err != nil {
+		t.Fatalf("the controller approves: %v", err)
+	}
+
+	var logs lockedBuffer
+	c := New(root, Config{Identity: "old", NodeEnrollment: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	c.term = &leaderTerm{ctx: ctx, end: func() time.Time { return time.Now().Add(-time.Millisecond) }}
+	stop := c.serveEnrollments(ctx)
+	testutil.Eventually(t, 20*time.Second, "the old leader's answer or refusal in its log", func() (bool, string) {
+		l := logs.String()
+		return strings.Contains(l, "cannot answer a node's enrollment") || strings.Contains(l, "enrolled a node"), l
+	})
+	stop()
+	if l := logs.String(); !strings.Contains(l, "cannot answer a node's enrollment") {
+		t.Errorf("a leader past its term did not refuse node-a's enrollment: %s", l)
+	}
+	if r, err := root.Get(ctx, k.EnrollReply("node-a")); err != nil || len(r.Kvs) != 0 {
+		t.Fatalf("a leader past its term answered node-a's enrollment (%v, %v)", r.Kvs, err)
+	}
+	if r, err := root.Get(ctx, k.EnrollApproved("node-a")); err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("node-a's approval after the old leader: %v, %v; want it kept for the next leader", r.Kvs, err)
+	}
+	nc, err := login(etcdauth.NodeRole("node-a"))
+	if err != nil {
+		t.Fatalf("a leader past its term reset node-a's password: %v", err)
+	}
+	nc.Close()
+
+	c.term = &leaderTerm{ctx: ctx} // a leader within its term
+	stop = c.serveEnrollments(ctx)
+	defer stop()
+	testutil.Eventually(t, 20*time.Second, "node-a's enrollment reply", func() (bool, string) {
+		r, err := root.Get(ctx, k.EnrollReply("node-a"))
+		return err == nil && len(r.Kvs) == 1, logs.String()
+	})
+	if nc, err := login(etcdauth.NodeRole("node-a")); err == nil {
+		nc.Close()
+		t.Error("within its term the leader answered node-a's enrollment but its old password still logs in")
+	}
+}
