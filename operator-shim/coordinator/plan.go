@@ -55,19 +55,25 @@ type plan struct {
 	reasons []policy.Reason
 	touched map[string]bool
 	// deferred are the status writes of jobs that wait or run before and
-	// after with another explanation (explanationOnly): written by settle
-	// unless a follow-up cycle comes (it explains them again).
+	// after with another explanation, and of new waiting jobs with their
+	// first events (explanationOnly): written by settle unless a follow-up
+	// cycle comes (it explains them again).
 	deferred []deferredStatus
+	// heldSince are the new jobs whose first status a follow-up explains
+	// again (settle), since this chain first saw them: the status's Since
+	// and the pending time when one is admitted (view.heldSince).
+	heldSince map[string]time.Time
 }
 
 // deferredStatus is one status write settle holds back, with the event
-// of a job's first status (ev, when evOK).
+// of a new job's first status (ev, when evOK; first: the job is new).
 type deferredStatus struct {
-	job  string
-	s    *fleet.Status
-	ops  []clientv3.Op
-	ev   evPut
-	evOK bool
+	job   string
+	s     *fleet.Status
+	ops   []clientv3.Op
+	ev    evPut
+	evOK  bool
+	first bool
 }
 
 // settle decides the deferred status writes once the cycle knows whether
@@ -79,22 +85,30 @@ type deferredStatus struct {
 // nodes), the running jobs it cannot grow, and the jobs it sees for the
 // first time (explanationOnly). A new job's first event is held with its
 // status (the follow-up sees the job still without one and records its
-// own); the other events are not.
+// own, or none if it admits the job); the other events are not.
 func (p *plan) settle(followed bool) {
+	var units [][]clientv3.Op
 	for _, d := range p.deferred {
 		if followed {
 			p.touched[d.job] = true
+			if d.first {
+				if p.heldSince == nil {
+					p.heldSince = map[string]time.Time{}
+				}
+				p.heldSince[d.job] = d.s.Since
+			}
 			continue
 		}
-		// Before the taking phases: a status waits for no placement.
-		p.units = slices.Insert(p.units, p.moves, d.ops)
-		p.moves++
-		p.takes++
+		units = append(units, d.ops)
 		p.statuses[d.job] = d.s
 		if d.evOK {
 			p.events = append(p.events, d.ev)
 		}
 	}
+	// Before the taking phases: a status waits for no placement.
+	p.units = slices.Insert(p.units, p.moves, units...)
+	p.moves += len(units)
+	p.takes += len(units)
 	p.deferred = nil
 }
 
@@ -172,6 +186,7 @@ func (v *view) applyPlan(p *plan) {
 	v.haveLast = true
 	v.lastAllocs, v.lastReasons = p.allocs, p.reasons
 	v.touched = p.touched
+	v.heldSince = p.heldSince
 }
 
 // planner builds one plan from a decision and the view, in phases: the
@@ -528,8 +543,14 @@ func (pl *planner) statusesAndEvents() {
 			pl.retry[r.Job] = true
 			continue
 		}
+		// A new job the chain held the first status of waited since the
+		// chain's first cycle.
+		held, wasHeld := pl.v.heldSince[r.Job]
+		wasHeld = wasHeld && !had
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			p.waited = append(p.waited, now.Sub(prev.Since))
+		} else if r.Kind == policy.KindAdmitted && wasHeld {
+			p.waited = append(p.waited, now.Sub(held))
 		}
 		sr := statusReason(*r)
 		switch changed := !had || !stable(&prev.Reason, &sr); {
@@ -544,18 +565,20 @@ func (pl *planner) statusesAndEvents() {
 			s := &fleet.Status{Reason: sr, Time: now, Since: now}
 			if had && prev.Kind == sr.Kind && prev.Code == sr.Code && r.Kind != policy.KindAdmitted {
 				s.Since = prev.Since
+			} else if wasHeld && r.Kind == policy.KindPending {
+				s.Since = held
 			}
 			op, err := c.store.PutStatusOp(*s)
 			if err == nil && explanationOnly(prev, r, had) && len(pl.unit[r.Job]) == 0 {
-				held := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}}
+				h := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}, first: !had}
 				if event(*r, prev.Reason, had) {
 					// A new job's first: held with its status.
-					held.ev = pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)
-					evOp, evErr := c.store.PutEventAtOp(held.ev.rec.key, held.ev.rec.e)
-					held.ops, held.evOK = append(held.ops, evOp), evErr == nil
+					h.ev = pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)
+					evOp, evErr := c.store.PutEventAtOp(h.ev.rec.key, h.ev.rec.e)
+					h.ops, h.evOK = append(h.ops, evOp), evErr == nil
 				}
-				if !event(*r, prev.Reason, had) || held.evOK {
-					p.deferred = append(p.deferred, held)
+				if !event(*r, prev.Reason, had) || h.evOK {
+					p.deferred = append(p.deferred, h)
 					continue
 				}
 			}
@@ -578,8 +601,8 @@ func (pl *planner) statusesAndEvents() {
 // first time waits: a status settle may hold back for a follow-up cycle. A
 // running job's status says why it does not grow (no capacity, its cohort
 // exhausted), and a cycle that frees capacity says it one way, its
-// follow-up the other; so may it a new job's. A new job's first event is
-// held with its status (statusesAndEvents). Not held: a status that names
+// follow-up the other, and so it may explain a new job's wait. A new job's
+// first event is held with its status (statusesAndEvents). Not held: a status that names
 // who took the job's capacity. A follow-up leaves such a status to the
 // next caused cycle (statusesAndEvents), which may be followed and hold it
 // again, each time.
@@ -620,11 +643,15 @@ func (pl *planner) finish() *plan {
 	}
 	phase(false, false)
 	// The held events count as written: a follow-up that comes instead
-	// writes the same jobs' first events.
+	// writes those jobs' first events (unless it admits or releases one:
+	// then the history is pruned an event early).
 	puts := p.events
-	for _, h := range p.deferred {
-		if h.evOK {
-			puts = append(slices.Clip(puts), h.ev)
+	if len(p.deferred) > 0 {
+		puts = slices.Clip(puts)
+		for _, h := range p.deferred {
+			if h.evOK {
+				puts = append(puts, h.ev)
+			}
 		}
 	}
 	p.pruned = pl.v.events.pruneKeys(pl.c.cfg.MaxEventsPerJob, pl.c.cfg.MaxEvents, puts)

@@ -97,7 +97,7 @@ func planNow(c *Coordinator, d policy.Decision, full bool) *plan {
 }
 
 // newPlanCoordinator is a coordinator over an empty view and no etcd.
-func newPlanCoordinator(t *testing.T) *Coordinator {
+func newPlanCoordinator(t testing.TB) *Coordinator {
 	t.Helper()
 	c := New(nil, Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	c.view = newView(c.store.Keys, c.log)

@@ -117,6 +117,10 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 			if evs := c.view.events.byJob["n"]; len(evs) != 1 || evs[0].e.Reason.Code != tc.wantCode {
 				t.Errorf("the new job's history: %+v, want one event saying %s", evs, tc.wantCode)
 			}
+			// n waits since the chain first saw it.
+			if s := c.view.statuses["n"]; s == nil || !s.Since.Equal(admit.Now) {
+				t.Errorf("the new job's status: %+v, want it waiting since %v (the chain's first cycle)", s, admit.Now)
+			}
 			for _, job := range []string{"w", "e", "n"} {
 				if s := c.view.statuses[job]; s == nil || s.Code != tc.wantCode {
 					t.Errorf("%s's status at the end: %+v, want %s", job, s, tc.wantCode)
@@ -162,6 +166,35 @@ func TestExplanationOnly(t *testing.T) {
 	}
 }
 
+// A new job that the follow-up admits, after its first cycle held its
+// status: its pending time (the coordinator's pending-time histogram)
+// counts from that first cycle, and no waiting status is ever written.
+func TestAHeldNewJobsWaitIsCountedWhenTheFollowUpAdmitsIt(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	c := newPlanCoordinator(t)
+	cm := &fakeCommitter{}
+	seen := policy.Decision{Now: t0, Reasons: []policy.Reason{
+		{Job: "n", Team: "t", Kind: policy.KindPending, Code: policy.CodeNoCapacity, Message: "waits"}}}
+	admitted := policy.Decision{Now: t0.Add(1500 * time.Millisecond),
+		Allocations: []api.Allocation{{Job: "n", Team: "t", Flavor: "f", Size: 1, AcceleratorsPerNode: 8, Nodes: []string{"n1"}, Since: t0}},
+		Reasons:     []policy.Reason{{Job: "n", Team: "t", Kind: policy.KindAdmitted, ToSize: 1, Message: "admitted"}}}
+	var writes []string
+	for i, d := range []policy.Decision{seen, admitted} {
+		p := c.plan(d, !c.view.haveLast)
+		p.settle(i == 0)
+		if _, err := c.commitPlan(context.Background(), cm, p); err != nil {
+			t.Fatal(err)
+		}
+		writes = append(writes, opKeys(p)...)
+	}
+	if !slices.Equal(c.waited, []time.Duration{1500 * time.Millisecond}) {
+		t.Errorf("pending times counted by the admitting cycle: %v, want [1.5s]", c.waited)
+	}
+	if slices.Contains(writes, "put "+fleet.NewKeys("").Status("n")) {
+		t.Errorf("a waiting status was written for a job the chain admitted: %v", writes)
+	}
+}
+
 // A new job's first event, held by a cycle with its status, counts in the
 // history's bound: written by settle, it does not leave the history over
 // the bound (and its 10% slack) until the next prune.
@@ -189,5 +222,27 @@ func TestAHeldFirstEventCountsInTheHistorysBound(t *testing.T) {
 				t.Errorf("the new job has a status after a cycle followed=%v: %v", followed, ok)
 			}
 		})
+	}
+}
+
+// BenchmarkPlanManyNewWaitingJobs plans a cycle that sees 20,000 waiting
+// jobs for the first time (a burst past the fast path, or a leader's
+// first cycle after submits while none led) and is followed: every first
+// status and event is held, and counted in the history's bound once.
+func BenchmarkPlanManyNewWaitingJobs(b *testing.B) {
+	t0 := time.Unix(1000, 0)
+	d := policy.Decision{Now: t0}
+	for i := range 20000 {
+		d.Reasons = append(d.Reasons, policy.Reason{Job: fmt.Sprintf("j%05d", i), Team: "t", Kind: policy.KindPending, Code: policy.CodeNoCapacity, Message: "waits"})
+	}
+	for b.Loop() {
+		b.StopTimer()
+		c := newPlanCoordinator(b)
+		b.StartTimer()
+		p := c.plan(d, true)
+		p.settle(false)
+		if len(p.events) != len(d.Reasons) {
+			b.Fatalf("%d first events written, want %d", len(p.events), len(d.Reasons))
+		}
 	}
 }
