@@ -178,27 +178,6 @@ func openReply(v []byte, node string, pub, priv *[32]byte) (*Enrolled, bool) {
 	return &Enrolled{User: r.User, Password: string(pw)}, true
 }
 
-// MintNode creates node's role (NodeRoleFor) and user, or gives an
-// existing user a new password, and returns the password. cli must have
-// etcd's root role.
-func MintNode(ctx context.Context, cli *clientv3.Client, k fleet.Keys, node string) (string, error) {
-	r, err := NodeRoleFor(k, node)
-	if err != nil {
-		return "", err
-	}
-	if err := ensureRole(ctx, cli, r); err != nil {
-		return "", err
-	}
-	pw, err := NewPassword()
-	if err != nil {
-		return "", err
-	}
-	if err := setUser(ctx, cli, r.Name, pw); err != nil {
-		return "", fmt.Errorf("node %s's etcd user: %w", node, err)
-	}
-	return pw, nil
-}
-
 // setUser creates user (its role named as it) with password pw, or sets
 // pw on the existing user, and grants it its role.
 func setUser(ctx context.Context, cli *clientv3.Client, user, pw string) error {
@@ -216,11 +195,14 @@ func setUser(ctx context.Context, cli *clientv3.Client, user, pw string) error {
 }
 
 // IssueEnrollment answers one approval (the value of enroll-approved/<node>
-// at modRev): it mints node's user a new password, and writes it sealed to
-// the approved key at enroll-replies/<node> under a short lease while
+// at modRev): it gives node's user (NodeRoleFor: created with its role
+// when it does not exist) a new password, and writes it sealed to the
+// approved key at enroll-replies/<node> under a short lease while
 // deleting the approval, in one transaction that holds only while the
-// approval is the one read. cli must have etcd's root role.
-func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, node string, value []byte, modRev int64) error {
+// approval is the one read. The password reset and the reply run within
+// within (nil: at once), after the role is in place: its check comes
+// last before the reset. cli must have etcd's root role.
+func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, node string, value []byte, modRev int64, within Within) error {
 	var a EnrollApproval
 	if err := json.Unmarshal(value, &a); err != nil {
 		return fmt.Errorf("approval %s: %w", k.EnrollApproved(node), err)
@@ -228,7 +210,14 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 	if a.Node != node || !ValidEnrollKey(a.PublicKey) {
 		return fmt.Errorf("approval %s: names node %q or has a %d-byte key", k.EnrollApproved(node), a.Node, len(a.PublicKey))
 	}
-	pw, err := MintNode(ctx, cli, k, node)
+	r, err := NodeRoleFor(k, node)
+	if err != nil {
+		return err
+	}
+	if err := ensureRole(ctx, cli, r); err != nil {
+		return err
+	}
+	pw, err := NewPassword()
 	if err != nil {
 		return err
 	}
@@ -242,23 +231,31 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 	if err != nil {
 		return err
 	}
-	var lease clientv3.LeaseID
-	if err := call(ctx, func(ctx context.Context) error {
-		l, err := cli.Grant(ctx, EnrollReplyTTL)
-		if err == nil {
-			lease = l.ID
-		}
-		return err
-	}); err != nil {
-		return fmt.Errorf("enrollment reply lease: %w", err)
+	if within == nil {
+		within = atOnce
 	}
-	return call(ctx, func(ctx context.Context) error {
-		_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.EnrollApproved(node)), "=", modRev)).
-			Then(clientv3.OpPut(k.EnrollReply(node), string(v), clientv3.WithLease(lease)), clientv3.OpDelete(k.EnrollApproved(node))).Commit()
-		if err != nil {
-			return fmt.Errorf("write node %s's enrollment reply: %w", node, err)
+	return within(ctx, func(ctx context.Context) error {
+		if err := setUser(ctx, cli, r.Name, pw); err != nil {
+			return fmt.Errorf("node %s's etcd user: %w", node, err)
 		}
-		return nil
+		var lease clientv3.LeaseID
+		if err := call(ctx, func(ctx context.Context) error {
+			l, err := cli.Grant(ctx, EnrollReplyTTL)
+			if err == nil {
+				lease = l.ID
+			}
+			return err
+		}); err != nil {
+			return fmt.Errorf("enrollment reply lease: %w", err)
+		}
+		return call(ctx, func(ctx context.Context) error {
+			_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.EnrollApproved(node)), "=", modRev)).
+				Then(clientv3.OpPut(k.EnrollReply(node), string(v), clientv3.WithLease(lease)), clientv3.OpDelete(k.EnrollApproved(node))).Commit()
+			if err != nil {
+				return fmt.Errorf("write node %s's enrollment reply: %w", node, err)
+			}
+			return nil
+		})
 	})
 }
 
@@ -269,18 +266,23 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 // compare guards a password reset.
 type Within func(ctx context.Context, f func(context.Context) error) error
 
+// atOnce is the Within of a caller that may always change users.
+func atOnce(ctx context.Context, f func(context.Context) error) error { return f(ctx) }
+
 // ServeEnrollments answers every approved enrollment (enroll-approved/),
 // those already there and those to come, until ctx ends: the coordinator
-// runs it while it leads. cli must have etcd's root role. Each answer
-// runs within within (nil: at once): a leader deposed without knowing yet
-// would otherwise reset the password of a node the new leader has just
-// enrolled. An approval it does not answer stays for the next leader.
+// runs it while it leads. cli must have etcd's root role. Each answer's
+// password reset runs within within (nil: at once): a leader deposed
+// without knowing yet would otherwise reset the password of a node the
+// new leader has just enrolled. An approval within refuses is read again
+// after a backoff while ctx lasts, and otherwise stays (for its lease,
+// EnrollApprovalTTL) for the next leader.
 func ServeEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, log *slog.Logger, within Within) {
 	if log == nil {
 		log = slog.Default()
 	}
 	if within == nil {
-		within = func(ctx context.Context, f func(context.Context) error) error { return f(ctx) }
+		within = atOnce
 	}
 	backoff := 200 * time.Millisecond
 	for ctx.Err() == nil {
@@ -308,16 +310,31 @@ func serveEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, l
 	}); err != nil {
 		return fmt.Errorf("read %s: %w", p, err)
 	}
-	issue := func(key string, value []byte, modRev int64) {
+	// issue answers one approval. An answer within refused (it ran
+	// nothing) is tried again: the error makes ServeEnrollments read every
+	// approval again after its backoff (a term a renewal moved goes on).
+	issue := func(key string, value []byte, modRev int64) error {
 		node := key[len(p):]
-		if err := within(ctx, func(ctx context.Context) error { return IssueEnrollment(ctx, cli, k, node, value, modRev) }); err != nil {
+		var asked, ran bool
+		err := IssueEnrollment(ctx, cli, k, node, value, modRev, func(ctx context.Context, f func(context.Context) error) error {
+			asked = true
+			return within(ctx, func(ctx context.Context) error { ran = true; return f(ctx) })
+		})
+		if err != nil && asked && !ran && ctx.Err() == nil {
+			log.Warn("cannot answer a node's enrollment now; reading the approvals again", "key", fleet.ClipKey(key), "err", err)
+			return fmt.Errorf("answer node %s's enrollment: %w", node, err)
+		}
+		if err != nil {
 			log.Warn("cannot answer a node's enrollment", "key", fleet.ClipKey(key), "err", err)
-			return
+			return nil
 		}
 		log.Info("enrolled a node: its etcd user has a new password, sealed to its agent pod", "node", node, "user", NodeRole(node))
+		return nil
 	}
 	for _, kv := range got.Kvs {
-		issue(string(kv.Key), kv.Value, kv.ModRevision)
+		if err := issue(string(kv.Key), kv.Value, kv.ModRevision); err != nil {
+			return err
+		}
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
@@ -326,8 +343,11 @@ func serveEnrollments(ctx context.Context, cli *clientv3.Client, k fleet.Keys, l
 			return err
 		}
 		for _, ev := range wr.Events {
-			if ev.Type == clientv3.EventTypePut {
-				issue(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision)
+			if ev.Type != clientv3.EventTypePut {
+				continue
+			}
+			if err := issue(string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision); err != nil {
+				return err
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,8 +44,8 @@ func (l *lockedBuffer) String() string {
 // leadership compare can guard: a leader whose term's end has passed (a
 // long pause just ended, its term's timer has not run yet) answers no
 // approval, so it cannot reset the password of a node the new leader has
-// just enrolled. The approval stays, and a leader within its term answers
-// it.
+// just enrolled. The approval stays and is read again: once a renewal
+// moves the term's end, the same leader answers it.
 func TestALeaderPastItsTermAnswersNoEnrollment(t *testing.T) {
 	cli, ctx := setup(t)
 	k := fleet.NewKeys("")
@@ -78,22 +79,28 @@ func TestALeaderPastItsTermAnswersNoEnrollment(t *testing.T) {
 	}
 
 	var logs lockedBuffer
+	var renewed atomic.Bool
 	c := New(root, Config{Identity: "old", NodeEnrollment: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	c.term = &leaderTerm{ctx: ctx, end: func() time.Time { return time.Now().Add(-time.Millisecond) }}
+	c.term = &leaderTerm{ctx: ctx, end: func() time.Time {
+		if renewed.Load() {
+			return time.Now().Add(time.Minute)
+		}
+		return time.Now().Add(-time.Millisecond) // its lease's deadline less the margin has passed
+	}}
 	stop := c.serveEnrollments(ctx)
-	testutil.Eventually(t, 20*time.Second, "the old leader's answer or refusal in its log", func() (bool, string) {
+	defer stop()
+	testutil.Eventually(t, 20*time.Second, "the leader's answer or refusal in its log", func() (bool, string) {
 		l := logs.String()
 		return strings.Contains(l, "cannot answer a node's enrollment") || strings.Contains(l, "enrolled a node"), l
 	})
-	stop()
 	if l := logs.String(); !strings.Contains(l, "cannot answer a node's enrollment") {
-		t.Errorf("a leader past its term did not refuse node-a's enrollment: %s", l)
+		t.Fatalf("a leader past its term did not refuse node-a's enrollment: %s", l)
 	}
 	if r, err := root.Get(ctx, k.EnrollReply("node-a")); err != nil || len(r.Kvs) != 0 {
 		t.Fatalf("a leader past its term answered node-a's enrollment (%v, %v)", r.Kvs, err)
 	}
 	if r, err := root.Get(ctx, k.EnrollApproved("node-a")); err != nil || len(r.Kvs) != 1 {
-		t.Fatalf("node-a's approval after the old leader: %v, %v; want it kept for the next leader", r.Kvs, err)
+		t.Fatalf("node-a's approval after the refusal: %v, %v; want it kept", r.Kvs, err)
 	}
 	nc, err := login(etcdauth.NodeRole("node-a"))
 	if err != nil {
@@ -101,10 +108,8 @@ func TestALeaderPastItsTermAnswersNoEnrollment(t *testing.T) {
 	}
 	nc.Close()
 
-	c.term = &leaderTerm{ctx: ctx} // a leader within its term
-	stop = c.serveEnrollments(ctx)
-	defer stop()
-	testutil.Eventually(t, 20*time.Second, "node-a's enrollment reply", func() (bool, string) {
+	renewed.Store(true) // a renewal's answer moved the term's end
+	testutil.Eventually(t, 20*time.Second, "node-a's enrollment reply once the term goes on", func() (bool, string) {
 		r, err := root.Get(ctx, k.EnrollReply("node-a"))
 		return err == nil && len(r.Kvs) == 1, logs.String()
 	})
