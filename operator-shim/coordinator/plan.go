@@ -59,14 +59,16 @@ type plan struct {
 	// first events (explanationOnly): written by settle unless a follow-up
 	// cycle comes (it explains them again).
 	deferred []deferredStatus
-	// heldSince are the new jobs whose first status a follow-up explains
-	// again (settle), since this chain first saw them: the status's Since
-	// and the pending time when one is admitted (view.heldSince).
-	heldSince map[string]time.Time
+	// held are the new jobs whose first status a follow-up explains
+	// again (settle): the pending time when one is admitted counts from
+	// the chain's first sight, and the status's Since from the held one's
+	// while its kind and code stay (view.held).
+	held map[string]heldFirst
 }
 
 // deferredStatus is one status write settle holds back, with the event
-// of a new job's first status (ev, when evOK; first: the job is new).
+// of a new job's first status (ev, when evOK; first: the job is new, seen
+// by the chain first at seen).
 type deferredStatus struct {
 	job   string
 	s     *fleet.Status
@@ -74,6 +76,14 @@ type deferredStatus struct {
 	ev    evPut
 	evOK  bool
 	first bool
+	seen  time.Time
+}
+
+// heldFirst is a new job's first status a cycle held for its follow-up,
+// and when the chain first saw the job.
+type heldFirst struct {
+	s    *fleet.Status
+	seen time.Time
 }
 
 // settle decides the deferred status writes once the cycle knows whether
@@ -92,10 +102,10 @@ func (p *plan) settle(followed bool) {
 		if followed {
 			p.touched[d.job] = true
 			if d.first {
-				if p.heldSince == nil {
-					p.heldSince = map[string]time.Time{}
+				if p.held == nil {
+					p.held = map[string]heldFirst{}
 				}
-				p.heldSince[d.job] = d.s.Since
+				p.held[d.job] = heldFirst{d.s, d.seen}
 			}
 			continue
 		}
@@ -186,7 +196,7 @@ func (v *view) applyPlan(p *plan) {
 	v.haveLast = true
 	v.lastAllocs, v.lastReasons = p.allocs, p.reasons
 	v.touched = p.touched
-	v.heldSince = p.heldSince
+	v.held = p.held
 }
 
 // planner builds one plan from a decision and the view, in phases: the
@@ -545,12 +555,16 @@ func (pl *planner) statusesAndEvents() {
 		}
 		// A new job the chain held the first status of waited since the
 		// chain's first cycle.
-		held, wasHeld := pl.v.heldSince[r.Job]
+		held, wasHeld := pl.v.held[r.Job]
 		wasHeld = wasHeld && !had
+		seen := now
+		if wasHeld {
+			seen = held.seen
+		}
 		if r.Kind == policy.KindAdmitted && had && prev.Kind == policy.KindPending && !prev.Since.IsZero() {
 			p.waited = append(p.waited, now.Sub(prev.Since))
 		} else if r.Kind == policy.KindAdmitted && wasHeld {
-			p.waited = append(p.waited, now.Sub(held))
+			p.waited = append(p.waited, now.Sub(seen))
 		}
 		sr := statusReason(*r)
 		switch changed := !had || !stable(&prev.Reason, &sr); {
@@ -565,12 +579,12 @@ func (pl *planner) statusesAndEvents() {
 			s := &fleet.Status{Reason: sr, Time: now, Since: now}
 			if had && prev.Kind == sr.Kind && prev.Code == sr.Code && r.Kind != policy.KindAdmitted {
 				s.Since = prev.Since
-			} else if wasHeld && r.Kind == policy.KindPending {
-				s.Since = held
+			} else if wasHeld && held.s.Kind == sr.Kind && held.s.Code == sr.Code {
+				s.Since = held.s.Since
 			}
 			op, err := c.store.PutStatusOp(*s)
 			if err == nil && explanationOnly(prev, r, had) && len(pl.unit[r.Job]) == 0 {
-				h := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}, first: !had}
+				h := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}, first: !had, seen: seen}
 				if event(*r, prev.Reason, had) {
 					// A new job's first: held with its status.
 					h.ev = pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)

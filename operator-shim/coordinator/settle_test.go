@@ -66,10 +66,13 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 		wantAdmit bool              // admit's plan writes w's, e's and n's statuses (and n's event)
 		wantNext  []bool            // each next plan writes w's and e's statuses
 		wantCode  policy.ReasonCode // w's, e's and n's statuses at the end
+		// n waits since the chain first saw it, or since a follow-up
+		// explained its wait otherwise (Since: when it entered its code).
+		wantSinceN time.Time
 	}{
-		{rule: "an explanation the follow-up takes back is never written", followed: true, next: []policy.Decision{back}, wantNext: []bool{false}, wantCode: policy.CodeCohortExhausted},
-		{rule: "an explanation the follow-up keeps is written by the follow-up", followed: true, next: []policy.Decision{stays}, wantNext: []bool{true}, wantCode: policy.CodeNoCapacity},
-		{rule: "a cycle no follow-up comes after writes it at once", wantAdmit: true, wantCode: policy.CodeNoCapacity},
+		{rule: "an explanation the follow-up takes back is never written", followed: true, next: []policy.Decision{back}, wantNext: []bool{false}, wantCode: policy.CodeCohortExhausted, wantSinceN: back.Now},
+		{rule: "an explanation the follow-up keeps is written by the follow-up", followed: true, next: []policy.Decision{stays}, wantNext: []bool{true}, wantCode: policy.CodeNoCapacity, wantSinceN: admit.Now},
+		{rule: "a cycle no follow-up comes after writes it at once", wantAdmit: true, wantCode: policy.CodeNoCapacity, wantSinceN: admit.Now},
 	} {
 		t.Run(tc.rule, func(t *testing.T) {
 			c := newPlanCoordinator(t)
@@ -117,9 +120,8 @@ func TestWaitingJobsStatusIsWrittenByTheLastCycleOfAChain(t *testing.T) {
 			if evs := c.view.events.byJob["n"]; len(evs) != 1 || evs[0].e.Reason.Code != tc.wantCode {
 				t.Errorf("the new job's history: %+v, want one event saying %s", evs, tc.wantCode)
 			}
-			// n waits since the chain first saw it.
-			if s := c.view.statuses["n"]; s == nil || !s.Since.Equal(admit.Now) {
-				t.Errorf("the new job's status: %+v, want it waiting since %v (the chain's first cycle)", s, admit.Now)
+			if s := c.view.statuses["n"]; s == nil || !s.Since.Equal(tc.wantSinceN) {
+				t.Errorf("the new job's status: %+v, want it waiting since %v", s, tc.wantSinceN)
 			}
 			for _, job := range []string{"w", "e", "n"} {
 				if s := c.view.statuses[job]; s == nil || s.Code != tc.wantCode {

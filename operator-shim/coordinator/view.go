@@ -87,9 +87,9 @@ type view struct {
 	lastAllocs  []api.Allocation
 	lastReasons []policy.Reason
 	touched     map[string]bool
-	// heldSince are the new jobs whose first status the last cycle held
-	// for its follow-up, since the chain first saw them (plan.heldSince).
-	heldSince map[string]time.Time
+	// held are the new jobs whose first status the last cycle held for
+	// its follow-up (plan.held).
+	held map[string]heldFirst
 	// outside counts the jobs touched outside the write diff (touch).
 	outside uint64
 	// refresh are the jobs whose desired record and status must be read
@@ -154,7 +154,7 @@ func (v *view) load(ctx context.Context, cli *clientv3.Client, snap *fleet.Coord
 	v.assigned = map[string]map[string]int64{}
 	v.refresh = map[string]bool{}
 	v.touched = map[string]bool{}
-	v.heldSince = nil
+	v.held = nil
 	v.reports = map[string]*mvccpb.KeyValue{}
 	v.gone = nil
 	v.haveLast, v.lastAllocs, v.lastReasons = false, nil, nil
