@@ -616,10 +616,10 @@ func (pl *planner) statusesAndEvents() {
 // running job's status says why it does not grow (no capacity, its cohort
 // exhausted), and a cycle that frees capacity says it one way, its
 // follow-up the other, and so it may explain a new job's wait. A new job's
-// first event is held with its status (statusesAndEvents). Not held: a status that names
-// who took the job's capacity. A follow-up leaves such a status to the
-// next caused cycle (statusesAndEvents), which may be followed and hold it
-// again, each time.
+// first event is held with its status (statusesAndEvents). Not held: a
+// status that names who took the job's capacity. A follow-up leaves such a
+// status to the next caused cycle (statusesAndEvents), which may be
+// followed and hold it again, each time.
 func explanationOnly(prev *fleet.Status, r *policy.Reason, had bool) bool {
 	if !had {
 		return r.Kind == policy.KindPending
