@@ -115,14 +115,8 @@ func Enroll(ctx context.Context, cli *clientv3.Client, k fleet.Keys, node, token
 	if dl, ok := ctx.Deadline(); ok {
 		ttl = max(ttl, int64(time.Until(dl)/time.Second)+5)
 	}
-	var lease clientv3.LeaseID
-	if err := call(ctx, func(ctx context.Context) error {
-		l, err := cli.Grant(ctx, ttl)
-		if err == nil {
-			lease = l.ID
-		}
-		return err
-	}); err != nil {
+	lease, err := grant(ctx, cli, ttl)
+	if err != nil {
 		return nil, fmt.Errorf("enroll: lease: %w", err)
 	}
 	defer func() {
@@ -176,6 +170,19 @@ func openReply(v []byte, node string, pub, priv *[32]byte) (*Enrolled, bool) {
 		return nil, false
 	}
 	return &Enrolled{User: r.User, Password: string(pw)}, true
+}
+
+// grant grants a lease of ttl seconds, within call's deadline.
+func grant(ctx context.Context, cli *clientv3.Client, ttl int64) (clientv3.LeaseID, error) {
+	var id clientv3.LeaseID
+	err := call(ctx, func(ctx context.Context) error {
+		l, err := cli.Grant(ctx, ttl)
+		if err == nil {
+			id = l.ID
+		}
+		return err
+	})
+	return id, err
 }
 
 // setUser creates user (its role named as it) with password pw, or sets
@@ -238,14 +245,8 @@ func IssueEnrollment(ctx context.Context, cli *clientv3.Client, k fleet.Keys, no
 		if err := setUser(ctx, cli, r.Name, pw); err != nil {
 			return fmt.Errorf("node %s's etcd user: %w", node, err)
 		}
-		var lease clientv3.LeaseID
-		if err := call(ctx, func(ctx context.Context) error {
-			l, err := cli.Grant(ctx, EnrollReplyTTL)
-			if err == nil {
-				lease = l.ID
-			}
-			return err
-		}); err != nil {
+		lease, err := grant(ctx, cli, EnrollReplyTTL)
+		if err != nil {
 			return fmt.Errorf("enrollment reply lease: %w", err)
 		}
 		return call(ctx, func(ctx context.Context) error {

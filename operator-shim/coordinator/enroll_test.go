@@ -1,13 +1,11 @@
 package coordinator
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/json"
 	"log/slog"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,27 +16,9 @@ import (
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdauth"
 	"github.com/hyperpodrun/hyperpodrun/internal/etcdconn"
 	"github.com/hyperpodrun/hyperpodrun/internal/fleet"
+	"github.com/hyperpodrun/hyperpodrun/internal/syncbuf"
 	"github.com/hyperpodrun/hyperpodrun/internal/testutil"
 )
-
-// lockedBuffer is a log's text, written by the coordinator's goroutines
-// and read by the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // An enrollment's answer resets the node's etcd password, which no
 // leadership compare can guard: a leader whose term's end has passed (a
@@ -78,7 +58,7 @@ func TestALeaderPastItsTermAnswersNoEnrollment(t *testing.T) {
 		t.Fatalf("the controller approves: %v", err)
 	}
 
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	var renewed atomic.Bool
 	c := New(root, Config{Identity: "old", NodeEnrollment: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	c.term = &leaderTerm{ctx: ctx, end: func() time.Time {

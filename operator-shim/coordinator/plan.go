@@ -567,6 +567,7 @@ func (pl *planner) statusesAndEvents() {
 			p.waited = append(p.waited, now.Sub(seen))
 		}
 		sr := statusReason(*r)
+		evented := event(*r, prev.Reason, had)
 		switch changed := !had || !stable(&prev.Reason, &sr); {
 		case changed && pl.implied(r.Job, &sr):
 			// The desired record says it: no status record (the one the
@@ -585,13 +586,13 @@ func (pl *planner) statusesAndEvents() {
 			op, err := c.store.PutStatusOp(*s)
 			if err == nil && explanationOnly(prev, r, had) && len(pl.unit[r.Job]) == 0 {
 				h := deferredStatus{job: r.Job, s: s, ops: []clientv3.Op{op}, first: !had, seen: seen}
-				if event(*r, prev.Reason, had) {
+				if evented {
 					// A new job's first: held with its status.
 					h.ev = pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)
 					evOp, evErr := c.store.PutEventAtOp(h.ev.rec.key, h.ev.rec.e)
 					h.ops, h.evOK = append(h.ops, evOp), evErr == nil
 				}
-				if !event(*r, prev.Reason, had) || h.evOK {
+				if !evented || h.evOK {
 					p.deferred = append(p.deferred, h)
 					continue
 				}
@@ -600,7 +601,7 @@ func (pl *planner) statusesAndEvents() {
 				p.statuses[r.Job] = s
 			}
 		}
-		if event(*r, prev.Reason, had) {
+		if evented {
 			e := pl.v.events.plan(*r, now, c.cfg.EventDedupWindow)
 			op, err := c.store.PutEventAtOp(e.rec.key, e.rec.e)
 			if pl.add(r.Job, op, err) {
